@@ -1,0 +1,44 @@
+package csr
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+)
+
+// MaxPEMSize is the largest PEM request Parse accepts. An RSA-8192 CSR is
+// about 2.5 KiB of PEM; 16 KiB leaves room without inviting abuse.
+const MaxPEMSize = 16 << 10
+
+// PEM block types accepted for a certificate request.
+const (
+	pemType       = "CERTIFICATE REQUEST"
+	pemTypeLegacy = "NEW CERTIFICATE REQUEST"
+)
+
+// Parse decodes exactly one PEM PKCS#10 request and verifies its signature.
+// Anything but white space around the block is refused.
+func Parse(data []byte) (*x509.CertificateRequest, error) {
+	if len(data) > MaxPEMSize {
+		return nil, errorf(ReasonTooLarge, "CSR is %d bytes, the limit is %d", len(data), MaxPEMSize)
+	}
+	block, rest := pem.Decode(data)
+	switch {
+	case block == nil:
+		return nil, errorf(ReasonMalformed, "no PEM block found")
+	case block.Type != pemType && block.Type != pemTypeLegacy:
+		return nil, errorf(ReasonMalformed, "PEM block is %q, want %q", block.Type, pemType)
+	case len(block.Headers) != 0:
+		return nil, errorf(ReasonMalformed, "PEM block has headers")
+	case len(bytes.TrimSpace(rest)) != 0:
+		return nil, errorf(ReasonMalformed, "data after the CSR: send exactly one PEM block")
+	}
+	req, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, errorf(ReasonMalformed, "cannot parse PKCS#10: %v", err)
+	}
+	if err := req.CheckSignature(); err != nil {
+		return nil, errorf(ReasonSignature, "CSR signature does not verify: %v", err)
+	}
+	return req, nil
+}
