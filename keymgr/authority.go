@@ -1,0 +1,156 @@
+// Package keymgr owns meshca's CA key material: it generates, loads and
+// stores signing authorities and derives the trust bundle from them.
+//
+// The package does no logging; errors name the file and the rule that
+// failed so that an operator can fix the input.
+package keymgr
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Authority is a signing CA: the certificate and key that sign workload
+// certificates, the intermediates between it and a root, and the roots that
+// workloads trust.
+type Authority struct {
+	// Cert signs workload certificates. It is a root for a self-signed CA.
+	Cert *x509.Certificate
+	// Key is Cert's private key.
+	Key crypto.Signer
+	// Chain holds the intermediates above Cert, nearest first, without any
+	// root. It is empty when Cert is a root or is signed by one directly.
+	Chain []*x509.Certificate
+	// Roots is the trust bundle: every root a workload must trust. During a
+	// root rotation it holds more than one.
+	Roots []*x509.Certificate
+}
+
+// Validate checks that a is usable at time now: the key matches Cert, Cert
+// is a CA allowed to sign certificates and currently valid, every root is a
+// self-signed CA, and Cert chains to one of the roots through Chain.
+func (a *Authority) Validate(now time.Time) error {
+	switch {
+	case a.Cert == nil:
+		return errors.New("keymgr: authority has no signing certificate")
+	case a.Key == nil:
+		return errors.New("keymgr: authority has no signing key")
+	case len(a.Roots) == 0:
+		return errors.New("keymgr: authority has no trusted roots")
+	}
+	if err := checkSigningCert(a.Cert, now); err != nil {
+		return err
+	}
+	if !publicKeysEqual(a.Key.Public(), a.Cert.PublicKey) {
+		return errors.New("keymgr: private key does not match the signing certificate's public key")
+	}
+	for i, r := range a.Roots {
+		if err := checkRoot(r); err != nil {
+			return fmt.Errorf("keymgr: root %d (%s): %w", i+1, r.Subject, err)
+		}
+	}
+	if err := a.verifyChain(now); err != nil {
+		return fmt.Errorf("keymgr: signing certificate does not chain to a trusted root: %w", err)
+	}
+	return nil
+}
+
+func (a *Authority) verifyChain(now time.Time) error {
+	roots := x509.NewCertPool()
+	for _, r := range a.Roots {
+		roots.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range a.Chain {
+		inter.AddCert(c)
+	}
+	_, err := a.Cert.Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	})
+	return err
+}
+
+func checkSigningCert(c *x509.Certificate, now time.Time) error {
+	switch {
+	case !c.BasicConstraintsValid || !c.IsCA:
+		return errors.New("keymgr: signing certificate is not a CA (basicConstraints CA:true is missing)")
+	case c.KeyUsage != 0 && c.KeyUsage&x509.KeyUsageCertSign == 0:
+		return errors.New("keymgr: signing certificate lacks the keyCertSign key usage")
+	case now.Before(c.NotBefore):
+		return fmt.Errorf("keymgr: signing certificate is not valid before %s", c.NotBefore.UTC().Format(time.RFC3339))
+	case !now.Before(c.NotAfter):
+		return fmt.Errorf("keymgr: signing certificate expired at %s", c.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+func checkRoot(c *x509.Certificate) error {
+	switch {
+	case !c.BasicConstraintsValid || !c.IsCA:
+		return errors.New("not a CA certificate")
+	case !bytes.Equal(c.RawIssuer, c.RawSubject):
+		return errors.New("not self-issued: put intermediates in the chain, not among the roots")
+	}
+	if err := c.CheckSignatureFrom(c); err != nil {
+		return fmt.Errorf("self-signature does not verify: %w", err)
+	}
+	return nil
+}
+
+// IsRoot reports whether Cert is itself one of the roots.
+func (a *Authority) IsRoot() bool {
+	for _, r := range a.Roots {
+		if r.Equal(a.Cert) {
+			return true
+		}
+	}
+	return false
+}
+
+// Intermediates returns the certificates a leaf signed by a is sent with,
+// leaf-side first: Cert (unless it is a root) and then Chain. Roots are never
+// included; they travel as the trust bundle.
+func (a *Authority) Intermediates() []*x509.Certificate {
+	if a.IsRoot() {
+		return nil
+	}
+	out := make([]*x509.Certificate, 0, 1+len(a.Chain))
+	out = append(out, a.Cert)
+	return append(out, a.Chain...)
+}
+
+// Bundle returns the trust bundle for td.
+func (a *Authority) Bundle(td spiffeid.TrustDomain) *x509bundle.Bundle {
+	return x509bundle.FromX509Authorities(td, a.Roots)
+}
+
+// NotAfter is the time the first certificate in the signing path expires:
+// nothing a signs may outlive it.
+func (a *Authority) NotAfter() time.Time {
+	t := a.Cert.NotAfter
+	for _, c := range a.Chain {
+		if c.NotAfter.Before(t) {
+			t = c.NotAfter
+		}
+	}
+	return t
+}
+
+type equalKey interface {
+	Equal(crypto.PublicKey) bool
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	k, ok := a.(equalKey)
+	return ok && k.Equal(b)
+}

@@ -1,0 +1,89 @@
+package keymgr
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/meshca/meshca/internal/atomicfile"
+	"github.com/meshca/meshca/internal/pemutil"
+)
+
+// StateOptions configure LoadOrCreate.
+type StateOptions struct {
+	// KeyType of a root generated on first start.
+	KeyType KeyType
+	// Organization of a generated root's subject (the trust domain).
+	Organization string
+	// RootTTL of a generated root; DefaultRootTTL when zero.
+	RootTTL time.Duration
+	Now     time.Time
+}
+
+// LoadOrCreate loads the self-signed CA kept in the state directory dir, in
+// the cacerts layout, or on first start generates a root and stores it
+// there (the key 0600, every file written atomically, the directory 0700).
+// A directory holding only some of the files is refused rather than
+// overwritten: it may be the remains of a CA that workloads still trust.
+// created reports whether a new root was generated.
+func LoadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err error) {
+	if o.Now.IsZero() {
+		o.Now = time.Now()
+	}
+	files := []string{FileCAKey, FileCACert, FileRootCert}
+	var present []string
+	for _, f := range files {
+		if exists(filepath.Join(dir, f)) {
+			present = append(present, f)
+		}
+	}
+	switch len(present) {
+	case len(files):
+		a, err := LoadCACerts(dir, o.Now)
+		return a, false, err
+	case 0:
+	default:
+		return nil, false, &FileError{Path: dir, Err: fmt.Errorf("holds only %v of %v: restore the missing files, or move the directory away to start a new root", present, files)}
+	}
+	a, err = NewRoot(RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL, Now: o.Now})
+	if err != nil {
+		return nil, false, err
+	}
+	if err := Store(dir, a); err != nil {
+		return nil, false, err
+	}
+	return a, true, nil
+}
+
+// Store writes a to dir in the cacerts layout. The key file is written last
+// so that a crash leaves a directory LoadOrCreate refuses, never a key
+// without its certificate chain.
+func Store(dir string, a *Authority) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("keymgr: state directory: %w", err)
+	}
+	keyPEM, err := pemutil.EncodePrivateKey(a.Key)
+	if err != nil {
+		return fmt.Errorf("keymgr: encode key: %w", err)
+	}
+	chain := append([]*x509.Certificate{a.Cert}, a.Chain...)
+	writes := []struct {
+		name string
+		data []byte
+		perm os.FileMode
+	}{
+		{FileRootCert, pemutil.EncodeCertificates(a.Roots...), 0o644},
+		{FileCertChain, pemutil.EncodeCertificates(chain...), 0o644},
+		{FileCACert, pemutil.EncodeCertificates(a.Cert), 0o644},
+		{FileCAKey, keyPEM, 0o600},
+	}
+	for _, w := range writes {
+		if err := atomicfile.WriteFile(filepath.Join(dir, w.name), w.data, w.perm); err != nil {
+			return fmt.Errorf("keymgr: store %s: %w", w.name, errors.Unwrap(err))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+// Package local is the built-in CA backend: it signs with a key held in
+// meshca's memory, taken from a keymgr authority at each request so that a
+// rotation takes effect at once.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"net/url"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/signer"
+)
+
+const name = "local"
+
+// AuthoritySource returns the current signing authority.
+type AuthoritySource interface {
+	Authority() *keymgr.Authority
+}
+
+// Config of the built-in signer.
+type Config struct {
+	Authorities AuthoritySource
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// Signer signs with the current authority of its source.
+type Signer struct {
+	src AuthoritySource
+	now func() time.Time
+}
+
+var _ signer.Signer = (*Signer)(nil)
+
+// New returns a built-in signer.
+func New(c Config) *Signer {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Signer{src: c.Authorities, now: c.Now}
+}
+
+// Sign issues a certificate whose only SAN is req.ID, valid from Backdate
+// before now for req.TTL but never past the signing path's expiry, with a
+// random 128-bit serial and the key identifier of the CSR's key.
+func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
+	}
+	a := s.src.Authority()
+	if a == nil {
+		return nil, signer.Errorf(name, signer.KindUnavailable, "no signing authority loaded")
+	}
+	now := s.now()
+	serial, err := keymgr.NewSerial()
+	if err != nil {
+		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
+	}
+	skid, err := keymgr.SubjectKeyID(req.CSR.PublicKey)
+	if err != nil {
+		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
+	}
+	notBefore := now.Add(-keymgr.Backdate)
+	if notBefore.Before(a.Cert.NotBefore) {
+		notBefore = a.Cert.NotBefore
+	}
+	notAfter := now.Add(req.TTL)
+	if limit := a.NotAfter(); notAfter.After(limit) {
+		notAfter = limit
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		URIs:                  []*url.URL{req.ID.URL()},
+		KeyUsage:              req.Usages.Key,
+		ExtKeyUsage:           req.Usages.Ext,
+		BasicConstraintsValid: true,
+		SubjectKeyId:          skid,
+	}
+	// With an empty subject, crypto/x509 marks the SAN extension critical,
+	// as RFC 5280 requires.
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.Cert, req.CSR.PublicKey, a.Key)
+	if err != nil {
+		return nil, signer.Errorf(name, signer.KindInternal, "create certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, signer.Errorf(name, signer.KindInternal, "parse issued certificate: %w", err)
+	}
+	return &signer.Response{Leaf: leaf, Intermediates: a.Intermediates()}, nil
+}

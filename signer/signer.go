@@ -1,0 +1,92 @@
+// Package signer defines how meshca asks a certificate authority backend to
+// sign a workload certificate. Backends live in sub-packages (local, ...)
+// and all pass the contract suite in signertest.
+//
+// A backend signs what it is told: authentication, authorization and CSR
+// policy happen before Sign is called.
+package signer
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshca/meshca/csr"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Signer signs workload certificates.
+type Signer interface {
+	// Sign issues a certificate for req. It honours ctx's deadline.
+	Sign(ctx context.Context, req *Request) (*Response, error)
+}
+
+// Request is a checked signing request.
+type Request struct {
+	// CSR is the parsed request; its signature and policy are already
+	// checked. Only its public key is used by the built-in CA; remote
+	// backends forward CSR.Raw.
+	CSR *x509.CertificateRequest
+	// ID is the identity to certify: the certificate's only SAN.
+	ID spiffeid.ID
+	// TTL is the requested lifetime; NotAfter is also capped at the issuer's.
+	TTL time.Duration
+	// Usages are the key usages the certificate carries.
+	Usages csr.Usages
+}
+
+// Response is an issued certificate and the intermediates between it and a
+// root, nearest first, without any root.
+type Response struct {
+	Leaf          *x509.Certificate
+	Intermediates []*x509.Certificate
+}
+
+// Kind classifies a backend failure for the caller's retry decision.
+type Kind string
+
+// Kinds of backend failure.
+const (
+	// KindUnavailable: the backend is down, sealed or timed out; retry.
+	KindUnavailable Kind = "unavailable"
+	// KindRefused: the backend's configuration refuses the request (a role
+	// that forbids the name, say); retrying will not help until an operator
+	// acts.
+	KindRefused Kind = "refused"
+	// KindInternal: anything else, including a backend answer that breaks
+	// meshca's rules.
+	KindInternal Kind = "internal"
+)
+
+// Error is a backend failure.
+type Error struct {
+	Backend string
+	Kind    Kind
+	Err     error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("signer %s: %s: %v", e.Backend, e.Kind, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error of the given kind.
+func Errorf(backend string, kind Kind, format string, args ...any) error {
+	return &Error{Backend: backend, Kind: kind, Err: fmt.Errorf(format, args...)}
+}
+
+// KindOf returns the kind of err: KindUnavailable for context expiry, the
+// kind of an *Error, KindInternal otherwise.
+func KindOf(err error) Kind {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e.Kind
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return KindUnavailable
+	}
+	return KindInternal
+}
