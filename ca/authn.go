@@ -1,0 +1,89 @@
+package ca
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Credentials are what a request presents.
+type Credentials struct {
+	// Token is the bearer token of the authorization header, or "".
+	Token string
+	// PeerCerts is the client certificate chain verified by the TLS
+	// handshake, leaf first, or nil.
+	PeerCerts []*x509.Certificate
+	// ClusterID is the clusterid header, or "".
+	ClusterID string
+}
+
+// Caller is an authenticated client.
+type Caller struct {
+	// ID is the caller's own identity.
+	ID             spiffeid.ID
+	Namespace      string
+	ServiceAccount string
+	// Pod fields come from a bound service-account token; empty otherwise.
+	PodName string
+	PodUID  string
+	Node    string
+	// Method is "token" or "certificate".
+	Method string
+}
+
+// Authenticator turns credentials into a caller.
+type Authenticator interface {
+	// Authenticate returns ErrNoCredentials when the credentials it
+	// understands are absent, so that the next authenticator is tried.
+	Authenticate(ctx context.Context, c *Credentials) (*Caller, error)
+}
+
+// ErrNoCredentials is returned by an Authenticator when the request does
+// not carry its kind of credentials.
+var ErrNoCredentials = errors.New("no credentials of this kind")
+
+// authenticate tries each authenticator in order; the first success wins.
+// A client certificate comes first, so that a still-valid SVID renews
+// without a token, as istio-agent expects.
+func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*Caller, error) {
+	var failures []error
+	for _, a := range auths {
+		caller, err := a.Authenticate(ctx, c)
+		switch {
+		case err == nil:
+			return caller, nil
+		case errors.Is(err, ErrNoCredentials):
+			continue
+		}
+		var ce *Error
+		if errors.As(err, &ce) && ce.Kind == KindUnavailable {
+			return nil, err
+		}
+		failures = append(failures, err)
+	}
+	switch len(failures) {
+	case 0:
+		return nil, refuse(KindUnauthenticated, "no_credentials",
+			"no credentials: send a service-account token with audience istio-ca as 'authorization: Bearer <token>', or a valid client certificate", nil)
+	case 1:
+		return nil, failures[0]
+	}
+	return nil, errors.Join(failures...)
+}
+
+// workloadID returns the identity of a service account.
+func workloadID(td spiffeid.TrustDomain, ns, sa string) (spiffeid.ID, error) {
+	return spiffeid.FromSegments(td, "ns", ns, "sa", sa)
+}
+
+// parseWorkloadID splits spiffe://<td>/ns/<ns>/sa/<sa>.
+func parseWorkloadID(id spiffeid.ID) (ns, sa string, ok bool) {
+	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	if len(parts) != 4 || parts[0] != "ns" || parts[2] != "sa" || parts[1] == "" || parts[3] == "" {
+		return "", "", false
+	}
+	return parts[1], parts[3], true
+}

@@ -1,0 +1,35 @@
+package ca
+
+import (
+	"context"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+)
+
+// CertAuthenticator authenticates a renewal by the caller's still-valid
+// SVID, verified against the current trust bundle at request time.
+type CertAuthenticator struct {
+	TrustDomain spiffeid.TrustDomain
+	Bundles     x509bundle.Source
+}
+
+// Authenticate implements Authenticator.
+func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Caller, error) {
+	if len(c.PeerCerts) == 0 {
+		return nil, ErrNoCredentials
+	}
+	id, _, err := x509svid.Verify(c.PeerCerts, a.Bundles)
+	if err != nil {
+		return nil, refuse(KindUnauthenticated, "cert_invalid", "client certificate is not a valid SVID of this trust domain", err)
+	}
+	if !id.MemberOf(a.TrustDomain) {
+		return nil, refuse(KindUnauthenticated, "cert_foreign_trust_domain", "client certificate belongs to another trust domain", nil)
+	}
+	ns, sa, ok := parseWorkloadID(id)
+	if !ok {
+		return nil, refuse(KindUnauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
+	}
+	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: "certificate"}, nil
+}

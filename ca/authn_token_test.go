@@ -1,0 +1,64 @@
+package ca
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	authnv1 "k8s.io/api/authentication/v1"
+)
+
+func TestCallerFromReview(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	good := func() authnv1.TokenReviewStatus {
+		return authnv1.TokenReviewStatus{
+			Authenticated: true,
+			Audiences:     []string{"istio-ca"},
+			User: authnv1.UserInfo{
+				Username: "system:serviceaccount:prod:frontend",
+				Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:prod", "system:authenticated"},
+				Extra: map[string]authnv1.ExtraValue{
+					extraPodName: {"frontend-1"}, extraPodUID: {"uid-1"}, extraNode: {"node-a"},
+				},
+			},
+		}
+	}
+	tests := []struct {
+		name   string
+		mutate func(*authnv1.TokenReviewStatus)
+		reason string
+	}{
+		{name: "valid"},
+		{name: "review error", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "token expired" }, reason: "token_review_error"},
+		{name: "not authenticated", mutate: func(s *authnv1.TokenReviewStatus) { s.Authenticated = false }, reason: "token_not_authenticated"},
+		{name: "wrong audience", mutate: func(s *authnv1.TokenReviewStatus) { s.Audiences = []string{"api"} }, reason: "audience_mismatch"},
+		{name: "no audience", mutate: func(s *authnv1.TokenReviewStatus) { s.Audiences = nil }, reason: "audience_mismatch"},
+		{name: "not a service account", mutate: func(s *authnv1.TokenReviewStatus) { s.User.Groups = []string{"system:authenticated"} }, reason: "not_service_account"},
+		{name: "user name", mutate: func(s *authnv1.TokenReviewStatus) { s.User.Username = "alice" }, reason: "bad_username"},
+		{name: "user name missing sa", mutate: func(s *authnv1.TokenReviewStatus) { s.User.Username = "system:serviceaccount:prod" }, reason: "bad_username"},
+		{name: "user name extra colon", mutate: func(s *authnv1.TokenReviewStatus) { s.User.Username = "system:serviceaccount:prod:a:b" }, reason: "bad_username"},
+		{name: "user name bad segment", mutate: func(s *authnv1.TokenReviewStatus) { s.User.Username = "system:serviceaccount:..:x" }, reason: "bad_username"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := good()
+			if tt.mutate != nil {
+				tt.mutate(&st)
+			}
+			c, err := callerFromReview(td, []string{"istio-ca"}, &st)
+			if tt.reason == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.ID.String() != "spiffe://cluster.local/ns/prod/sa/frontend" || c.PodName != "frontend-1" || c.PodUID != "uid-1" || c.Node != "node-a" {
+					t.Fatalf("caller = %+v", c)
+				}
+				return
+			}
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Reason != tt.reason || ce.Kind != KindUnauthenticated {
+				t.Fatalf("err = %v, want Unauthenticated %s", err, tt.reason)
+			}
+		})
+	}
+}

@@ -1,0 +1,55 @@
+package ca
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+)
+
+// Request headers and metadata fields of the Istio CA protocol.
+const (
+	headerAuthorization = "authorization"
+	headerClusterID     = "clusterid"
+	bearerPrefix        = "bearer "
+	metaImpersonate     = "ImpersonatedIdentity"
+)
+
+// credentialsFrom reads the bearer token, cluster id and verified client
+// certificates of a request, and the peer address for the log.
+func credentialsFrom(ctx context.Context) (Credentials, string, error) {
+	var c Credentials
+	md, _ := metadata.FromIncomingContext(ctx)
+	switch auth := md.Get(headerAuthorization); len(auth) {
+	case 0:
+	case 1:
+		v := strings.TrimSpace(auth[0])
+		if len(v) < len(bearerPrefix) || !strings.EqualFold(v[:len(bearerPrefix)], bearerPrefix) {
+			return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "authorization header must be 'Bearer <token>'", nil)
+		}
+		c.Token = strings.TrimSpace(v[len(bearerPrefix):])
+	default:
+		return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "send exactly one authorization header", nil)
+	}
+	switch ids := md.Get(headerClusterID); len(ids) {
+	case 0:
+	case 1:
+		c.ClusterID = ids[0]
+	default:
+		return c, "", refuse(KindUnauthenticated, "bad_cluster_header", "send at most one clusterid header", nil)
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return c, "", nil
+	}
+	addr := ""
+	if p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+		c.PeerCerts = ti.State.PeerCertificates
+	}
+	return c, addr, nil
+}

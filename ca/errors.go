@@ -1,0 +1,137 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/signer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Kind is the class of a refusal; it decides the gRPC code, and with it
+// whether clients retry.
+type Kind int
+
+// Kinds of refusal.
+const (
+	KindInternal         Kind = iota // a bug or a backend answer that breaks the rules
+	KindUnauthenticated              // who are you?
+	KindPermissionDenied             // you may not have that identity
+	KindInvalidArgument              // bad CSR, TTL or metadata
+	KindUnavailable                  // apiserver or backend down: retry
+	KindResourceExhausted            // limits: retry later
+	KindFailedPrecondition           // the backend's configuration refuses: an operator must act
+)
+
+var kindCodes = map[Kind]codes.Code{
+	KindInternal:           codes.Internal,
+	KindUnauthenticated:    codes.Unauthenticated,
+	KindPermissionDenied:   codes.PermissionDenied,
+	KindInvalidArgument:    codes.InvalidArgument,
+	KindUnavailable:        codes.Unavailable,
+	KindResourceExhausted:  codes.ResourceExhausted,
+	KindFailedPrecondition: codes.FailedPrecondition,
+}
+
+// Error is a refusal decided in this package.
+type Error struct {
+	Kind Kind
+	// Reason is a stable metric label, e.g. "audience_mismatch".
+	Reason string
+	// Msg is safe to send to the client and says what it can do.
+	Msg string
+	// Err is the detail for the log; it may be nil.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("ca: %s: %s: %v", e.Reason, e.Msg, e.Err)
+	}
+	return fmt.Sprintf("ca: %s: %s", e.Reason, e.Msg)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func refuse(k Kind, reason, msg string, err error) *Error {
+	return &Error{Kind: k, Reason: reason, Msg: msg, Err: err}
+}
+
+// Outcome is how a request ended, for the wire, the log and the metrics.
+type Outcome struct {
+	Code   codes.Code
+	Reason string // metric label; "ok" on success
+	Msg    string // sent to the client
+	Detail string // logged, never sent
+	// SignErr is Istio's citadel_server_csr_sign_err_count label, or "".
+	SignErr string
+}
+
+// Status returns the gRPC status the client receives.
+func (o Outcome) Status() error {
+	if o.Code == codes.OK {
+		return nil
+	}
+	return status.Error(o.Code, o.Msg)
+}
+
+// Istio's citadel_server_csr_sign_err_count labels.
+const (
+	signErrNotReady = "CA_NOT_READY"
+	signErrCSR      = "CSR_ERROR"
+	signErrTTL      = "TTL_ERROR"
+	signErrCertGen  = "CERT_GEN_ERROR"
+	signErrUnknown  = "UNKNOWN"
+)
+
+// classify maps any error of the request path to its outcome. It is the
+// one place that decides gRPC codes.
+func classify(err error) Outcome {
+	if err == nil {
+		return Outcome{Code: codes.OK, Reason: "ok"}
+	}
+	var (
+		ce *Error
+		re *csr.Error
+		se *signer.Error
+	)
+	switch {
+	case errors.As(err, &ce):
+		o := Outcome{Code: kindCodes[ce.Kind], Reason: ce.Reason, Msg: ce.Msg, Detail: err.Error()}
+		if ce.Reason == reasonTTL {
+			o.SignErr = signErrTTL
+		} else if ce.Kind == KindInternal {
+			o.SignErr = signErrCertGen
+		}
+		return o
+	case errors.As(err, &re):
+		return Outcome{Code: codes.InvalidArgument, Reason: "csr_" + string(re.Reason), Msg: "invalid CSR: " + re.Detail, Detail: err.Error(), SignErr: signErrCSR}
+	case errors.As(err, &se):
+		return classifySigner(se, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return Outcome{Code: codes.DeadlineExceeded, Reason: "deadline_exceeded", Msg: "deadline exceeded", Detail: err.Error(), SignErr: signErrUnknown}
+	case errors.Is(err, context.Canceled):
+		return Outcome{Code: codes.Canceled, Reason: "canceled", Msg: "request canceled", Detail: err.Error(), SignErr: signErrUnknown}
+	}
+	return Outcome{Code: codes.Internal, Reason: "internal", Msg: "internal error", Detail: err.Error(), SignErr: signErrUnknown}
+}
+
+func classifySigner(se *signer.Error, err error) Outcome {
+	o := Outcome{Detail: err.Error(), SignErr: signErrCertGen}
+	switch se.Kind {
+	case signer.KindUnavailable:
+		o.Code, o.Reason, o.Msg = codes.Unavailable, "signer_unavailable", "signing backend unavailable, retry later"
+		o.SignErr = signErrNotReady
+	case signer.KindRefused:
+		o.Code, o.Reason, o.Msg = codes.FailedPrecondition, "signer_refused", "signing backend refused the request; the CA operator must check its configuration"
+	default:
+		o.Code, o.Reason, o.Msg = codes.Internal, "signer_failed", "signing failed"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		o.Code, o.Reason, o.Msg = codes.DeadlineExceeded, "deadline_exceeded", "deadline exceeded while signing"
+	}
+	return o
+}

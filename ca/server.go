@@ -1,0 +1,235 @@
+// Package ca serves the Istio CA gRPC API: it authenticates the caller,
+// decides the one identity the request may receive, checks the CSR, has a
+// signer backend sign it, verifies the result and answers in the layout
+// Istio's clients expect.
+package ca
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/pemutil"
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
+	"github.com/meshca/meshca/signer"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL            = 24 * time.Hour
+	DefaultMaxTTL         = 90 * 24 * time.Hour
+	DefaultClusterID      = "Kubernetes"
+	DefaultMaxInFlight    = 1024
+	DefaultRequestTimeout = 30 * time.Second
+)
+
+// Config assembles a Server. Zero durations and limits take the defaults
+// above; Logger and Now default to slog.Default and time.Now.
+type Config struct {
+	TrustDomain spiffeid.TrustDomain
+	// ClusterID is the local cluster's name; a request's clusterid header
+	// must be empty or equal to it.
+	ClusterID      string
+	Authenticators []Authenticator
+	Signer         signer.Signer
+	// SignerName labels metrics and audit events ("local", "vault", ...).
+	SignerName string
+	// Bundles is the trust bundle: every issued chain must verify to it,
+	// and it is the last element of every response.
+	Bundles        x509bundle.Source
+	Policy         csr.Policy
+	DefaultTTL     time.Duration
+	MaxTTL         time.Duration
+	MaxInFlight    int
+	RequestTimeout time.Duration
+	Metrics        *Metrics
+	Logger         *slog.Logger
+	Now            func() time.Time
+}
+
+// Server implements IstioCertificateService.
+type Server struct {
+	authpb.UnimplementedIstioCertificateServiceServer
+	c     Config
+	slots chan struct{}
+}
+
+// New returns a Server. It starts nothing.
+func New(c Config) (*Server, error) {
+	switch {
+	case c.TrustDomain.IsZero():
+		return nil, errors.New("ca: trust domain is required")
+	case c.Signer == nil:
+		return nil, errors.New("ca: signer is required")
+	case c.Bundles == nil:
+		return nil, errors.New("ca: trust bundle source is required")
+	case len(c.Authenticators) == 0:
+		return nil, errors.New("ca: at least one authenticator is required")
+	case c.Metrics == nil:
+		return nil, errors.New("ca: metrics are required")
+	}
+	if c.ClusterID == "" {
+		c.ClusterID = DefaultClusterID
+	}
+	if c.DefaultTTL <= 0 {
+		c.DefaultTTL = DefaultTTL
+	}
+	if c.MaxTTL <= 0 {
+		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.DefaultTTL > c.MaxTTL {
+		return nil, fmt.Errorf("ca: default TTL %v is above the maximum %v", c.DefaultTTL, c.MaxTTL)
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if k := c.Policy.Keys; len(k.ECDSACurves) == 0 && !k.Ed25519 && k.RSAMinBits == 0 {
+		c.Policy = csr.DefaultPolicy()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.SignerName == "" {
+		c.SignerName = "unnamed"
+	}
+	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight)}, nil
+}
+
+// request is one CreateCertificate call as it moves through the steps.
+type request struct {
+	creds     Credentials
+	peer      string
+	caller    *Caller
+	requested string
+	identity  spiffeid.ID
+	leaf      *x509.Certificate
+}
+
+// CreateCertificate implements IstioCertificateService.
+func (s *Server) CreateCertificate(ctx context.Context, in *authpb.IstioCertificateRequest) (*authpb.IstioCertificateResponse, error) {
+	start := s.c.Now()
+	s.c.Metrics.csrCount.Inc()
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		err := refuse(KindResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
+		return nil, s.finish(ctx, &request{}, err, start)
+	}
+	s.c.Metrics.inFlight.Inc()
+	defer s.c.Metrics.inFlight.Dec()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.c.RequestTimeout)
+		defer cancel()
+	}
+	r := &request{}
+	resp, err := s.serve(ctx, in, r)
+	return resp, s.finish(ctx, r, err, start)
+}
+
+func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, r *request) (*authpb.IstioCertificateResponse, error) {
+	var err error
+	if r.creds, r.peer, err = credentialsFrom(ctx); err != nil {
+		return nil, err
+	}
+	if r.creds.ClusterID != "" && r.creds.ClusterID != s.c.ClusterID {
+		return nil, refuse(KindUnauthenticated, "unknown_cluster",
+			fmt.Sprintf("unknown cluster %q: this CA serves cluster %q", r.creds.ClusterID, s.c.ClusterID), nil)
+	}
+	if r.caller, err = authenticate(ctx, s.c.Authenticators, &r.creds); err != nil {
+		return nil, err
+	}
+	if r.identity, r.requested, err = s.authorize(r.caller, in); err != nil {
+		return nil, err
+	}
+	req, err := csr.Parse([]byte(in.GetCsr()))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.c.Policy.Check(req, r.identity); err != nil {
+		return nil, err
+	}
+	ttl, err := s.ttl(in.GetValidityDuration())
+	if err != nil {
+		return nil, err
+	}
+	signStart := s.c.Now()
+	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.identity, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)})
+	s.c.Metrics.signDuration.WithLabelValues(s.c.SignerName).Observe(s.c.Now().Sub(signStart).Seconds())
+	if err != nil {
+		return nil, err
+	}
+	r.leaf = res.Leaf
+	return s.respond(r.identity, res)
+}
+
+// authorize returns the identity the caller may receive.
+func (s *Server) authorize(c *Caller, in *authpb.IstioCertificateRequest) (spiffeid.ID, string, error) {
+	v, ok := in.GetMetadata().GetFields()[metaImpersonate]
+	if !ok {
+		return c.ID, "", nil
+	}
+	if _, isString := v.GetKind().(*structpb.Value_StringValue); !isString {
+		return spiffeid.ID{}, "", refuse(KindInvalidArgument, "bad_metadata", metaImpersonate+" must be one SPIFFE ID string", nil)
+	}
+	requested := v.GetStringValue()
+	if requested == "" {
+		return c.ID, "", nil
+	}
+	return spiffeid.ID{}, requested, refuse(KindPermissionDenied, "impersonation_not_enabled",
+		"this CA does not allow impersonation", fmt.Errorf("%s asked for %q", c.ID, requested))
+}
+
+// ttl applies the TTL rules: the default when the client asks for none, a
+// refusal above the maximum (as Istio does).
+func (s *Server) ttl(seconds int64) (time.Duration, error) {
+	if seconds <= 0 {
+		return s.c.DefaultTTL, nil
+	}
+	if seconds > int64(s.c.MaxTTL/time.Second) {
+		return 0, refuse(KindInvalidArgument, reasonTTL,
+			fmt.Sprintf("requested TTL %ds is above the maximum %ds", seconds, int64(s.c.MaxTTL/time.Second)), nil)
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+const reasonTTL = "ttl_too_long"
+
+// respond verifies the issued chain against the current trust bundle and
+// lays it out as Istio's clients expect: leaf, intermediates, then every
+// trusted root in one PEM string.
+func (s *Server) respond(id spiffeid.ID, res *signer.Response) (*authpb.IstioCertificateResponse, error) {
+	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
+	if err != nil {
+		return nil, refuse(KindUnavailable, "no_trust_bundle", "CA has no trust bundle yet, retry later", err)
+	}
+	chain := append([]*x509.Certificate{res.Leaf}, res.Intermediates...)
+	got, _, err := x509svid.Verify(chain, bundle)
+	if err != nil {
+		return nil, refuse(KindInternal, "issued_chain_invalid", "issued certificate failed verification", err)
+	}
+	if got != id {
+		return nil, refuse(KindInternal, "issued_wrong_identity", "issued certificate failed verification", fmt.Errorf("issued %s, authorized %s", got, id))
+	}
+	out := make([]string, 0, len(chain)+1)
+	for _, c := range chain {
+		out = append(out, string(pemutil.EncodeCertificates(c)))
+	}
+	out = append(out, string(pemutil.EncodeCertificates(bundle.X509Authorities()...)))
+	return &authpb.IstioCertificateResponse{CertChain: out}, nil
+}
