@@ -52,7 +52,9 @@ func ParseKeyPolicy(s string) (KeyPolicy, error) {
 			p.Ed25519 = true
 		case strings.HasPrefix(item, "rsa-"):
 			var lo, hi int
-			if _, err := fmt.Sscanf(item, "rsa-%d-%d", &lo, &hi); err != nil || lo < 2048 || hi < lo || hi > 16384 {
+			// Sscanf stops at the second number: the round trip refuses anything
+			// after it ("rsa-2048-4096;ed25519"), signs and leading zeros.
+			if _, err := fmt.Sscanf(item, "rsa-%d-%d", &lo, &hi); err != nil || item != fmt.Sprintf("rsa-%d-%d", lo, hi) || lo < 2048 || hi < lo || hi > 16384 {
 				return KeyPolicy{}, fmt.Errorf("csr: key policy %q: want rsa-MIN-MAX with 2048 <= MIN <= MAX <= 16384", item)
 			}
 			p.RSAMinBits, p.RSAMaxBits = lo, hi

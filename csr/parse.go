@@ -30,6 +30,8 @@ func Parse(data []byte) (*x509.CertificateRequest, error) {
 		return nil, errorf(ReasonMalformed, "PEM block is %q, want %q", block.Type, pemType)
 	case len(block.Headers) != 0:
 		return nil, errorf(ReasonMalformed, "PEM block has headers")
+	case !startsWithBlock(data, rest):
+		return nil, errorf(ReasonMalformed, "data before the CSR: send exactly one PEM block")
 	case len(bytes.TrimSpace(rest)) != 0:
 		return nil, errorf(ReasonMalformed, "data after the CSR: send exactly one PEM block")
 	}
@@ -41,4 +43,16 @@ func Parse(data []byte) (*x509.CertificateRequest, error) {
 		return nil, errorf(ReasonSignature, "CSR signature does not verify: %v", err)
 	}
 	return req, nil
+}
+
+// startsWithBlock reports whether the block pem.Decode found in data, which
+// left rest, is the first thing in data after white space. pem.Decode skips
+// anything before a BEGIN line, including blocks it cannot decode; base64
+// has no '-', so the decoded part holds one BEGIN and one END line only if
+// nothing was skipped.
+func startsWithBlock(data, rest []byte) bool {
+	consumed := data[:len(data)-len(rest)]
+	return bytes.HasPrefix(bytes.TrimSpace(consumed), []byte("-----BEGIN ")) &&
+		bytes.Count(consumed, []byte("-----BEGIN")) == 1 &&
+		bytes.Count(consumed, []byte("-----END")) == 1
 }

@@ -105,7 +105,7 @@ func checkSAN(der []byte, id spiffeid.ID) error {
 		return errorf(ReasonIdentity, "subjectAltName is empty: it must hold exactly the URI %s", want)
 	case len(names) > 1:
 		return errorf(ReasonExtraName, "subjectAltName holds %d names: it must hold exactly the URI %s", len(names), want)
-	case names[0].Class != asn1.ClassContextSpecific || names[0].Tag != tagURI:
+	case names[0].Class != asn1.ClassContextSpecific || names[0].Tag != tagURI || names[0].IsCompound:
 		return errorf(ReasonExtraName, "subjectAltName holds a %s: it must hold exactly the URI %s", generalNameKind(names[0]), want)
 	case string(names[0].Bytes) != want:
 		return errorf(ReasonIdentity, "CSR asks for %q but this caller may only receive %s", string(names[0].Bytes), want)

@@ -45,14 +45,15 @@ type keyUsageName struct {
 	bit  x509.KeyUsage
 }
 
-// keyUsageNames lists canonical names first.
+// keyUsageNames lists canonical names first, in bit order (Names relies
+// on it).
 var keyUsageNames = []keyUsageName{
 	{UsageDigitalSignature, x509.KeyUsageDigitalSignature},
 	{UsageSigning, x509.KeyUsageDigitalSignature},
 	{UsageContentCommitment, x509.KeyUsageContentCommitment},
 	{UsageKeyEncipherment, x509.KeyUsageKeyEncipherment},
-	{UsageKeyAgreement, x509.KeyUsageKeyAgreement},
 	{UsageDataEncipherment, x509.KeyUsageDataEncipherment},
+	{UsageKeyAgreement, x509.KeyUsageKeyAgreement},
 	{UsageCertSign, x509.KeyUsageCertSign},
 	{UsageCRLSign, x509.KeyUsageCRLSign},
 	{UsageEncipherOnly, x509.KeyUsageEncipherOnly},

@@ -3,6 +3,7 @@ package keymgr
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -36,3 +37,17 @@ func (m *Manager) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bun
 	}
 	return m.current.Load().Bundle(td), nil
 }
+
+// RootNotAfter is when the earliest trusted root expires.
+func (m *Manager) RootNotAfter() time.Time {
+	var t time.Time
+	for _, r := range m.Authority().Roots {
+		if t.IsZero() || r.NotAfter.Before(t) {
+			t = r.NotAfter
+		}
+	}
+	return t
+}
+
+// ChainNotAfter is when the signing path expires.
+func (m *Manager) ChainNotAfter() time.Time { return m.Authority().NotAfter() }

@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 )
 
@@ -83,4 +85,70 @@ func capTime(t, limit time.Time) time.Time {
 		return limit
 	}
 	return t
+}
+
+// ServingRotator keeps a serving certificate fresh: it re-issues it from the
+// current authority once two thirds of its lifetime have passed.
+type ServingRotator struct {
+	src     interface{ Authority() *Authority }
+	opts    ServingOptions
+	now     func() time.Time
+	current atomic.Pointer[tls.Certificate]
+}
+
+// NewServingRotator issues the first certificate at once.
+func NewServingRotator(src interface{ Authority() *Authority }, o ServingOptions, now func() time.Time) (*ServingRotator, error) {
+	if now == nil {
+		now = time.Now
+	}
+	r := &ServingRotator{src: src, opts: o, now: now}
+	if err := r.rotate(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// GetCertificate is a tls.Config.GetCertificate.
+func (r *ServingRotator) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return r.current.Load(), nil
+}
+
+func (r *ServingRotator) rotate() error {
+	o := r.opts
+	o.Now = r.now()
+	c, err := IssueServing(r.src.Authority(), o)
+	if err != nil {
+		return err
+	}
+	r.current.Store(c)
+	return nil
+}
+
+// renewAt is when the current certificate should be replaced.
+func (r *ServingRotator) renewAt() time.Time {
+	leaf := r.current.Load().Leaf
+	return leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+}
+
+// Run re-issues the certificate on time until ctx ends; a failure is
+// retried a minute later and reported to onError.
+func (r *ServingRotator) Run(ctx context.Context, onError func(error)) {
+	for {
+		wait := r.renewAt().Sub(r.now())
+		t := time.NewTimer(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if err := r.rotate(); err != nil {
+			onError(err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Minute):
+			}
+		}
+	}
 }
