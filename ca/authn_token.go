@@ -67,7 +67,7 @@ func callerFromReview(td spiffeid.TrustDomain, auds []string, st *authnv1.TokenR
 	}
 	switch {
 	case st.Error != "":
-		return nil, fail("token_review_error", "TokenReview error: "+st.Error)
+		return nil, fail(reviewErrorReason(st.Error), "TokenReview error: "+st.Error)
 	case !st.Authenticated:
 		return nil, fail("token_not_authenticated", "TokenReview did not authenticate the token")
 	case !slices.ContainsFunc(st.Audiences, func(a string) bool { return slices.Contains(auds, a) }):
@@ -100,4 +100,19 @@ func extra(st *authnv1.TokenReviewStatus, key string) string {
 		return v[0]
 	}
 	return ""
+}
+
+// reviewErrorReason sorts the apiserver's TokenReview error text into a
+// metric label. The text is not an API, so anything unrecognised is
+// "token_invalid"; the full text is always logged.
+func reviewErrorReason(msg string) string {
+	switch {
+	case strings.Contains(msg, "expired"):
+		return "token_expired"
+	case strings.Contains(msg, "audience"):
+		return "audience_mismatch"
+	case strings.Contains(msg, "not found"), strings.Contains(msg, "has been deleted"), strings.Contains(msg, "does not match"):
+		return "token_bound_object_gone"
+	}
+	return "token_invalid"
 }

@@ -29,7 +29,12 @@ func TestCallerFromReview(t *testing.T) {
 		reason string
 	}{
 		{name: "valid"},
-		{name: "review error", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "token expired" }, reason: "token_review_error"},
+		{name: "expired", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "[invalid bearer token, service account token has expired]" }, reason: "token_expired"},
+		{name: "audience error", mutate: func(s *authnv1.TokenReviewStatus) {
+			s.Error = `token audiences ["x"] is invalid for the target audiences ["istio-ca"]`
+		}, reason: "audience_mismatch"},
+		{name: "pod gone", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = `pods "frontend-1" not found` }, reason: "token_bound_object_gone"},
+		{name: "other error", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "invalid bearer token" }, reason: "token_invalid"},
 		{name: "not authenticated", mutate: func(s *authnv1.TokenReviewStatus) { s.Authenticated = false }, reason: "token_not_authenticated"},
 		{name: "wrong audience", mutate: func(s *authnv1.TokenReviewStatus) { s.Audiences = []string{"api"} }, reason: "audience_mismatch"},
 		{name: "no audience", mutate: func(s *authnv1.TokenReviewStatus) { s.Audiences = nil }, reason: "audience_mismatch"},

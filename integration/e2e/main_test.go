@@ -1,0 +1,83 @@
+// Package e2e runs meshca as a process against a real etcd and
+// kube-apiserver and talks to it with a real gRPC client.
+package e2e
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/integration/harness"
+)
+
+var (
+	cluster *harness.Cluster
+	bin     string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "meshca-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if bin, err = harness.BuildMeshca(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cluster, err = harness.StartCluster(context.Background(), filepath.Join(dir, "k8s"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the real kube-apiserver is required for these tests:", err)
+		return 1
+	}
+	defer cluster.Stop()
+	return m.Run()
+}
+
+// server is one meshca with a self-signed root in a fresh state directory.
+type server struct {
+	*harness.Meshca
+	stateDir string
+	roots    *x509.CertPool
+	rootsPEM []byte
+}
+
+func startServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	state := filepath.Join(t.TempDir(), "state")
+	args := append([]string{"--state-dir", state, "--kubeconfig", cluster.Kubeconfig}, extra...)
+	m := harness.StartMeshca(t, bin, args...)
+	t.Logf("meshca serving after %v", m.Started)
+	certs, raw, err := harness.RootBundle(context.Background(), bin, "--state-dir", state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return &server{Meshca: m, stateDir: state, roots: pool, rootsPEM: raw}
+}
+
+func (s *server) client(t *testing.T, token string) *caclient.Client {
+	t.Helper()
+	cfg := caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots, ClusterID: "Kubernetes"}
+	if token != "" {
+		cfg.TokenFile = harness.WriteToken(t, token)
+	}
+	c, err := caclient.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
