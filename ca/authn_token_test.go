@@ -29,7 +29,9 @@ func TestCallerFromReview(t *testing.T) {
 		reason string
 	}{
 		{name: "valid"},
-		{name: "expired", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "[invalid bearer token, service account token has expired]" }, reason: "token_expired"},
+		{name: "expired", mutate: func(s *authnv1.TokenReviewStatus) {
+			s.Error = "[invalid bearer token, service account token has expired]"
+		}, reason: "token_expired"},
 		{name: "audience error", mutate: func(s *authnv1.TokenReviewStatus) {
 			s.Error = `token audiences ["x"] is invalid for the target audiences ["istio-ca"]`
 		}, reason: "audience_mismatch"},

@@ -17,13 +17,13 @@ type Kind int
 
 // Kinds of refusal.
 const (
-	KindInternal         Kind = iota // a bug or a backend answer that breaks the rules
-	KindUnauthenticated              // who are you?
-	KindPermissionDenied             // you may not have that identity
-	KindInvalidArgument              // bad CSR, TTL or metadata
-	KindUnavailable                  // apiserver or backend down: retry
-	KindResourceExhausted            // limits: retry later
-	KindFailedPrecondition           // the backend's configuration refuses: an operator must act
+	KindInternal           Kind = iota // a bug or a backend answer that breaks the rules
+	KindUnauthenticated                // who are you?
+	KindPermissionDenied               // you may not have that identity
+	KindInvalidArgument                // bad CSR, TTL or metadata
+	KindUnavailable                    // apiserver or backend down: retry
+	KindResourceExhausted              // limits: retry later
+	KindFailedPrecondition             // the backend's configuration refuses: an operator must act
 )
 
 var kindCodes = map[Kind]codes.Code{

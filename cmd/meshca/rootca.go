@@ -49,4 +49,3 @@ func newRootBundleCommand() *cobra.Command {
 func contextWithTimeout(cmd *cobra.Command, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(cmd.Context(), d)
 }
-
