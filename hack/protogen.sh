@@ -7,9 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root}
 cd "$root"
 if ! command -v protoc >/dev/null; then
-  echo "protogen: protoc not found; installing Debian's protobuf-compiler" >&2
-  if [[ $(id -u) == 0 ]]; then apt-get update -qq && apt-get install -y -qq protobuf-compiler >&2
-  else sudo apt-get update -qq && sudo apt-get install -y -qq protobuf-compiler >&2; fi
+  "$root/hack/deps.sh" protobuf-compiler
 fi
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT

@@ -47,7 +47,7 @@ type Meshca struct {
 // logs, waits until it serves, and stops it at cleanup.
 func StartMeshca(tb testing.TB, bin string, args ...string) *Meshca {
 	tb.Helper()
-	m, err := startMeshca(bin, args...)
+	m, err := StartMeshcaProcess(bin, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -60,7 +60,9 @@ func StartMeshca(tb testing.TB, bin string, args ...string) *Meshca {
 	return m
 }
 
-func startMeshca(bin string, args ...string) (*Meshca, error) {
+// StartMeshcaProcess is StartMeshca for callers without a testing.TB; the
+// caller stops the process.
+func StartMeshcaProcess(bin string, args ...string) (*Meshca, error) {
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)
 	m := &Meshca{cmd: exec.Command(bin, full...), logs: &lockedBuffer{}, done: make(chan struct{})}
 	stderr, err := m.cmd.StderrPipe()

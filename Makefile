@@ -1,0 +1,61 @@
+# meshca — see README.md. Every external program is built or installed by
+# the scripts below and cached under $(MESHCA_CACHE), outside the clone.
+export MESHCA_CACHE ?= $(HOME)/.cache/meshca
+GO ?= go
+GOTEST_FLAGS ?= -race -count=1
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: all build test test-unit test-integration test-istio k8s proto proto-check bench demo lint clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/meshca ./cmd/meshca
+
+## test: everything — unit tests, then the integration tests against a real
+## etcd + kube-apiserver and an unmodified Istio client.
+test: proto-check lint test-unit test-integration test-istio
+
+test-unit:
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+# Build (cached) the real etcd and kube-apiserver before go test starts, so
+# the first, long build shows its progress and is not cut by a test timeout.
+k8s:
+	hack/deps.sh
+	integration/scripts/k8s.sh build
+
+test-integration: k8s
+	cd integration && $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...
+
+test-istio: k8s
+	cd integration/istioclient && $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...
+
+proto:
+	hack/protogen.sh
+
+proto-check:
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && hack/protogen.sh $$tmp && \
+	for f in $$(cd $$tmp && find proto -name '*.go'); do \
+	  cmp -s $$tmp/$$f $$f || { echo "proto-check: $$f is stale; run make proto" >&2; exit 1; }; \
+	done && \
+	n=$$(find proto -name '*.pb.go' | wc -l) && m=$$(cd $$tmp && find proto -name '*.pb.go' | wc -l) && \
+	[ $$n -eq $$m ] || { echo "proto-check: generated files differ in number ($$n vs $$m)" >&2; exit 1; }
+	@echo "proto-check: generated code is current"
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./csr ./signer/... ./ca
+
+demo: k8s
+	cd integration && $(GO) run ./cmd/demo $(DEMO_FLAGS)
+
+lint:
+	@out=$$(gofmt -l . ) && [ -z "$$out" ] || { echo "gofmt needed:" $$out >&2; exit 1; }
+	$(GO) vet ./...
+	cd integration && $(GO) vet ./...
+	cd integration/istioclient && $(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+clean:
+	rm -rf bin _out
