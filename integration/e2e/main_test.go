@@ -53,8 +53,14 @@ type server struct {
 
 func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
+	return startServerAs(t, cluster.Kubeconfig, extra...)
+}
+
+// startServerAs runs meshca with the given kubeconfig's credentials.
+func startServerAs(t *testing.T, kubeconfig string, extra ...string) *server {
+	t.Helper()
 	state := filepath.Join(t.TempDir(), "state")
-	args := append([]string{"--state-dir", state, "--kubeconfig", cluster.Kubeconfig}, extra...)
+	args := append([]string{"--state-dir", state, "--kubeconfig", kubeconfig}, extra...)
 	m := harness.StartMeshca(t, bin, args...)
 	t.Logf("meshca serving after %v", m.Started)
 	certs, raw, err := harness.RootBundle(context.Background(), bin, "--state-dir", state)
