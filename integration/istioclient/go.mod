@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/meshca/meshca/integration v0.0.0
 	google.golang.org/grpc v1.85.0
+	istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
 )
 
 require (
@@ -80,7 +81,6 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	istio.io/api v1.31.0-rc.0.0.20260824154656-b943409680a7 // indirect
-	istio.io/istio v0.0.0-20260827124520-eed52ebb66ad
 	k8s.io/api v0.37.2 // indirect
 	k8s.io/apimachinery v0.37.2 // indirect
 	k8s.io/client-go v0.37.2 // indirect

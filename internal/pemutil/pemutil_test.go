@@ -61,3 +61,14 @@ func mustEncode(t *testing.T, k *ecdsa.PrivateKey) []byte {
 	}
 	return b
 }
+
+func FuzzParse(f *testing.F) {
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	b, _ := pemutil.EncodePrivateKey(k)
+	f.Add(b)
+	f.Add([]byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = pemutil.ParseCertificates(data)
+		_, _ = pemutil.ParsePrivateKey(data)
+	})
+}

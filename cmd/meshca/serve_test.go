@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestServeFlagsValidate(t *testing.T) {
+	good := func() serveFlags {
+		return serveFlags{
+			stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
+			audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
+		}
+	}
+	tests := []struct {
+		name   string
+		mutate func(*serveFlags)
+		want   string
+	}{
+		{name: "valid"},
+		{name: "bad trust domain", mutate: func(f *serveFlags) { f.trustDomain = "Bad Domain" }, want: "--trust-domain"},
+		{name: "no CA source", mutate: func(f *serveFlags) { f.stateDir = "" }, want: "exactly one of --state-dir"},
+		{name: "two CA sources", mutate: func(f *serveFlags) { f.caDir = "/etc/cacerts" }, want: "exactly one of --state-dir"},
+		{name: "default above max", mutate: func(f *serveFlags) { f.defaultTTL = 100 * 24 * time.Hour }, want: "--default-ttl"},
+		{name: "zero max", mutate: func(f *serveFlags) { f.maxTTL = 0 }, want: "must be positive"},
+		{name: "no audiences", mutate: func(f *serveFlags) { f.audiences = nil }, want: "--token-audiences"},
+		{name: "no serving names", mutate: func(f *serveFlags) { f.servingNames = nil }, want: "--serving-dns-names"},
+		{name: "bad key policy", mutate: func(f *serveFlags) { f.keyPolicy = "dsa-1024" }, want: "--key-policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := good()
+			if tt.mutate != nil {
+				tt.mutate(&f)
+			}
+			_, _, err := f.validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
