@@ -68,15 +68,7 @@ func NewRoot(o RootOptions) (*Authority, error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}
-	key, err := GenerateKey(o.KeyType)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := NewSerial()
-	if err != nil {
-		return nil, err
-	}
-	skid, err := SubjectKeyID(key.Public())
+	key, serial, skid, err := newKeySerialID(o.KeyType)
 	if err != nil {
 		return nil, err
 	}
@@ -139,4 +131,22 @@ func SubjectKeyID(pub crypto.PublicKey) ([]byte, error) {
 	}
 	sum := sha1.Sum(spki.PublicKey.Bytes)
 	return sum[:], nil
+}
+
+// newKeySerialID returns a fresh key of type t, a serial number and the key
+// identifier of the key: what every certificate meshca makes starts with.
+func newKeySerialID(t KeyType) (crypto.Signer, *big.Int, []byte, error) {
+	key, err := GenerateKey(t)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	serial, err := NewSerial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	skid, err := SubjectKeyID(key.Public())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return key, serial, skid, nil
 }

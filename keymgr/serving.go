@@ -36,15 +36,7 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}
-	key, err := GenerateKey(KeyECP256)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := NewSerial()
-	if err != nil {
-		return nil, err
-	}
-	skid, err := SubjectKeyID(key.Public())
+	key, serial, skid, err := newKeySerialID(KeyECP256)
 	if err != nil {
 		return nil, err
 	}

@@ -119,15 +119,8 @@ func TestRenewalWithCertificate(t *testing.T) {
 // newCSR returns a CSR for id with a fresh P-256 key.
 func newCSR(t *testing.T, id spiffeid.ID) string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(p)
+	_, p := newKeyAndCSR(t, id)
+	return p
 }
 
 func newKeyAndCSR(t *testing.T, id spiffeid.ID) (crypto.Signer, string) {
