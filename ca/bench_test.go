@@ -29,12 +29,16 @@ func BenchmarkCreateCertificate(b *testing.B) {
 	root := testca.NewRoot(b, "bench root", testca.Options{})
 	mgr := keymgr.NewManager(td, root.Authority())
 	srv, err := ca.New(ca.Config{
-		TrustDomain:    td,
-		Authenticators: []ca.Authenticator{tokens{"t": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}},
-		Signer:         local.New(local.Config{Authorities: mgr}),
-		Bundles:        mgr,
-		Metrics:        ca.NewMetrics(prometheus.NewRegistry(), expiry{mgr}, nil),
-		Logger:         slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		TrustDomain: td,
+		Clusters: ca.NewRegistry(&ca.Cluster{
+			ID:             "Kubernetes",
+			Authenticators: []ca.Authenticator{tokens{"t": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}},
+			Authorizer:     &ca.NodeAuthorizer{TrustDomain: td},
+		}),
+		Signer:  local.New(local.Config{Authorities: mgr}),
+		Bundles: mgr,
+		Metrics: ca.NewMetrics(prometheus.NewRegistry(), expiry{mgr}, nil),
+		Logger:  slog.New(slog.NewJSONHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		b.Fatal(err)

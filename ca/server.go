@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/meshca/meshca/csr"
@@ -35,11 +36,13 @@ const (
 // above; Logger and Now default to slog.Default and time.Now.
 type Config struct {
 	TrustDomain spiffeid.TrustDomain
-	// ClusterID is the local cluster's name; a request's clusterid header
-	// must be empty or equal to it.
-	ClusterID      string
+	// Authenticators that do not depend on the cluster (client
+	// certificates); tried before the cluster's own.
 	Authenticators []Authenticator
-	Signer         signer.Signer
+	// Clusters maps the clusterid header to the cluster that reviews the
+	// token and authorizes the request; "" selects the local cluster.
+	Clusters ClusterSource
+	Signer   signer.Signer
 	// SignerName labels metrics and audit events ("local", "vault", ...).
 	SignerName string
 	// Bundles is the trust bundle: every issued chain must verify to it,
@@ -71,13 +74,10 @@ func New(c Config) (*Server, error) {
 		return nil, errors.New("ca: signer is required")
 	case c.Bundles == nil:
 		return nil, errors.New("ca: trust bundle source is required")
-	case len(c.Authenticators) == 0:
-		return nil, errors.New("ca: at least one authenticator is required")
+	case c.Clusters == nil:
+		return nil, errors.New("ca: clusters are required")
 	case c.Metrics == nil:
 		return nil, errors.New("ca: metrics are required")
-	}
-	if c.ClusterID == "" {
-		c.ClusterID = DefaultClusterID
 	}
 	if c.DefaultTTL <= 0 {
 		c.DefaultTTL = DefaultTTL
@@ -147,14 +147,19 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.creds, r.peer, err = credentialsFrom(ctx); err != nil {
 		return nil, err
 	}
-	if r.creds.ClusterID != "" && r.creds.ClusterID != s.c.ClusterID {
+	cluster, ok := s.c.Clusters.Cluster(r.creds.ClusterID)
+	if !ok {
 		return nil, refuse(KindUnauthenticated, "unknown_cluster",
-			fmt.Sprintf("unknown cluster %q: this CA serves cluster %q", r.creds.ClusterID, s.c.ClusterID), nil)
+			fmt.Sprintf("unknown cluster %q: this CA does not serve it", r.creds.ClusterID), nil)
 	}
-	if r.caller, err = authenticate(ctx, s.c.Authenticators, &r.creds); err != nil {
+	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
+	if r.caller, err = authenticate(ctx, auths, &r.creds); err != nil {
 		return nil, err
 	}
-	if r.identity, r.requested, err = s.authorize(r.caller, in); err != nil {
+	if r.requested, err = requestedIdentity(in); err != nil {
+		return nil, err
+	}
+	if r.identity, err = cluster.Authorizer.Authorize(ctx, r.caller, r.requested); err != nil {
 		return nil, err
 	}
 	req, err := csr.Parse([]byte(in.GetCsr()))
@@ -178,21 +183,17 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	return s.respond(r.identity, res)
 }
 
-// authorize returns the identity the caller may receive.
-func (s *Server) authorize(c *Caller, in *authpb.IstioCertificateRequest) (spiffeid.ID, string, error) {
+// requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
+// when the caller asks for its own identity.
+func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
 	v, ok := in.GetMetadata().GetFields()[metaImpersonate]
 	if !ok {
-		return c.ID, "", nil
+		return "", nil
 	}
 	if _, isString := v.GetKind().(*structpb.Value_StringValue); !isString {
-		return spiffeid.ID{}, "", refuse(KindInvalidArgument, "bad_metadata", metaImpersonate+" must be one SPIFFE ID string", nil)
+		return "", refuse(KindInvalidArgument, "malformed_identity", metaImpersonate+" must be one SPIFFE ID string", nil)
 	}
-	requested := v.GetStringValue()
-	if requested == "" {
-		return c.ID, "", nil
-	}
-	return spiffeid.ID{}, requested, refuse(KindPermissionDenied, "impersonation_not_enabled",
-		"this CA does not allow impersonation", fmt.Errorf("%s asked for %q", c.ID, requested))
+	return v.GetStringValue(), nil
 }
 
 // ttl applies the TTL rules: the default when the client asks for none, a

@@ -71,11 +71,13 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
 	srv, err := ca.New(ca.Config{
-		TrustDomain: td,
-		Authenticators: []ca.Authenticator{
-			&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr},
-			tokens{"frontend-token": {ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/frontend"), Namespace: "prod", ServiceAccount: "frontend", Method: "token"}},
-		},
+		TrustDomain:    td,
+		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr}},
+		Clusters: ca.NewRegistry(&ca.Cluster{
+			ID:             "Kubernetes",
+			Authenticators: []ca.Authenticator{tokens{"frontend-token": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}},
+			Authorizer:     &ca.NodeAuthorizer{TrustDomain: td},
+		}),
 		Signer:     o.signer,
 		SignerName: "local",
 		Bundles:    mgr,
@@ -215,7 +217,7 @@ func TestRefusals(t *testing.T) {
 		{name: "other identity", token: "good", csr: csrFor(other), code: codes.InvalidArgument, msg: "may only receive spiffe://cluster.local/ns/prod/sa/frontend", reason: "csr_identity_mismatch"},
 		{name: "garbage csr", token: "good", csr: "hello", code: codes.InvalidArgument, msg: "invalid CSR: no PEM block", reason: "csr_malformed"},
 		{name: "ttl too long", token: "good", csr: csrFor(frontend), opts: caclient.Options{TTL: 72 * time.Hour}, code: codes.InvalidArgument, msg: "above the maximum", reason: "ttl_too_long"},
-		{name: "impersonation", token: "good", csr: csrFor(other), opts: caclient.Options{Impersonate: true}, code: codes.PermissionDenied, msg: "does not allow impersonation", reason: "impersonation_not_enabled"},
+		{name: "impersonation", token: "good", csr: csrFor(other), opts: caclient.Options{Impersonate: true}, code: codes.PermissionDenied, msg: "may not request other identities", reason: "untrusted_caller"},
 		{name: "unknown cluster", token: "good", csr: csrFor(frontend), cluster: "elsewhere", code: codes.Unauthenticated, msg: `unknown cluster "elsewhere"`, reason: "unknown_cluster"},
 	}
 	for _, tt := range tests {

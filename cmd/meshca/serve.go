@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type serveFlags struct {
 	keyPolicy      string
 	maxInFlight    int
 	requestTimeout time.Duration
+	nodeAccounts   []string
+	cacheTTL       time.Duration
+	cacheSize      int
+	remotes        []string
 }
 
 func newServeCommand() *cobra.Command {
@@ -69,6 +74,10 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.keyPolicy, "key-policy", "ecdsa-p256,ecdsa-p384,ed25519,rsa-2048-8192", "workload key algorithms and sizes allowed")
 	fl.IntVar(&f.maxInFlight, "max-in-flight", ca.DefaultMaxInFlight, "requests served at once; more get ResourceExhausted")
 	fl.DurationVar(&f.requestTimeout, "request-timeout", ca.DefaultRequestTimeout, "deadline of a request whose client set none")
+	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
+	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", ca.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
+	fl.IntVar(&f.cacheSize, "token-cache-size", ca.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
+	fl.StringArrayVar(&f.remotes, "remote-cluster", nil, "remote cluster as <cluster id>=<kubeconfig file>; repeatable")
 	return cmd
 }
 
@@ -89,6 +98,16 @@ func (f *serveFlags) validate() (spiffeid.TrustDomain, csr.KeyPolicy, error) {
 		return td, kp, errors.New("--token-audiences must name at least one audience")
 	case len(f.servingNames) == 0:
 		return td, kp, errors.New("--serving-dns-names must name at least one DNS name")
+	case f.clusterID == "":
+		return td, kp, errors.New("--cluster-id must not be empty")
+	case f.cacheTTL < 0 || f.cacheSize < 0:
+		return td, kp, errors.New("--token-cache-ttl and --token-cache-size must not be negative")
+	}
+	if _, err := ca.ParseNodeAccounts(f.nodeAccounts); err != nil {
+		return td, kp, fmt.Errorf("--trusted-node-accounts: %w", err)
+	}
+	if _, err := parseRemotes(f.remotes, f.clusterID); err != nil {
+		return td, kp, err
 	}
 	if kp, err = csr.ParseKeyPolicy(f.keyPolicy); err != nil {
 		return td, kp, fmt.Errorf("--key-policy: %w", err)
@@ -126,25 +145,21 @@ func (f *serveFlags) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kcfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	kcfg.QPS, kcfg.Burst = 200, 400
-	kube, err := kubernetes.NewForConfig(kcfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
 	mgr := keymgr.NewManager(td, authority)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	clusters, err := f.clusters(td, reg)
+	if err != nil {
+		return err
+	}
+	registry := ca.NewRegistry(clusters[0].Cluster)
+	for _, c := range clusters[1:] {
+		registry.Set(c.Cluster, nil)
+	}
 	srv, err := ca.New(ca.Config{
-		TrustDomain: td,
-		ClusterID:   f.clusterID,
-		Authenticators: []ca.Authenticator{
-			&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr},
-			&ca.TokenReviewer{TrustDomain: td, Client: kube, Audiences: f.audiences},
-		},
+		TrustDomain:    td,
+		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr}},
+		Clusters:       registry,
 		Signer:         local.New(local.Config{Authorities: mgr}),
 		SignerName:     "local",
 		Bundles:        mgr,
@@ -169,14 +184,20 @@ func (f *serveFlags) run(ctx context.Context) error {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	attrs := []any{"grpc", lis.Addr().String(), "trust_domain", td.Name(), "cluster_id", f.clusterID, "signer", "local"}
+	attrs := []any{"grpc", lis.Addr().String(), "trust_domain", td.Name(), "clusters", strings.Join(registry.IDs(), ","), "signer", "local"}
 	if f.adminListen != "" {
 		alis, err := net.Listen("tcp", f.adminListen)
 		if err != nil {
 			lis.Close()
 			return fmt.Errorf("--admin-listen: %w", err)
 		}
-		admin := &http.Server{Handler: ca.AdminHandler(reg, func() error { return nil }), ReadHeaderTimeout: 5 * time.Second}
+		ready := func() error {
+			if waiting := registry.Ready(); len(waiting) > 0 {
+				return fmt.Errorf("Pod caches of clusters %v have not synced", waiting)
+			}
+			return nil
+		}
+		admin := &http.Server{Handler: ca.AdminHandler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := admin.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -190,6 +211,9 @@ func (f *serveFlags) run(ctx context.Context) error {
 			return admin.Shutdown(sctx)
 		})
 		attrs = append(attrs, "admin", alis.Addr().String())
+	}
+	for _, c := range clusters {
+		g.Go(func() error { return c.Run(ctx) })
 	}
 	g.Go(func() error { return grpcSrv.Serve(lis) })
 	g.Go(func() error {
@@ -211,4 +235,62 @@ func (f *serveFlags) run(ctx context.Context) error {
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// parseRemotes reads --remote-cluster values, id=kubeconfig.
+func parseRemotes(values []string, local string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range values {
+		id, path, ok := strings.Cut(v, "=")
+		switch {
+		case !ok || id == "" || path == "":
+			return nil, fmt.Errorf("--remote-cluster %q: want <cluster id>=<kubeconfig file>", v)
+		case id == local:
+			return nil, fmt.Errorf("--remote-cluster %q: %q is the local cluster's id", v, id)
+		case out[id] != "":
+			return nil, fmt.Errorf("--remote-cluster: cluster %q given twice", id)
+		}
+		out[id] = path
+	}
+	return out, nil
+}
+
+// clusters builds the local cluster (first) and the remote ones.
+func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer) ([]*ca.KubeCluster, error) {
+	accounts, _ := ca.ParseNodeAccounts(f.nodeAccounts)
+	remotes, _ := parseRemotes(f.remotes, f.clusterID)
+	metrics := ca.NewTokenCacheMetrics(reg)
+	build := func(id, kubeconfig string) (*ca.KubeCluster, error) {
+		kcfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: kubernetes client configuration: %w", id, err)
+		}
+		kcfg.QPS, kcfg.Burst = 200, 400
+		kube, err := kubernetes.NewForConfig(kcfg)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
+		}
+		return ca.NewKubeCluster(ca.KubeClusterConfig{
+			ID: id, Client: kube, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
+			CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, CacheMetrics: metrics,
+		})
+	}
+	local, err := build(f.clusterID, f.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	out := []*ca.KubeCluster{local}
+	ids := make([]string, 0, len(remotes))
+	for id := range remotes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		c, err := build(id, remotes[id])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
 }

@@ -11,6 +11,7 @@ func TestServeFlagsValidate(t *testing.T) {
 		return serveFlags{
 			stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
 			audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
+			clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"},
 		}
 	}
 	tests := []struct {
@@ -26,6 +27,10 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "zero max", mutate: func(f *serveFlags) { f.maxTTL = 0 }, want: "must be positive"},
 		{name: "no audiences", mutate: func(f *serveFlags) { f.audiences = nil }, want: "--token-audiences"},
 		{name: "no serving names", mutate: func(f *serveFlags) { f.servingNames = nil }, want: "--serving-dns-names"},
+		{name: "bad node account", mutate: func(f *serveFlags) { f.nodeAccounts = []string{"ztunnel"} }, want: "--trusted-node-accounts"},
+		{name: "remote without file", mutate: func(f *serveFlags) { f.remotes = []string{"east"} }, want: "<cluster id>=<kubeconfig file>"},
+		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
+		{name: "remote twice", mutate: func(f *serveFlags) { f.remotes = []string{"east=/a", "east=/b"} }, want: "given twice"},
 		{name: "bad key policy", mutate: func(f *serveFlags) { f.keyPolicy = "dsa-1024" }, want: "--key-policy"},
 	}
 	for _, tt := range tests {

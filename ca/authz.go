@@ -1,0 +1,148 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// PodSource answers the Pod questions authorization asks. *PodIndex is
+// the production implementation.
+type PodSource interface {
+	Pod(ctx context.Context, ns, name string) (*PodInfo, error)
+	OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error)
+}
+
+// NodeAuthorizer decides which identity a request may receive. A caller
+// always may receive its own; a trusted node proxy (ztunnel) may receive
+// the identity of a workload that runs on its own node.
+type NodeAuthorizer struct {
+	TrustDomain spiffeid.TrustDomain
+	// TrustedNodeAccounts are "namespace/serviceaccount" entries.
+	TrustedNodeAccounts map[string]bool
+	// Pods is nil when no cluster access is configured: then no caller may
+	// impersonate and bound Pods are not re-checked.
+	Pods PodSource
+}
+
+// Authorize returns the identity the caller may receive for a request that
+// asked for requested ("" for the caller's own identity).
+func (a *NodeAuthorizer) Authorize(ctx context.Context, c *Caller, requested string) (spiffeid.ID, error) {
+	if requested == "" {
+		if c.PodName != "" && a.Pods != nil {
+			if _, err := a.callerPod(ctx, c); err != nil {
+				return spiffeid.ID{}, err
+			}
+		}
+		return c.ID, nil
+	}
+	target, err := a.parseTarget(requested)
+	if err != nil {
+		return spiffeid.ID{}, err
+	}
+	if target == c.ID {
+		return a.Authorize(ctx, c, "")
+	}
+	const denied = "this caller may not request other identities"
+	switch {
+	case !a.TrustedNodeAccounts[c.Namespace+"/"+c.ServiceAccount]:
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "untrusted_caller", denied,
+			fmt.Errorf("%s/%s is not a trusted node account", c.Namespace, c.ServiceAccount))
+	case a.Pods == nil:
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "impersonation_not_enabled", denied, errors.New("no cluster access to authorize node proxies"))
+	case c.PodName == "" || c.PodUID == "":
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "caller_not_pod_bound", denied,
+			errors.New("node proxy token is not bound to a Pod"))
+	}
+	pod, err := a.callerPod(ctx, c)
+	if err != nil {
+		return spiffeid.ID{}, err
+	}
+	node := c.Node
+	if node == "" {
+		node = pod.Node
+	}
+	if node == "" {
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "caller_node_unknown", denied,
+			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name))
+	}
+	ns, sa, _ := parseWorkloadID(target)
+	pods, err := a.Pods.OnNode(ctx, ns, sa, node)
+	if err != nil {
+		return spiffeid.ID{}, podLookupError(err)
+	}
+	if len(pods) == 0 {
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "not_on_node", denied,
+			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node))
+	}
+	return target, nil
+}
+
+// parseTarget checks a requested workload identity.
+func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
+	const msg = "ImpersonatedIdentity must be one SPIFFE ID spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+	if strings.ContainsAny(requested, ", \t\n") {
+		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, fmt.Errorf("%q holds more than one value", requested))
+	}
+	id, err := spiffeid.FromString(requested)
+	if err != nil {
+		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, err)
+	}
+	if _, _, ok := parseWorkloadID(id); !ok {
+		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, fmt.Errorf("%s is not a workload identity", id))
+	}
+	if !id.MemberOf(a.TrustDomain) {
+		return spiffeid.ID{}, refuse(KindPermissionDenied, "foreign_trust_domain",
+			"requested identity is not in this CA's trust domain", fmt.Errorf("%s is not in %s", id, a.TrustDomain))
+	}
+	return id, nil
+}
+
+// callerPod checks that the Pod a token is bound to still exists, is the
+// same Pod (UID) and runs the token's service account. The apiserver
+// keeps accepting a deleted Pod's token for a few seconds; this does not.
+func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller) (*PodInfo, error) {
+	const msg = "token is not a valid service-account token for this CA"
+	pod, err := a.Pods.Pod(ctx, c.Namespace, c.PodName)
+	switch {
+	case err != nil:
+		return nil, podLookupError(err)
+	case pod == nil:
+		return nil, refuse(KindUnauthenticated, "caller_pod_missing", msg, fmt.Errorf("Pod %s/%s of the token does not exist", c.Namespace, c.PodName))
+	case c.PodUID != "" && pod.UID != c.PodUID:
+		return nil, refuse(KindUnauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
+	case pod.ServiceAccount != c.ServiceAccount:
+		return nil, refuse(KindUnauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
+	}
+	return pod, nil
+}
+
+func podLookupError(err error) error {
+	if errors.Is(err, ErrNotSynced) {
+		return refuse(KindUnavailable, "pod_index_not_synced", "CA is starting, retry shortly", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	return refuse(KindUnavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
+}
+
+// ParseNodeAccounts reads "ns/sa,ns/sa".
+func ParseNodeAccounts(list []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, e := range list {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		ns, sa, ok := strings.Cut(e, "/")
+		if !ok || ns == "" || sa == "" || strings.Contains(sa, "/") {
+			return nil, fmt.Errorf("node account %q is not namespace/serviceaccount", e)
+		}
+		out[e] = true
+	}
+	return out, nil
+}

@@ -1,0 +1,113 @@
+package ca
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// pods is a pure in-memory PodSource.
+type pods struct {
+	byName map[string]PodInfo
+	err    error
+}
+
+func (p pods) Pod(_ context.Context, ns, name string) (*PodInfo, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	if pi, ok := p.byName[ns+"/"+name]; ok {
+		return &pi, nil
+	}
+	return nil, nil
+}
+
+func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]PodInfo, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	var out []PodInfo
+	for _, pi := range p.byName {
+		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Node == node && !pi.Failed {
+			out = append(out, pi)
+		}
+	}
+	return out, nil
+}
+
+func TestNodeAuthorizer(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	cluster := pods{byName: map[string]PodInfo{
+		"istio-system/ztunnel-a": {Namespace: "istio-system", Name: "ztunnel-a", UID: "za", ServiceAccount: "ztunnel", Node: "node-a"},
+		"prod/web-a":             {Namespace: "prod", Name: "web-a", UID: "wa", ServiceAccount: "web", Node: "node-a"},
+		"prod/db-b":              {Namespace: "prod", Name: "db-b", UID: "db", ServiceAccount: "db", Node: "node-b"},
+		"prod/batch-a":           {Namespace: "prod", Name: "batch-a", UID: "ba", ServiceAccount: "batch", Node: "node-a", Failed: true},
+	}}
+	ztunnel := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/ztunnel"), Namespace: "istio-system",
+		ServiceAccount: "ztunnel", PodName: "ztunnel-a", PodUID: "za", Method: "token"}
+	web := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/web"), Namespace: "prod", ServiceAccount: "web",
+		PodName: "web-a", PodUID: "wa", Method: "token"}
+	with := func(c Caller, f func(*Caller)) Caller { f(&c); return c }
+	tests := []struct {
+		name      string
+		caller    Caller
+		requested string
+		pods      PodSource
+		want      string
+		kind      Kind
+		reason    string
+	}{
+		{name: "own identity", caller: web, want: web.ID.String()},
+		{name: "own identity, pod gone", caller: with(web, func(c *Caller) { c.PodName = "web-gone" }), kind: KindUnauthenticated, reason: "caller_pod_missing"},
+		{name: "own identity, pod replaced", caller: with(web, func(c *Caller) { c.PodUID = "old" }), kind: KindUnauthenticated, reason: "caller_uid_mismatch"},
+		{name: "ztunnel for a workload on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", want: "spiffe://cluster.local/ns/prod/sa/web"},
+		{name: "node from the token extra", caller: with(ztunnel, func(c *Caller) { c.Node = "node-b" }), requested: "spiffe://cluster.local/ns/prod/sa/db", want: "spiffe://cluster.local/ns/prod/sa/db"},
+		{name: "workload on another node", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: KindPermissionDenied, reason: "not_on_node"},
+		{name: "failed pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/batch", kind: KindPermissionDenied, reason: "not_on_node"},
+		{name: "untrusted caller", caller: web, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: KindPermissionDenied, reason: "untrusted_caller"},
+		{name: "foreign trust domain", caller: ztunnel, requested: "spiffe://evil.example/ns/prod/sa/web", kind: KindPermissionDenied, reason: "foreign_trust_domain"},
+		{name: "malformed", caller: ztunnel, requested: "spiffe://cluster.local/web", kind: KindInvalidArgument, reason: "malformed_identity"},
+		{name: "not a spiffe id", caller: ztunnel, requested: "web.prod", kind: KindInvalidArgument, reason: "malformed_identity"},
+		{name: "two ids", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web,spiffe://cluster.local/ns/prod/sa/db", kind: KindInvalidArgument, reason: "malformed_identity"},
+		{name: "token not bound to a pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "", "" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindPermissionDenied, reason: "caller_not_pod_bound"},
+		{name: "ztunnel pod deleted", caller: with(ztunnel, func(c *Caller) { c.PodName = "ztunnel-old" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_missing"},
+		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
+		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: KindUnavailable, reason: "pod_lookup_failed"},
+		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := tt.pods
+			if src == nil {
+				src = cluster
+			}
+			a := &NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}, Pods: src}
+			c := tt.caller
+			got, err := a.Authorize(context.Background(), &c, tt.requested)
+			if tt.want != "" {
+				if err != nil || got.String() != tt.want {
+					t.Fatalf("got %v, %v; want %s", got, err, tt.want)
+				}
+				return
+			}
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Kind != tt.kind || ce.Reason != tt.reason {
+				t.Fatalf("err = %v, want kind %d reason %s", err, tt.kind, tt.reason)
+			}
+		})
+	}
+}
+
+func TestParseNodeAccounts(t *testing.T) {
+	got, err := ParseNodeAccounts([]string{"istio-system/ztunnel", " kube-system/proxy "})
+	if err != nil || !got["istio-system/ztunnel"] || !got["kube-system/proxy"] {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"ztunnel", "/x", "a/b/c"} {
+		if _, err := ParseNodeAccounts([]string{bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

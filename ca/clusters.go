@@ -1,0 +1,105 @@
+package ca
+
+import (
+	"sort"
+	"sync"
+)
+
+// Cluster is one Kubernetes cluster whose workloads this CA serves: the
+// authenticators that review its tokens and the authorizer that knows its
+// Pods. The clusterid request header selects it.
+type Cluster struct {
+	ID             string
+	Authenticators []Authenticator
+	Authorizer     *NodeAuthorizer
+	// Ready reports whether the cluster's caches have synced; nil means
+	// always ready.
+	Ready func() bool
+}
+
+// ClusterSource finds a cluster by its id.
+type ClusterSource interface {
+	// Cluster returns the cluster with id, or the local cluster for "".
+	Cluster(id string) (*Cluster, bool)
+}
+
+// Registry holds the local cluster and the remote ones, which may come and
+// go while the CA runs.
+type Registry struct {
+	mu     sync.RWMutex
+	local  string
+	byID   map[string]*Cluster
+	remove map[string]func()
+}
+
+// NewRegistry returns a registry whose local cluster is local.
+func NewRegistry(local *Cluster) *Registry {
+	return &Registry{local: local.ID, byID: map[string]*Cluster{local.ID: local}, remove: map[string]func(){}}
+}
+
+// Cluster implements ClusterSource.
+func (r *Registry) Cluster(id string) (*Cluster, bool) {
+	if id == "" {
+		id = r.local
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c, ok := r.byID[id]
+	return c, ok
+}
+
+// Set adds or replaces a remote cluster; stop, if not nil, is called when
+// it is replaced or removed.
+func (r *Registry) Set(c *Cluster, stop func()) {
+	r.mu.Lock()
+	old := r.remove[c.ID]
+	r.byID[c.ID] = c
+	r.remove[c.ID] = stop
+	r.mu.Unlock()
+	if old != nil {
+		old()
+	}
+}
+
+// Remove drops a remote cluster. The local one cannot be removed.
+func (r *Registry) Remove(id string) {
+	if id == r.local {
+		return
+	}
+	r.mu.Lock()
+	stop := r.remove[id]
+	delete(r.byID, id)
+	delete(r.remove, id)
+	r.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// IDs lists the clusters, local first.
+func (r *Registry) IDs() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	ids := []string{}
+	for id := range r.byID {
+		if id != r.local {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return append([]string{r.local}, ids...)
+}
+
+// Ready reports whether every cluster's caches have synced.
+func (r *Registry) Ready() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var waiting []string
+	for id, c := range r.byID {
+		if c.Ready != nil && !c.Ready() {
+			waiting = append(waiting, id)
+		}
+	}
+	sort.Strings(waiting)
+	return waiting
+}

@@ -1,0 +1,248 @@
+package ca
+
+import (
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
+)
+
+// Defaults of TokenCacheConfig.
+const (
+	DefaultTokenCacheTTL  = time.Minute
+	DefaultTokenCacheSize = 100_000
+)
+
+// TokenCacheConfig configures a CachedTokenReviewer.
+type TokenCacheConfig struct {
+	// Reviewer authenticates a token on a miss (a *TokenReviewer).
+	Reviewer Authenticator
+	// Audiences are part of the cache key: a token reviewed for other
+	// audiences is another entry.
+	Audiences []string
+	// TTL is the longest a positive review is reused; never past the
+	// token's own expiry.
+	TTL time.Duration
+	// MaxEntries bounds the cache; the least recently used entry goes first.
+	MaxEntries int
+	Metrics    *TokenCacheMetrics
+	// Cluster labels the metrics.
+	Cluster string
+	Now     func() time.Time
+}
+
+// CachedTokenReviewer reuses positive TokenReview answers. ztunnel sends
+// the same token for every Pod on its node, so without a cache the
+// apiserver sees one review per certificate. Only successes are cached;
+// concurrent misses for one token share one review; an entry dies with its
+// token, after TTL, or when its bound Pod is deleted or replaced.
+type CachedTokenReviewer struct {
+	c       TokenCacheConfig
+	flight  singleflight.Group
+	mu      sync.Mutex
+	entries map[string]*list.Element
+	lru     *list.List
+	byPod   map[string]map[string]struct{}
+}
+
+type tokenEntry struct {
+	key     string
+	caller  Caller
+	expires time.Time
+}
+
+// reviewTimeout bounds one TokenReview.
+const reviewTimeout = 10 * time.Second
+
+// NewCachedTokenReviewer assembles the cache.
+func NewCachedTokenReviewer(c TokenCacheConfig) *CachedTokenReviewer {
+	if c.TTL <= 0 {
+		c.TTL = DefaultTokenCacheTTL
+	}
+	if c.MaxEntries <= 0 {
+		c.MaxEntries = DefaultTokenCacheSize
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &CachedTokenReviewer{c: c, entries: map[string]*list.Element{}, lru: list.New(), byPod: map[string]map[string]struct{}{}}
+}
+
+// Authenticate implements Authenticator.
+func (r *CachedTokenReviewer) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
+	if c.Token == "" {
+		return nil, ErrNoCredentials
+	}
+	key := r.key(c.Token)
+	if caller, ok := r.get(key); ok {
+		r.c.Metrics.hit(r.c.Cluster)
+		return caller, nil
+	}
+	r.c.Metrics.miss(r.c.Cluster)
+	v, err, _ := r.flight.Do(key, func() (any, error) {
+		start := r.c.Now()
+		// The review serves every waiter, so it must not die with the
+		// first caller's context; it gets its own bound instead.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
+		defer cancel()
+		caller, err := r.c.Reviewer.Authenticate(rctx, c)
+		r.c.Metrics.observe(r.c.Cluster, r.c.Now().Sub(start))
+		if err == nil {
+			r.put(key, caller, tokenExpiry(c.Token))
+		}
+		return caller, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	caller := *v.(*Caller)
+	return &caller, nil
+}
+
+// key hashes the token with the audiences it is reviewed for; the token
+// itself is never kept.
+func (r *CachedTokenReviewer) key(token string) string {
+	h := sha256.New()
+	h.Write([]byte(strings.Join(r.c.Audiences, "\x00")))
+	h.Write([]byte{0xff})
+	h.Write([]byte(token))
+	return string(h.Sum(nil))
+}
+
+func (r *CachedTokenReviewer) get(key string) (*Caller, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	el, ok := r.entries[key]
+	if !ok {
+		return nil, false
+	}
+	e := el.Value.(*tokenEntry)
+	if !r.c.Now().Before(e.expires) {
+		r.removeLocked(el)
+		return nil, false
+	}
+	r.lru.MoveToFront(el)
+	caller := e.caller
+	return &caller, true
+}
+
+func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time) {
+	expires := r.c.Now().Add(r.c.TTL)
+	if !tokenExp.IsZero() && tokenExp.Before(expires) {
+		expires = tokenExp
+	}
+	if !r.c.Now().Before(expires) {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if el, ok := r.entries[key]; ok {
+		r.removeLocked(el)
+	}
+	r.entries[key] = r.lru.PushFront(&tokenEntry{key: key, caller: *c, expires: expires})
+	if c.PodUID != "" {
+		if r.byPod[c.PodUID] == nil {
+			r.byPod[c.PodUID] = map[string]struct{}{}
+		}
+		r.byPod[c.PodUID][key] = struct{}{}
+	}
+	for r.lru.Len() > r.c.MaxEntries {
+		r.removeLocked(r.lru.Back())
+	}
+}
+
+func (r *CachedTokenReviewer) removeLocked(el *list.Element) {
+	e := el.Value.(*tokenEntry)
+	r.lru.Remove(el)
+	delete(r.entries, e.key)
+	if uid := e.caller.PodUID; uid != "" {
+		delete(r.byPod[uid], e.key)
+		if len(r.byPod[uid]) == 0 {
+			delete(r.byPod, uid)
+		}
+	}
+}
+
+// InvalidatePod drops every entry for tokens bound to the Pod with uid.
+func (r *CachedTokenReviewer) InvalidatePod(uid string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key := range r.byPod[uid] {
+		if el, ok := r.entries[key]; ok {
+			r.removeLocked(el)
+		}
+	}
+}
+
+// Len is the number of cached entries.
+func (r *CachedTokenReviewer) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lru.Len()
+}
+
+// tokenExpiry reads the exp claim of a JWT whose signature the apiserver
+// has just verified; zero when absent.
+func tokenExpiry(token string) time.Time {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}
+	}
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(claims.Exp, 0)
+}
+
+// TokenCacheMetrics count cache hits and misses and time the reviews, by
+// cluster.
+type TokenCacheMetrics struct {
+	hits, misses *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+}
+
+// NewTokenCacheMetrics registers the cache's collectors.
+func NewTokenCacheMetrics(reg prometheus.Registerer) *TokenCacheMetrics {
+	m := &TokenCacheMetrics{
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshca_tokenreview_cache_hits_total",
+			Help: "Token authentications answered from the cache."}, []string{"cluster"}),
+		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshca_tokenreview_cache_misses_total",
+			Help: "Token authentications that needed a TokenReview."}, []string{"cluster"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "meshca_tokenreview_duration_seconds",
+			Help: "TokenReview latency.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"cluster"}),
+	}
+	reg.MustRegister(m.hits, m.misses, m.latency)
+	return m
+}
+
+func (m *TokenCacheMetrics) hit(cluster string) {
+	if m != nil {
+		m.hits.WithLabelValues(cluster).Inc()
+	}
+}
+
+func (m *TokenCacheMetrics) miss(cluster string) {
+	if m != nil {
+		m.misses.WithLabelValues(cluster).Inc()
+	}
+}
+
+func (m *TokenCacheMetrics) observe(cluster string, d time.Duration) {
+	if m != nil {
+		m.latency.WithLabelValues(cluster).Observe(d.Seconds())
+	}
+}

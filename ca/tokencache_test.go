@@ -1,0 +1,134 @@
+package ca
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// countingReviewer is a pure in-memory stand-in for TokenReview.
+type countingReviewer struct {
+	calls atomic.Int64
+	delay time.Duration
+	fail  bool
+}
+
+func (c *countingReviewer) Authenticate(_ context.Context, cr *Credentials) (*Caller, error) {
+	c.calls.Add(1)
+	time.Sleep(c.delay)
+	if c.fail {
+		return nil, refuse(KindUnauthenticated, "token_invalid", "no", nil)
+	}
+	return &Caller{Namespace: "istio-system", ServiceAccount: "ztunnel", PodUID: "uid-" + cr.Token[:1]}, nil
+}
+
+func jwtWithExp(exp time.Time) string {
+	p := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf(`{"exp":%d}`, exp.Unix())))
+	return "a." + p + ".sig"
+}
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (f *fakeClock) Now() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.now }
+func (f *fakeClock) Add(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+}
+
+func TestTokenCache(t *testing.T) {
+	clock := &fakeClock{now: time.Now()}
+	newCache := func(inner *countingReviewer, size int) *CachedTokenReviewer {
+		return NewCachedTokenReviewer(TokenCacheConfig{Reviewer: inner, Audiences: []string{"istio-ca"}, TTL: time.Minute, MaxEntries: size, Now: clock.Now})
+	}
+	auth := func(t *testing.T, c *CachedTokenReviewer, tok string) error {
+		t.Helper()
+		_, err := c.Authenticate(context.Background(), &Credentials{Token: tok})
+		return err
+	}
+	t.Run("reuses a positive review until the ceiling", func(t *testing.T) {
+		inner := &countingReviewer{}
+		c := newCache(inner, 10)
+		tok := jwtWithExp(clock.Now().Add(time.Hour))
+		for range 100 {
+			if err := auth(t, c, tok); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Add(61 * time.Second)
+		_ = auth(t, c, tok)
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("%d reviews, want 2", n)
+		}
+	})
+	t.Run("never past the token's expiry", func(t *testing.T) {
+		inner := &countingReviewer{}
+		c := newCache(inner, 10)
+		tok := jwtWithExp(clock.Now().Add(10 * time.Second))
+		_ = auth(t, c, tok)
+		clock.Add(11 * time.Second)
+		_ = auth(t, c, tok)
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("%d reviews, want 2", n)
+		}
+	})
+	t.Run("failures are not cached", func(t *testing.T) {
+		inner := &countingReviewer{fail: true}
+		c := newCache(inner, 10)
+		for range 3 {
+			if err := auth(t, c, "bad"); err == nil {
+				t.Fatal("want an error")
+			}
+		}
+		if n := inner.calls.Load(); n != 3 || c.Len() != 0 {
+			t.Fatalf("%d reviews and %d entries, want 3 and 0", n, c.Len())
+		}
+	})
+	t.Run("concurrent misses share one review", func(t *testing.T) {
+		inner := &countingReviewer{delay: 50 * time.Millisecond}
+		c := newCache(inner, 10)
+		tok := jwtWithExp(clock.Now().Add(time.Hour))
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() { _ = auth(t, c, tok) })
+		}
+		wg.Wait()
+		if n := inner.calls.Load(); n != 1 {
+			t.Fatalf("%d reviews, want 1", n)
+		}
+	})
+	t.Run("bounded, least recently used goes first", func(t *testing.T) {
+		inner := &countingReviewer{}
+		c := newCache(inner, 2)
+		a, b, d := "a"+jwtWithExp(clock.Now().Add(time.Hour)), "b"+jwtWithExp(clock.Now().Add(time.Hour)), "d"+jwtWithExp(clock.Now().Add(time.Hour))
+		_, _, _ = auth(t, c, a), auth(t, c, b), auth(t, c, a)
+		_ = auth(t, c, d) // evicts b
+		if c.Len() != 2 {
+			t.Fatalf("%d entries, want 2", c.Len())
+		}
+		before := inner.calls.Load()
+		_ = auth(t, c, a)
+		_ = auth(t, c, b)
+		if got := inner.calls.Load() - before; got != 1 {
+			t.Fatalf("%d reviews after eviction, want 1 (only b)", got)
+		}
+	})
+	t.Run("pod deletion invalidates", func(t *testing.T) {
+		inner := &countingReviewer{}
+		c := newCache(inner, 10)
+		tok := "x" + jwtWithExp(clock.Now().Add(time.Hour))
+		_ = auth(t, c, tok)
+		c.InvalidatePod("uid-x")
+		_ = auth(t, c, tok)
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("%d reviews, want 2", n)
+		}
+	})
+}
