@@ -81,6 +81,9 @@ type Options struct {
 	Impersonate bool
 	// TTL is the requested validity; ztunnel asks for 24h.
 	TTL time.Duration
+	// ImpersonatedIdentity, when set with Impersonate, is sent verbatim in
+	// place of the requested ID (to probe a CA with malformed values).
+	ImpersonatedIdentity string
 }
 
 // SVID is what the CA issued, checked.
@@ -129,8 +132,12 @@ func (c *Client) Call(ctx context.Context, csrPEM string, id spiffeid.ID, o Opti
 	}
 	req := &authpb.IstioCertificateRequest{Csr: csrPEM, ValidityDuration: int64(o.TTL / time.Second)}
 	if o.Impersonate {
+		v := id.String()
+		if o.ImpersonatedIdentity != "" {
+			v = o.ImpersonatedIdentity
+		}
 		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			"ImpersonatedIdentity": structpb.NewStringValue(id.String()),
+			"ImpersonatedIdentity": structpb.NewStringValue(v),
 		}}
 	}
 	resp, err := c.api.CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"crypto/x509"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,27 +19,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "meshca-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.BuildMeshca(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	cluster, err = harness.StartCluster(context.Background(), filepath.Join(dir, "k8s"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: the real kube-apiserver is required for these tests:", err)
-		return 1
-	}
-	defer cluster.Stop()
-	return m.Run()
+	os.Exit(harness.Main(m, func(c *harness.Cluster, meshca string) { cluster, bin = c, meshca }))
 }
 
 // server is one meshca with a self-signed root in a fresh state directory.

@@ -7,10 +7,7 @@
 package istioclient
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/meshca/meshca/integration/harness"
@@ -22,25 +19,5 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "meshca-istioclient-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = harness.BuildMeshca(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	cluster, err = harness.StartCluster(context.Background(), filepath.Join(dir, "k8s"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: the real kube-apiserver is required for these tests:", err)
-		return 1
-	}
-	defer cluster.Stop()
-	return m.Run()
+	os.Exit(harness.Main(m, func(c *harness.Cluster, meshca string) { cluster, bin = c, meshca }))
 }

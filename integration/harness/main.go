@@ -1,0 +1,34 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Main is a TestMain body: it builds meshca, starts etcd and
+// kube-apiserver, hands both to setup, runs the tests and stops
+// everything. It fails the run, loudly, if a component cannot start.
+func Main(m *testing.M, setup func(c *Cluster, meshcaBin string)) int {
+	dir, err := os.MkdirTemp("", "meshca-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin, err := BuildMeshca(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	c, err := StartCluster(context.Background(), filepath.Join(dir, "k8s"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: the real kube-apiserver is required for these tests:", err)
+		return 1
+	}
+	defer c.Stop()
+	setup(c, bin)
+	return m.Run()
+}
