@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -28,57 +29,94 @@ type NodeAuthorizer struct {
 	Pods PodSource
 }
 
+// Step is one check of a decision, for `meshca explain`.
+type Step struct {
+	Check string
+	Input string
+	// Err is nil when the check passed.
+	Err error
+	// Note says what a passed check found.
+	Note string
+}
+
 // Authorize returns the identity the caller may receive for a request that
 // asked for requested ("" for the caller's own identity).
 func (a *NodeAuthorizer) Authorize(ctx context.Context, c *Caller, requested string) (spiffeid.ID, error) {
+	return a.authorize(ctx, c, requested, func(Step) {})
+}
+
+// Trace is Authorize that also reports every check it makes.
+func (a *NodeAuthorizer) Trace(ctx context.Context, c *Caller, requested string, trace func(Step)) (spiffeid.ID, error) {
+	return a.authorize(ctx, c, requested, trace)
+}
+
+func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested string, trace func(Step)) (spiffeid.ID, error) {
+	check := func(name, input string, err error, note string) error {
+		trace(Step{Check: name, Input: input, Err: err, Note: note})
+		return err
+	}
 	if requested == "" {
 		if c.PodName != "" && a.Pods != nil {
-			if _, err := a.callerPod(ctx, c); err != nil {
+			if _, err := a.callerPod(ctx, c, check); err != nil {
 				return spiffeid.ID{}, err
 			}
 		}
-		return c.ID, nil
+		return c.ID, check("identity", "own identity", nil, c.ID.String())
 	}
 	target, err := a.parseTarget(requested)
-	if err != nil {
+	if err := check("requested identity", requested, err, "well-formed, in trust domain "+a.TrustDomain.Name()); err != nil {
 		return spiffeid.ID{}, err
 	}
 	if target == c.ID {
-		return a.Authorize(ctx, c, "")
+		return a.authorize(ctx, c, "", trace)
 	}
 	const denied = "this caller may not request other identities"
+	account := c.Namespace + "/" + c.ServiceAccount
 	switch {
-	case !a.TrustedNodeAccounts[c.Namespace+"/"+c.ServiceAccount]:
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "untrusted_caller", denied,
-			fmt.Errorf("%s/%s is not a trusted node account", c.Namespace, c.ServiceAccount))
+	case !a.TrustedNodeAccounts[account]:
+		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "untrusted_caller", denied,
+			fmt.Errorf("%s is not a trusted node account (trusted: %v)", account, keys(a.TrustedNodeAccounts))), "")
 	case a.Pods == nil:
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "impersonation_not_enabled", denied, errors.New("no cluster access to authorize node proxies"))
+		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "impersonation_not_enabled", denied,
+			errors.New("no cluster access to authorize node proxies")), "")
 	case c.PodName == "" || c.PodUID == "":
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "caller_not_pod_bound", denied,
-			errors.New("node proxy token is not bound to a Pod"))
+		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "caller_not_pod_bound", denied,
+			errors.New("node proxy token is not bound to a Pod")), "")
 	}
-	pod, err := a.callerPod(ctx, c)
+	_ = check("trusted node account", account, nil, "trusted")
+	pod, err := a.callerPod(ctx, c, check)
 	if err != nil {
 		return spiffeid.ID{}, err
 	}
-	node := c.Node
+	node, source := c.Node, "token's node-name extra"
 	if node == "" {
-		node = pod.Node
+		node, source = pod.Node, "caller Pod's spec.nodeName"
 	}
 	if node == "" {
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "caller_node_unknown", denied,
-			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name))
+		return spiffeid.ID{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(KindPermissionDenied, "caller_node_unknown", denied,
+			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name)), "")
 	}
+	_ = check("caller node", pod.Namespace+"/"+pod.Name, nil, node+" (from the "+source+")")
 	ns, sa, _ := parseWorkloadID(target)
+	input := fmt.Sprintf("%s/%s on node %s", ns, sa, node)
 	pods, err := a.Pods.OnNode(ctx, ns, sa, node)
 	if err != nil {
-		return spiffeid.ID{}, podLookupError(err)
+		return spiffeid.ID{}, check("workload on node", input, podLookupError(err), "")
 	}
 	if len(pods) == 0 {
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "not_on_node", denied,
-			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node))
+		return spiffeid.ID{}, check("workload on node", input, refuse(KindPermissionDenied, "not_on_node", denied,
+			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node)), "")
 	}
-	return target, nil
+	return target, check("workload on node", input, nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // parseTarget checks a requested workload identity.
@@ -104,7 +142,16 @@ func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
 // callerPod checks that the Pod a token is bound to still exists, is the
 // same Pod (UID) and runs the token's service account. The apiserver
 // keeps accepting a deleted Pod's token for a few seconds; this does not.
-func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller) (*PodInfo, error) {
+func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error) (*PodInfo, error) {
+	pod, err := a.lookupCallerPod(ctx, c)
+	input := fmt.Sprintf("%s/%s uid %s", c.Namespace, c.PodName, c.PodUID)
+	if err != nil {
+		return nil, check("caller pod", input, err, "")
+	}
+	return pod, check("caller pod", input, nil, "exists, same UID and service account")
+}
+
+func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*PodInfo, error) {
 	const msg = "token is not a valid service-account token for this CA"
 	pod, err := a.Pods.Pod(ctx, c.Namespace, c.PodName)
 	switch {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
@@ -31,7 +30,7 @@ func accountNodeKey(ns, sa, node string) string { return ns + "/" + sa + "/" + n
 // account, node). A miss is confirmed against the apiserver once, rate
 // limited, so that informer lag never turns into a hard denial.
 type PodIndex struct {
-	client   kubernetes.Interface
+	api      APIPods
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	limiter  *rate.Limiter
@@ -63,7 +62,7 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ca: pod index: %w", err)
 	}
-	return &PodIndex{client: c.Client, factory: f, informer: inf,
+	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf,
 		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate))}, nil
 }
 
@@ -123,14 +122,7 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	if err := x.limiter.Wait(ctx); err != nil {
 		return nil, err
 	}
-	p, err := x.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		if isNotFound(err) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	return podInfo(p), nil
+	return x.api.Pod(ctx, ns, name)
 }
 
 // OnNode returns the non-Failed Pods of ns/sa on node. A miss in the index
@@ -143,14 +135,36 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if err != nil {
 		return nil, err
 	}
-	out := running(objs)
-	if len(out) > 0 {
+	if out := running(objs); len(out) > 0 {
 		return out, nil
 	}
 	if err := x.limiter.Wait(ctx); err != nil {
 		return nil, err
 	}
-	list, err := x.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+	return x.api.OnNode(ctx, ns, sa, node)
+}
+
+// APIPods answers Pod questions from the apiserver directly, without a
+// cache: the index's fallback, and `meshca explain`.
+type APIPods struct {
+	Client kubernetes.Interface
+}
+
+// Pod implements PodSource.
+func (a APIPods) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
+	p, err := a.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return podInfo(p), nil
+}
+
+// OnNode implements PodSource with one bounded list by field selector.
+func (a APIPods) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error) {
+	list, err := a.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.AndSelectors(
 			fields.OneTermEqualSelector("spec.nodeName", node),
 			fields.OneTermEqualSelector("spec.serviceAccountName", sa),
@@ -160,7 +174,7 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if err != nil {
 		return nil, err
 	}
-	objs = objs[:0]
+	objs := make([]any, 0, len(list.Items))
 	for i := range list.Items {
 		objs = append(objs, &list.Items[i])
 	}
@@ -201,11 +215,4 @@ func slimPod(obj any) (any, error) {
 		Spec:       corev1.PodSpec{ServiceAccountName: p.Spec.ServiceAccountName, NodeName: p.Spec.NodeName},
 		Status:     corev1.PodStatus{Phase: p.Status.Phase},
 	}, nil
-}
-
-// lookupTimeout bounds one apiserver confirmation.
-const lookupTimeout = 5 * time.Second
-
-func isNotFound(err error) bool {
-	return apierrors.IsNotFound(err)
 }

@@ -31,7 +31,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newServeCommand(), newIssueCommand(), newRootCACommand(), newVersionCommand())
+	cmd.AddCommand(newServeCommand(), newIssueCommand(), newExplainCommand(), newRootCACommand(), newVersionCommand())
 	return cmd
 }
 

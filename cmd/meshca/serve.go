@@ -193,7 +193,7 @@ func (f *serveFlags) run(ctx context.Context) error {
 		}
 		ready := func() error {
 			if waiting := registry.Ready(); len(waiting) > 0 {
-				return fmt.Errorf("Pod caches of clusters %v have not synced", waiting)
+				return fmt.Errorf("pod caches of clusters %v have not synced", waiting)
 			}
 			return nil
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -218,4 +219,41 @@ func tokenReviews(t *testing.T) int {
 		n += v
 	}
 	return n
+}
+
+// TestExplain: `meshca explain` walks the same checks against the real
+// cluster and ends with the code a real request gets.
+func TestExplain(t *testing.T) {
+	m := newMesh(t)
+	cluster.NewWorkload(t, m.apps, "web", "node-a")
+	cluster.NewWorkload(t, m.apps, "db", "node-b")
+	tokenFile := harness.WriteToken(t, m.ztunnelA.Token)
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"allowed", []string{"--token-file", tokenFile, "--identity", m.id("web").String()},
+			[]string{"authenticate (TokenReview)", "caller pod", "workload on node", "result: OK"}},
+		{"other node", []string{"--token-file", tokenFile, "--identity", m.id("db").String()},
+			[]string{"FAIL: not_on_node", "result: PermissionDenied (not_on_node)"}},
+		{"untrusted caller by name", []string{"--namespace", m.apps, "--service-account", "web", "--identity", m.id("db").String()},
+			[]string{"FAIL: untrusted_caller", "result: PermissionDenied (untrusted_caller)"}},
+		{"garbage token", []string{"--token-file", harness.WriteToken(t, "nope"), "--identity", m.id("web").String()},
+			[]string{"result: Unauthenticated (token_invalid)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"explain", "--kubeconfig", cluster.Kubeconfig, "--trusted-node-accounts", m.system + "/ztunnel"}, tt.args...)
+			out, err := exec.Command(bin, args...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("meshca explain: %v\n%s", err, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
 }

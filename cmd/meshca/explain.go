@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+type explainFlags struct {
+	kubeconfig     string
+	trustDomain    string
+	audiences      []string
+	nodeAccounts   []string
+	tokenFile      string
+	namespace      string
+	serviceAccount string
+	pod            string
+	identity       string
+	timeout        time.Duration
+}
+
+func newExplainCommand() *cobra.Command {
+	f := &explainFlags{}
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "Explain, check by check, what the CA would decide for a caller and a requested identity",
+		Long: `explain runs the checks of a CreateCertificate request against the cluster
+without signing anything: TokenReview of the caller's token (or the caller
+given as namespace, service account and Pod), the caller's Pod, the trusted
+node accounts, the requested identity and the node the workload must run on.
+It prints each check with its input and verdict and ends with the gRPC code
+a real request would get.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd.Context(), cmd.OutOrStdout()) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
+	fl.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "SPIFFE trust domain")
+	fl.StringSliceVar(&f.audiences, "token-audiences", []string{ca.DefaultAudience}, "audiences a token must carry (one of)")
+	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "trusted node proxy accounts, as the server has them")
+	fl.StringVar(&f.tokenFile, "token-file", "", "the caller's service-account token")
+	fl.StringVar(&f.namespace, "namespace", "", "the caller's namespace (without --token-file)")
+	fl.StringVar(&f.serviceAccount, "service-account", "", "the caller's service account (without --token-file)")
+	fl.StringVar(&f.pod, "pod", "", "the caller's Pod (without --token-file)")
+	fl.StringVar(&f.identity, "identity", "", "the requested SPIFFE ID (ImpersonatedIdentity); empty for the caller's own")
+	fl.DurationVar(&f.timeout, "timeout", 30*time.Second, "deadline for the checks")
+	return cmd
+}
+
+func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
+	td, err := spiffeid.TrustDomainFromString(f.trustDomain)
+	if err != nil {
+		return fmt.Errorf("--trust-domain: %w", err)
+	}
+	accounts, err := ca.ParseNodeAccounts(f.nodeAccounts)
+	if err != nil {
+		return fmt.Errorf("--trusted-node-accounts: %w", err)
+	}
+	kcfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(kcfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	pods := ca.APIPods{Client: kube}
+	req := ca.ExplainRequest{
+		Reviewer:   &ca.TokenReviewer{TrustDomain: td, Client: kube, Audiences: f.audiences},
+		Authorizer: &ca.NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: accounts, Pods: pods},
+		Requested:  f.identity,
+	}
+	switch {
+	case f.tokenFile != "":
+		raw, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		req.Token = strings.TrimSpace(string(raw))
+	case f.namespace != "" && f.serviceAccount != "":
+		if req.Caller, err = f.caller(ctx, td, pods); err != nil {
+			return err
+		}
+	default:
+		return errors.New("give the caller: --token-file, or --namespace and --service-account (and --pod for a node proxy)")
+	}
+	e := ca.Explain(ctx, req)
+	printExplanation(w, e)
+	return nil
+}
+
+// caller builds the caller a bound token of the Pod would authenticate as.
+func (f *explainFlags) caller(ctx context.Context, td spiffeid.TrustDomain, pods ca.APIPods) (*ca.Caller, error) {
+	id, err := spiffeid.FromSegments(td, "ns", f.namespace, "sa", f.serviceAccount)
+	if err != nil {
+		return nil, fmt.Errorf("--namespace/--service-account: %w", err)
+	}
+	c := &ca.Caller{ID: id, Namespace: f.namespace, ServiceAccount: f.serviceAccount, PodName: f.pod, Method: "explain"}
+	if f.pod != "" {
+		p, err := pods.Pod(ctx, f.namespace, f.pod)
+		if err != nil {
+			return nil, fmt.Errorf("--pod: %w", err)
+		}
+		if p == nil {
+			return nil, fmt.Errorf("--pod: Pod %s/%s does not exist", f.namespace, f.pod)
+		}
+		c.PodUID, c.Node = p.UID, p.Node
+	}
+	return c, nil
+}
+
+func printExplanation(w io.Writer, e *ca.Explanation) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tINPUT\tVERDICT")
+	for _, s := range e.Steps {
+		verdict := "ok"
+		if s.Note != "" {
+			verdict += ": " + s.Note
+		}
+		if s.Err != nil {
+			verdict = "FAIL: " + unwrapDetail(s.Err)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Check, s.Input, verdict)
+	}
+	_ = tw.Flush()
+	o := e.Outcome
+	if o.Code == codes.OK {
+		fmt.Fprintf(w, "\nresult: OK: a request with a CSR for exactly %s would get an SVID\n", e.Identity)
+		return
+	}
+	fmt.Fprintf(w, "\nresult: %s (%s)\n  client sees: %s\n", o.Code, o.Reason, o.Msg)
+}
+
+// unwrapDetail returns the innermost detail of a refusal.
+func unwrapDetail(err error) string {
+	var ce *ca.Error
+	if errors.As(err, &ce) && ce.Err != nil {
+		return ce.Reason + ": " + ce.Err.Error()
+	}
+	return err.Error()
+}
