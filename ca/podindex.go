@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -53,11 +55,11 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
 	err := inf.AddIndexers(cache.Indexers{indexByAccountNode: func(obj any) ([]string, error) {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.NodeName == "" {
+		p := podInfo(obj)
+		if p == nil || p.Node == "" {
 			return nil, nil
 		}
-		return []string{accountNodeKey(p.Namespace, p.Spec.ServiceAccountName, p.Spec.NodeName)}, nil
+		return []string{accountNodeKey(p.Namespace, p.ServiceAccount, p.Node)}, nil
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("ca: pod index: %w", err)
@@ -192,27 +194,47 @@ func running(objs []any) []PodInfo {
 }
 
 func podInfo(obj any) *PodInfo {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return nil
+	switch p := obj.(type) {
+	case *podRecord:
+		return &PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), ServiceAccount: p.serviceAccount, Node: p.node, Failed: p.failed}
+	case *corev1.Pod:
+		return &PodInfo{
+			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
+			ServiceAccount: p.Spec.ServiceAccountName, Node: p.Spec.NodeName,
+			Failed: p.Status.Phase == corev1.PodFailed,
+		}
 	}
-	return &PodInfo{
-		Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
-		ServiceAccount: p.Spec.ServiceAccountName, Node: p.Spec.NodeName,
-		Failed: p.Status.Phase == corev1.PodFailed,
-	}
+	return nil
 }
 
-// slimPod keeps only the fields authorization reads, so that 100,000 Pods
-// fit in a small heap.
+// podRecord is what the index keeps of a Pod: its identity and the three
+// fields authorization reads, so that 100,000 Pods fit in a small heap.
+type podRecord struct {
+	metav1.ObjectMeta
+	serviceAccount, node string
+	failed               bool
+}
+
+// GetObjectKind implements runtime.Object.
+func (p *podRecord) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject implements runtime.Object.
+func (p *podRecord) DeepCopyObject() runtime.Object {
+	c := *p
+	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
+	return &c
+}
+
+// slimPod is the informer's transform: it replaces a Pod by its podRecord.
 func slimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
-		Spec:       corev1.PodSpec{ServiceAccountName: p.Spec.ServiceAccountName, NodeName: p.Spec.NodeName},
-		Status:     corev1.PodStatus{Phase: p.Status.Phase},
+	return &podRecord{
+		ObjectMeta:     metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
+		serviceAccount: p.Spec.ServiceAccountName,
+		node:           p.Spec.NodeName,
+		failed:         p.Status.Phase == corev1.PodFailed,
 	}, nil
 }
