@@ -44,8 +44,9 @@ proto-check:
 	[ $$n -eq $$m ] || { echo "proto-check: generated files differ in number ($$n vs $$m)" >&2; exit 1; }
 	@echo "proto-check: generated code is current"
 
-bench:
+bench: k8s
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./csr ./signer/... ./ca
+	cd integration && $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e
 
 demo: k8s
 	cd integration && $(GO) run ./cmd/demo $(DEMO_FLAGS)

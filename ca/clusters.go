@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"fmt"
 	"sort"
 	"sync"
 )
@@ -90,16 +91,15 @@ func (r *Registry) IDs() []string {
 	return append([]string{r.local}, ids...)
 }
 
-// Ready reports whether every cluster's caches have synced.
-func (r *Registry) Ready() []string {
+// Ready returns nil once the local cluster's caches have synced. Remote
+// clusters do not hold readiness hostage: until one syncs, its requests
+// get Unavailable.
+func (r *Registry) Ready() error {
 	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var waiting []string
-	for id, c := range r.byID {
-		if c.Ready != nil && !c.Ready() {
-			waiting = append(waiting, id)
-		}
+	local := r.byID[r.local]
+	r.mu.RUnlock()
+	if local.Ready != nil && !local.Ready() {
+		return fmt.Errorf("the Pod cache of cluster %q has not synced", r.local)
 	}
-	sort.Strings(waiting)
-	return waiting
+	return nil
 }

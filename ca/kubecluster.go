@@ -28,6 +28,7 @@ type KubeClusterConfig struct {
 // invalidate the cache.
 type KubeCluster struct {
 	Cluster *Cluster
+	Client  kubernetes.Interface
 	Tokens  *CachedTokenReviewer
 	Pods    *PodIndex
 }
@@ -51,6 +52,7 @@ func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
 	})
 	pods.OnDelete(func(p PodInfo) { tokens.InvalidatePod(p.UID) })
 	return &KubeCluster{
+		Client: c.Client,
 		Cluster: &Cluster{
 			ID:             c.ID,
 			Authenticators: []Authenticator{tokens},

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -45,6 +47,7 @@ type serveFlags struct {
 	cacheTTL       time.Duration
 	cacheSize      int
 	remotes        []string
+	secretNS       string
 }
 
 func newServeCommand() *cobra.Command {
@@ -78,6 +81,8 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", ca.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
 	fl.IntVar(&f.cacheSize, "token-cache-size", ca.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
 	fl.StringArrayVar(&f.remotes, "remote-cluster", nil, "remote cluster as <cluster id>=<kubeconfig file>; repeatable")
+	fl.StringVar(&f.secretNS, "remote-secret-namespace", os.Getenv("POD_NAMESPACE"),
+		"namespace of the local cluster watched for Secrets labelled "+ca.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
 	return cmd
 }
 
@@ -148,13 +153,9 @@ func (f *serveFlags) run(ctx context.Context) error {
 	mgr := keymgr.NewManager(td, authority)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	clusters, err := f.clusters(td, reg)
+	clusters, registry, secrets, err := f.clusters(td, reg, log)
 	if err != nil {
 		return err
-	}
-	registry := ca.NewRegistry(clusters[0].Cluster)
-	for _, c := range clusters[1:] {
-		registry.Set(c.Cluster, nil)
 	}
 	srv, err := ca.New(ca.Config{
 		TrustDomain:    td,
@@ -191,13 +192,7 @@ func (f *serveFlags) run(ctx context.Context) error {
 			lis.Close()
 			return fmt.Errorf("--admin-listen: %w", err)
 		}
-		ready := func() error {
-			if waiting := registry.Ready(); len(waiting) > 0 {
-				return fmt.Errorf("pod caches of clusters %v have not synced", waiting)
-			}
-			return nil
-		}
-		admin := &http.Server{Handler: ca.AdminHandler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+		admin := &http.Server{Handler: ca.AdminHandler(reg, registry.Ready), ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := admin.Serve(alis); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -214,6 +209,9 @@ func (f *serveFlags) run(ctx context.Context) error {
 	}
 	for _, c := range clusters {
 		g.Go(func() error { return c.Run(ctx) })
+	}
+	if secrets != nil {
+		g.Go(func() error { return secrets.Run(ctx) })
 	}
 	g.Go(func() error { return grpcSrv.Serve(lis) })
 	g.Go(func() error {
@@ -255,42 +253,63 @@ func parseRemotes(values []string, local string) (map[string]string, error) {
 	return out, nil
 }
 
-// clusters builds the local cluster (first) and the remote ones.
-func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer) ([]*ca.KubeCluster, error) {
+// kubeCluster builds one cluster from its client configuration.
+func (f *serveFlags) kubeCluster(td spiffeid.TrustDomain, metrics *ca.TokenCacheMetrics, id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
 	accounts, _ := ca.ParseNodeAccounts(f.nodeAccounts)
-	remotes, _ := parseRemotes(f.remotes, f.clusterID)
+	kcfg.QPS, kcfg.Burst = 200, 400
+	kube, err := kubernetes.NewForConfig(kcfg)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
+	}
+	return ca.NewKubeCluster(ca.KubeClusterConfig{
+		ID: id, Client: kube, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
+		CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, CacheMetrics: metrics,
+	})
+}
+
+// clusters builds the local cluster (first) and the remote ones given by
+// flags, and the watcher of remote-cluster Secrets (nil when disabled).
+func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) ([]*ca.KubeCluster, *ca.Registry, *ca.RemoteSecrets, error) {
 	metrics := ca.NewTokenCacheMetrics(reg)
-	build := func(id, kubeconfig string) (*ca.KubeCluster, error) {
+	fromFile := func(id, kubeconfig string) (*ca.KubeCluster, error) {
 		kcfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: kubernetes client configuration: %w", id, err)
 		}
-		kcfg.QPS, kcfg.Burst = 200, 400
-		kube, err := kubernetes.NewForConfig(kcfg)
-		if err != nil {
-			return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
-		}
-		return ca.NewKubeCluster(ca.KubeClusterConfig{
-			ID: id, Client: kube, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
-			CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, CacheMetrics: metrics,
-		})
+		return f.kubeCluster(td, metrics, id, kcfg)
 	}
-	local, err := build(f.clusterID, f.kubeconfig)
+	local, err := fromFile(f.clusterID, f.kubeconfig)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	out := []*ca.KubeCluster{local}
+	registry := ca.NewRegistry(local.Cluster)
+	remotes, _ := parseRemotes(f.remotes, f.clusterID)
 	ids := make([]string, 0, len(remotes))
 	for id := range remotes {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		c, err := build(id, remotes[id])
+		c, err := fromFile(id, remotes[id])
 		if err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
 		out = append(out, c)
+		registry.Set(c.Cluster, nil)
 	}
-	return out, nil
+	if f.secretNS == "" {
+		return out, registry, nil, nil
+	}
+	secrets := ca.NewRemoteSecrets(ca.RemoteSecretsConfig{
+		Client: local.Client, Namespace: f.secretNS, Registry: registry, Logger: log,
+		Build: func(id string, kubeconfig []byte) (*ca.KubeCluster, error) {
+			kcfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+			if err != nil {
+				return nil, fmt.Errorf("kubeconfig: %w", err)
+			}
+			return f.kubeCluster(td, metrics, id, kcfg)
+		},
+	})
+	return out, registry, secrets, nil
 }

@@ -28,7 +28,7 @@ type mesh struct {
 	ztunnelB     *harness.Workload
 }
 
-func newMesh(t *testing.T, extra ...string) *mesh {
+func newMesh(t testing.TB, extra ...string) *mesh {
 	t.Helper()
 	system := cluster.Namespace(t, "istio-system")
 	m := &mesh{apps: cluster.Namespace(t, "apps"), system: system}

@@ -30,13 +30,13 @@ type server struct {
 	rootsPEM []byte
 }
 
-func startServer(t *testing.T, extra ...string) *server {
+func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
 	return startServerAs(t, cluster.Kubeconfig, extra...)
 }
 
 // startServerAs runs meshca with the given kubeconfig's credentials.
-func startServerAs(t *testing.T, kubeconfig string, extra ...string) *server {
+func startServerAs(t testing.TB, kubeconfig string, extra ...string) *server {
 	t.Helper()
 	state := filepath.Join(t.TempDir(), "state")
 	args := append([]string{"--state-dir", state, "--kubeconfig", kubeconfig}, extra...)
@@ -53,7 +53,7 @@ func startServerAs(t *testing.T, kubeconfig string, extra ...string) *server {
 	return &server{Meshca: m, stateDir: state, roots: pool, rootsPEM: raw}
 }
 
-func (s *server) client(t *testing.T, token string) *caclient.Client {
+func (s *server) client(t testing.TB, token string) *caclient.Client {
 	t.Helper()
 	cfg := caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots, ClusterID: "Kubernetes"}
 	if token != "" {

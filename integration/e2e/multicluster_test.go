@@ -1,0 +1,74 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestMultiCluster: a second, real apiserver is a remote cluster. The
+// clusterid header picks the apiserver that reviews the token, whether the
+// remote comes from a flag or from a labelled Secret added at run time.
+func TestMultiCluster(t *testing.T) {
+	remote, err := harness.StartCluster(context.Background(), filepath.Join(t.TempDir(), "east"))
+	if err != nil {
+		t.Fatalf("second apiserver: %v", err)
+	}
+	t.Cleanup(remote.Stop)
+	ns := remote.Namespace(t, "east-apps")
+	w := remote.NewWorkload(t, ns, "checkout", "east-node-1")
+	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", ns, "sa", "checkout")
+	secretNS := cluster.Namespace(t, "meshca")
+	s := startServer(t, "--remote-cluster", "east="+remote.Kubeconfig, "--remote-secret-namespace", secretNS)
+
+	fetch := func(clusterID string) error {
+		c, err := caclient.New(caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots,
+			TokenFile: harness.WriteToken(t, w.Token), ClusterID: clusterID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, err = c.Fetch(context.Background(), id, caclient.Options{})
+		return err
+	}
+	if err := fetch("east"); err != nil {
+		t.Fatalf("clusterid east: %v", err)
+	}
+	if err := fetch("Kubernetes"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("east's token reviewed by the local apiserver: %v, want Unauthenticated", err)
+	}
+	if err := fetch("west"); status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), `unknown cluster "west"`) {
+		t.Fatalf("unknown cluster: %v", err)
+	}
+
+	kubeconfig, err := os.ReadFile(remote.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "remote-west", Labels: map[string]string{"istio/multiCluster": "true"}},
+		Data:       map[string][]byte{"west": kubeconfig},
+	}
+	if _, err := cluster.Client.CoreV1().Secrets(secretNS).Create(context.Background(), secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCode(t, func() error { return fetch("west") }, codes.OK)
+	if err := cluster.Client.CoreV1().Secrets(secretNS).Delete(context.Background(), "remote-west", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCode(t, func() error { return fetch("west") }, codes.Unauthenticated)
+	if !s.WaitForLog(5*time.Second, `"msg":"remote cluster removed"`, `"cluster":"west"`) {
+		t.Error("removal not logged")
+	}
+}
