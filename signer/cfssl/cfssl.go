@@ -35,6 +35,10 @@ import (
 
 const name = "cfssl"
 
+// lifetimeSlack is how far past the requested NotAfter a certificate may
+// end: cfssl rounds, and a profile's expiry counts from its own clock.
+const lifetimeSlack = 2 * time.Minute
+
 // Signer is a cfssl backend.
 type Signer struct {
 	sign    func(ctx context.Context, req cfsigner.SignRequest) ([]byte, error)
@@ -260,10 +264,18 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil || len(certs) != 1 {
 		return nil, signer.Errorf(name, signer.KindInternal, "cfssl returned no single certificate: %v", err)
 	}
-	if err := signer.CheckIssued(name, req, certs[0], limit); err != nil {
+	leaf := certs[0]
+	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
 		return nil, err
 	}
-	return &signer.Response{Leaf: certs[0], Intermediates: s.intermediates(issuer)}, nil
+	// A remote cfssl ignores the requested validity: its profile's expiry
+	// decides. Never hand out more than the client asked for.
+	if leaf.NotAfter.After(notAfter.Add(lifetimeSlack)) {
+		return nil, signer.Errorf(name, signer.KindRefused,
+			"cfssl issued a certificate until %s, past the requested %s: set the profile's expiry to at most the TTL clients request (24h for ztunnel and istio-agent)",
+			leaf.NotAfter.UTC().Format(time.RFC3339), notAfter.UTC().Format(time.RFC3339))
+	}
+	return &signer.Response{Leaf: leaf, Intermediates: s.intermediates(issuer)}, nil
 }
 
 // intermediates is the issuer (unless it is a root) and the configured

@@ -31,6 +31,23 @@ import (
 type Backend struct {
 	// New returns a signer that signs with ca. ca.Roots is the trust bundle.
 	New func(t testing.TB, ca *keymgr.Authority) signer.Signer
+	// FixedLifetime is set for a backend whose lifetime is fixed by its own
+	// configuration (a remote cfssl profile's expiry): the suite then asks
+	// for exactly that TTL, and the backend may refuse, rather than cap, a
+	// certificate that would outlive its issuer.
+	FixedLifetime time.Duration
+}
+
+// fixedTTL asks every request for one TTL.
+type fixedTTL struct {
+	signer.Signer
+	ttl time.Duration
+}
+
+func (f fixedTTL) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
+	r := *req
+	r.TTL = f.ttl
+	return f.Signer.Sign(ctx, &r)
 }
 
 // Tolerance allowed between the suite's clock and the backend's.
@@ -50,20 +67,37 @@ func Run(t *testing.T, b Backend) {
 		{"root signs", root.Authority()},
 		{"intermediate signs", inter.Authority()},
 	}
+	newSigner := func(t testing.TB, a *keymgr.Authority) signer.Signer {
+		if b.FixedLifetime > 0 {
+			return fixedTTL{b.New(t, a), b.FixedLifetime}
+		}
+		return b.New(t, a)
+	}
+	ttls := []time.Duration{time.Hour, 24 * time.Hour}
+	if b.FixedLifetime > 0 {
+		ttls = []time.Duration{b.FixedLifetime}
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := b.New(t, c.ca)
+			s := newSigner(t, c.ca)
 			t.Run("ExactSAN", func(t *testing.T) { testExactSAN(t, s, c.ca) })
 			t.Run("Usages", func(t *testing.T) { testUsages(t, s, c.ca) })
-			t.Run("TTL", func(t *testing.T) { testTTL(t, s, c.ca) })
+			t.Run("TTL", func(t *testing.T) { testTTL(t, s, c.ca, ttls, b.FixedLifetime > 0) })
 			t.Run("SerialAndKeyID", func(t *testing.T) { testSerialAndKeyID(t, s, c.ca) })
 			t.Run("Canceled", func(t *testing.T) { testCanceled(t, s) })
 		})
 	}
 	t.Run("NotAfterCappedAtIssuer", func(t *testing.T) {
 		a := short.Authority()
-		s := b.New(t, a)
+		s := newSigner(t, a)
 		id := workload("default", "capped")
+		if b.FixedLifetime > 0 {
+			_, err := s.Sign(context.Background(), request(t, id, newKey(t, "p256"), 24*time.Hour))
+			if err == nil || signer.KindOf(err) != signer.KindRefused {
+				t.Fatalf("a certificate outliving its issuer: err = %v, want a refusal", err)
+			}
+			return
+		}
 		res := sign(t, s, a, id, newKey(t, "p256"), 24*time.Hour)
 		if res.Leaf.NotAfter.After(short.Cert.NotAfter) {
 			t.Fatalf("NotAfter %v is past the issuer's %v", res.Leaf.NotAfter, short.Cert.NotAfter)
@@ -76,15 +110,7 @@ func Run(t *testing.T, b Backend) {
 // travels among the intermediates.
 func sign(t *testing.T, s signer.Signer, a *keymgr.Authority, id spiffeid.ID, key crypto.Signer, ttl time.Duration) *signer.Response {
 	t.Helper()
-	pemCSR, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := csr.Parse(pemCSR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := s.Sign(context.Background(), &signer.Request{CSR: req, ID: id, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)})
+	res, err := s.Sign(context.Background(), request(t, id, key, ttl))
 	if err != nil {
 		t.Fatalf("Sign: %v", err)
 	}
@@ -156,12 +182,18 @@ func testUsages(t *testing.T, s signer.Signer, a *keymgr.Authority) {
 	}
 }
 
-func testTTL(t *testing.T, s signer.Signer, a *keymgr.Authority) {
-	for _, ttl := range []time.Duration{time.Hour, 24 * time.Hour} {
+// testTTL: NotAfter is now+TTL. A fixed-lifetime backend counts from its
+// own backdated NotBefore, so it may end up to ten minutes early, never late.
+func testTTL(t *testing.T, s signer.Signer, a *keymgr.Authority, ttls []time.Duration, fixed bool) {
+	early := -Tolerance
+	if fixed {
+		early = -10 * time.Minute
+	}
+	for _, ttl := range ttls {
 		before := time.Now()
 		leaf := sign(t, s, a, workload("default", "ttl"), newKey(t, "p256"), ttl).Leaf
 		want := before.Add(ttl)
-		if d := leaf.NotAfter.Sub(want); d < -Tolerance || d > Tolerance {
+		if d := leaf.NotAfter.Sub(want); d < early || d > Tolerance {
 			t.Errorf("TTL %v: NotAfter %v, want %v ± %v", ttl, leaf.NotAfter, want, Tolerance)
 		}
 		if !leaf.NotBefore.Before(before.Add(-time.Minute)) && leaf.NotBefore.After(a.Cert.NotBefore) {
@@ -258,4 +290,18 @@ func publicKeyEqual(a, b crypto.PublicKey) bool {
 
 func workload(ns, sa string) spiffeid.ID {
 	return spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa)
+}
+
+// request builds a checked signing request for id with key.
+func request(t *testing.T, id spiffeid.ID, key crypto.Signer, ttl time.Duration) *signer.Request {
+	t.Helper()
+	pemCSR, err := csr.Build(key, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := csr.Parse(pemCSR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &signer.Request{CSR: req, ID: id, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)}
 }
