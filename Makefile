@@ -20,11 +20,13 @@ test: proto-check lint test-unit test-integration test-istio
 test-unit:
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-# Build (cached) the real etcd and kube-apiserver before go test starts, so
-# the first, long build shows its progress and is not cut by a test timeout.
+# Build (cached) the real etcd, kube-apiserver and cfssl before go test
+# starts, so the first, long build shows its progress and is not cut by a
+# test timeout.
 k8s:
 	hack/deps.sh
 	integration/scripts/k8s.sh build
+	integration/scripts/cfssl.sh build
 
 test-integration: k8s
 	cd integration && $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...

@@ -15,7 +15,6 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
-	"github.com/meshca/meshca/signer/local"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -48,6 +47,7 @@ type serveFlags struct {
 	cacheSize      int
 	remotes        []string
 	secretNS       string
+	b              backendFlags
 }
 
 func newServeCommand() *cobra.Command {
@@ -62,6 +62,7 @@ func newServeCommand() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	f.log.register(cmd)
+	f.b.register(fl)
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the self-signed CA; a root is generated there on first start")
@@ -90,11 +91,17 @@ func newServeCommand() *cobra.Command {
 func (f *serveFlags) validate() (spiffeid.TrustDomain, csr.KeyPolicy, error) {
 	var kp csr.KeyPolicy
 	td, err := spiffeid.TrustDomainFromString(f.trustDomain)
-	switch {
-	case err != nil:
+	if err != nil {
 		return td, kp, fmt.Errorf("--trust-domain: %w", err)
-	case (f.stateDir == "") == (f.caDir == ""):
+	}
+	if err := f.b.validate(); err != nil {
+		return td, kp, err
+	}
+	switch {
+	case f.b.signer == signerLocal && (f.stateDir == "") == (f.caDir == ""):
 		return td, kp, errors.New("give exactly one of --state-dir (self-signed CA) and --ca-dir (plugged-in CA)")
+	case f.b.signer != signerLocal && (f.stateDir != "" || f.caDir != ""):
+		return td, kp, fmt.Errorf("--state-dir and --ca-dir belong to the local signer, not --signer %s", f.b.signer)
 	case f.defaultTTL <= 0 || f.maxTTL <= 0:
 		return td, kp, errors.New("--default-ttl and --max-ttl must be positive")
 	case f.defaultTTL > f.maxTTL:
@@ -146,11 +153,10 @@ func (f *serveFlags) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	authority, err := f.loadAuthority(log, td)
+	be, err := f.backend(log, td)
 	if err != nil {
 		return err
 	}
-	mgr := keymgr.NewManager(td, authority)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	clusters, registry, secrets, err := f.clusters(td, reg, log)
@@ -159,33 +165,29 @@ func (f *serveFlags) run(ctx context.Context) error {
 	}
 	srv, err := ca.New(ca.Config{
 		TrustDomain:    td,
-		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr}},
+		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: be.bundles}},
 		Clusters:       registry,
-		Signer:         local.New(local.Config{Authorities: mgr}),
-		SignerName:     "local",
-		Bundles:        mgr,
+		Signer:         be.signer,
+		SignerName:     be.name,
+		Bundles:        be.bundles,
 		Policy:         csr.Policy{Keys: keyPolicy},
 		DefaultTTL:     f.defaultTTL,
 		MaxTTL:         f.maxTTL,
 		MaxInFlight:    f.maxInFlight,
 		RequestTimeout: f.requestTimeout,
-		Metrics:        ca.NewMetrics(reg, mgr, nil),
+		Metrics:        ca.NewMetrics(reg, be.expiry, nil),
 		Logger:         log,
 	})
 	if err != nil {
 		return err
 	}
-	serving, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: f.servingNames}, nil)
-	if err != nil {
-		return err
-	}
-	grpcSrv := ca.NewGRPCServer(srv, ca.TLSConfig(serving.GetCertificate, td, mgr))
+	grpcSrv := ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, td, be.bundles))
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
 	g, ctx := errgroup.WithContext(ctx)
-	attrs := []any{"grpc", lis.Addr().String(), "trust_domain", td.Name(), "clusters", strings.Join(registry.IDs(), ","), "signer", "local"}
+	attrs := []any{"grpc", lis.Addr().String(), "trust_domain", td.Name(), "clusters", strings.Join(registry.IDs(), ","), "signer", be.name}
 	if f.adminListen != "" {
 		alis, err := net.Listen("tcp", f.adminListen)
 		if err != nil {
@@ -214,10 +216,12 @@ func (f *serveFlags) run(ctx context.Context) error {
 		g.Go(func() error { return secrets.Run(ctx) })
 	}
 	g.Go(func() error { return grpcSrv.Serve(lis) })
-	g.Go(func() error {
-		serving.Run(ctx, func(err error) { log.Error("serving certificate renewal failed", "error", err) })
-		return nil
-	})
+	if be.run != nil {
+		g.Go(func() error {
+			be.run(ctx, func(err error) { log.Error("serving certificate renewal failed", "error", err) })
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-ctx.Done()
 		stopped := make(chan struct{})

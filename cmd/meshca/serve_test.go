@@ -11,7 +11,7 @@ func TestServeFlagsValidate(t *testing.T) {
 		return serveFlags{
 			stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
 			audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
-			clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"},
+			clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
 		}
 	}
 	tests := []struct {
@@ -31,6 +31,23 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "remote without file", mutate: func(f *serveFlags) { f.remotes = []string{"east"} }, want: "<cluster id>=<kubeconfig file>"},
 		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
 		{name: "remote twice", mutate: func(f *serveFlags) { f.remotes = []string{"east=/a", "east=/b"} }, want: "given twice"},
+		{name: "unknown signer", mutate: func(f *serveFlags) { f.b.signer = "hsm" }, want: `--signer: "hsm"`},
+		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors is required"},
+		{name: "cfssl with state dir", mutate: func(f *serveFlags) {
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
+		}, want: "belong to the local signer"},
+		{name: "cfssl remote and local", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x", cfsslCACert: "c", cfsslCAKey: "k"}
+		}, want: "either --cfssl-url"},
+		{name: "cfssl remote without serving cert", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x"}
+		}, want: "--serving-cert-file and --serving-key-file are required"},
+		{name: "cfssl key without cert", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCAKey: "k"}
+		}, want: "go together"},
 		{name: "bad key policy", mutate: func(f *serveFlags) { f.keyPolicy = "dsa-1024" }, want: "--key-policy"},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	cfconfig "github.com/cloudflare/cfssl/config"
+	cflog "github.com/cloudflare/cfssl/log"
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/cfssl"
+	"github.com/meshca/meshca/signer/local"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Signer backends.
+const (
+	signerLocal = "local"
+	signerCfssl = "cfssl"
+)
+
+// envCfsslAuthKey may carry the cfssl auth key instead of a file.
+const envCfsslAuthKey = "MESHCA_CFSSL_AUTH_KEY"
+
+// backendFlags select and configure the signer.
+type backendFlags struct {
+	signer        string
+	trustAnchors  string
+	servingCert   string
+	servingKey    string
+	cfsslURL      string
+	cfsslProfile  string
+	cfsslLabel    string
+	cfsslAuthFile string
+	cfsslTLSCA    string
+	cfsslCACert   string
+	cfsslCAKey    string
+	cfsslChain    string
+	cfsslConfig   string
+}
+
+func (b *backendFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA) or cfssl")
+	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned for external backends (required with --signer cfssl)")
+	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
+	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
+	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
+	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile")
+	fl.StringVar(&b.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
+	fl.StringVar(&b.cfsslAuthFile, "cfssl-auth-key-file", "", "file holding the hex auth key for authsign (or set "+envCfsslAuthKey+")")
+	fl.StringVar(&b.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
+	fl.StringVar(&b.cfsslCACert, "cfssl-ca-cert", "", "in-process cfssl: signing CA certificate")
+	fl.StringVar(&b.cfsslCAKey, "cfssl-ca-key", "", "in-process cfssl: signing CA key")
+	fl.StringVar(&b.cfsslChain, "cfssl-chain", "", "certificates above the signing CA, without the root (PEM)")
+	fl.StringVar(&b.cfsslConfig, "cfssl-config", "", "in-process cfssl: cfssl configuration file (its signing section)")
+}
+
+// validate checks the selection without I/O.
+func (b *backendFlags) validate() error {
+	switch b.signer {
+	case signerLocal:
+		return nil
+	case signerCfssl:
+	default:
+		return fmt.Errorf("--signer: %q is not one of local, cfssl", b.signer)
+	}
+	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
+	switch {
+	case b.trustAnchors == "":
+		return errors.New("--trust-anchors is required with --signer cfssl: the trust bundle is pinned, never learned from the backend")
+	case inProcess == (b.cfsslURL != ""):
+		return errors.New("--signer cfssl: give either --cfssl-url (remote) or --cfssl-ca-cert and --cfssl-ca-key (in process)")
+	case inProcess && (b.cfsslCACert == "" || b.cfsslCAKey == ""):
+		return errors.New("--cfssl-ca-cert and --cfssl-ca-key go together")
+	case !inProcess && (b.servingCert == "" || b.servingKey == ""):
+		return errors.New("--serving-cert-file and --serving-key-file are required with a remote cfssl: meshca holds no CA key to issue its own")
+	case (b.servingCert == "") != (b.servingKey == ""):
+		return errors.New("--serving-cert-file and --serving-key-file go together")
+	case inProcess && (b.cfsslAuthFile != "" || b.cfsslTLSCA != ""):
+		return errors.New("--cfssl-auth-key-file and --cfssl-tls-ca-file apply to a remote cfssl only")
+	}
+	return nil
+}
+
+// backend is the signer with its trust bundle and serving certificate.
+type backend struct {
+	name    string
+	signer  signer.Signer
+	bundles x509bundle.Source
+	expiry  ca.ExpirySource
+	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// run keeps the serving certificate fresh, when meshca issues it.
+	run func(ctx context.Context, onError func(error))
+}
+
+func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backend, error) {
+	if f.b.signer == signerLocal {
+		authority, err := f.loadAuthority(log, td)
+		if err != nil {
+			return nil, err
+		}
+		mgr := keymgr.NewManager(td, authority)
+		return withServingRotator(&backend{name: signerLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}, mgr, f.servingNames)
+	}
+	cflog.Level = cflog.LevelCritical // meshca logs what matters; cfssl's own lines would duplicate it
+	anchors, err := readCerts("--trust-anchors", f.b.trustAnchors)
+	if err != nil {
+		return nil, err
+	}
+	be := &backend{name: signerCfssl, bundles: x509bundle.FromX509Authorities(td, anchors), expiry: anchorExpiry(anchors)}
+	var chain []*x509.Certificate
+	if f.b.cfsslChain != "" {
+		if chain, err = readCerts("--cfssl-chain", f.b.cfsslChain); err != nil {
+			return nil, err
+		}
+	}
+	if f.b.cfsslURL != "" {
+		rc := cfssl.RemoteConfig{URL: f.b.cfsslURL, Profile: f.b.cfsslProfile, Label: f.b.cfsslLabel, Chain: chain}
+		if rc.AuthKey, err = secret("--cfssl-auth-key-file", f.b.cfsslAuthFile, envCfsslAuthKey); err != nil {
+			return nil, err
+		}
+		if f.b.cfsslTLSCA != "" {
+			roots, err := readCerts("--cfssl-tls-ca-file", f.b.cfsslTLSCA)
+			if err != nil {
+				return nil, err
+			}
+			pool := x509.NewCertPool()
+			for _, r := range roots {
+				pool.AddCert(r)
+			}
+			rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+		}
+		if be.signer, err = cfssl.NewRemote(rc); err != nil {
+			return nil, fmt.Errorf("--cfssl-url: %w", err)
+		}
+		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
+	}
+	caCerts, err := readCerts("--cfssl-ca-cert", f.b.cfsslCACert)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(f.b.cfsslCAKey)
+	if err != nil {
+		return nil, fmt.Errorf("--cfssl-ca-key: %w", err)
+	}
+	key, err := pemutil.ParsePrivateKey(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("--cfssl-ca-key: %w", err)
+	}
+	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: f.b.cfsslProfile}
+	if f.b.cfsslConfig != "" {
+		cfg, err := cfconfig.LoadFile(f.b.cfsslConfig)
+		if err != nil {
+			return nil, fmt.Errorf("--cfssl-config: %w", err)
+		}
+		if cfg.Signing == nil {
+			return nil, errors.New("--cfssl-config: the file has no signing section")
+		}
+		lc.Policy = cfg.Signing
+	}
+	if be.signer, err = cfssl.NewLocal(lc); err != nil {
+		return nil, fmt.Errorf("--cfssl-ca-cert: %w", err)
+	}
+	if f.b.servingCert != "" {
+		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
+	}
+	authority := &keymgr.Authority{Cert: caCerts[0], Key: key, Chain: chain, Roots: anchors}
+	if err := authority.Validate(time.Now()); err != nil {
+		return nil, fmt.Errorf("--cfssl-ca-cert with --trust-anchors: %w", err)
+	}
+	return withServingRotator(be, keymgr.NewManager(td, authority), f.servingNames)
+}
+
+// withServingRotator issues meshca's serving certificate from the CA.
+func withServingRotator(be *backend, mgr *keymgr.Manager, names []string) (*backend, error) {
+	rot, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: names}, nil)
+	if err != nil {
+		return nil, err
+	}
+	be.getCert, be.run = rot.GetCertificate, rot.Run
+	return be, nil
+}
+
+// withServingFiles serves a certificate the operator provides.
+func withServingFiles(be *backend, certFile, keyFile string) (*backend, error) {
+	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--serving-cert-file/--serving-key-file: %w", err)
+	}
+	be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &c, nil }
+	return be, nil
+}
+
+func readCerts(flag, path string) ([]*x509.Certificate, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	certs, err := pemutil.ParseCertificates(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return certs, nil
+}
+
+// secret reads a secret from a file or, when no file is given, from an
+// environment variable; never from a flag's value.
+func secret(flag, file, env string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(env)), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// anchorExpiry reports the pinned anchors' expiry for the citadel gauges.
+type anchorExpiry []*x509.Certificate
+
+func (a anchorExpiry) RootNotAfter() time.Time {
+	var t time.Time
+	for _, c := range a {
+		if t.IsZero() || c.NotAfter.Before(t) {
+			t = c.NotAfter
+		}
+	}
+	return t
+}
+
+// ChainNotAfter is the anchors' too: an external backend's issuing chain is
+// not known before it signs.
+func (a anchorExpiry) ChainNotAfter() time.Time { return a.RootNotAfter() }

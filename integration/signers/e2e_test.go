@@ -1,0 +1,116 @@
+package signers
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// pki is a corporate root and the intermediate the external CA signs with.
+type pki struct {
+	root, inter *testca.CA
+	dir         string
+}
+
+func newPKI(t *testing.T) *pki {
+	root := testca.NewRoot(t, "corp root", testca.Options{})
+	p := &pki{root: root, inter: root.NewIntermediate(t, "corp mesh intermediate", testca.Options{}), dir: t.TempDir()}
+	serving, err := keymgr.IssueServing(p.inter.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servingKey, _ := pemutil.EncodePrivateKey(serving.PrivateKey.(crypto.Signer))
+	interKey, _ := pemutil.EncodePrivateKey(p.inter.Key)
+	p.write(t, "anchors.pem", pemutil.EncodeCertificates(root.Cert))
+	p.write(t, "serving.pem", pemutil.EncodeCertificates(serving.Leaf, p.inter.Cert))
+	p.write(t, "serving-key.pem", servingKey)
+	p.write(t, "ca.pem", pemutil.EncodeCertificates(p.inter.Cert))
+	p.write(t, "ca-key.pem", interKey)
+	p.write(t, "auth.key", []byte(authKey+"\n"))
+	p.write(t, "wrong.key", []byte("fedcba9876543210fedcba9876543210\n"))
+	return p
+}
+
+func (p *pki) write(t *testing.T, name string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(p.dir, name), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
+
+// issue gets an SVID from meshca for a fresh workload and checks it against
+// the pinned root: leaf, the intermediate, and the root as the bundle.
+func (p *pki) issue(t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
+	t.Helper()
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "ext"), "frontend", "node-a")
+	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
+	roots := x509.NewCertPool()
+	roots.AddCert(p.root.Cert)
+	c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, w.Token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	svid, err := c.Fetch(context.Background(), id, caclient.Options{})
+	if err != nil {
+		return nil, err
+	}
+	if len(svid.Chain) != 2 || !svid.Chain[1].Equal(p.inter.Cert) || len(svid.Roots) != 1 || !svid.Roots[0].Equal(p.root.Cert) {
+		t.Fatalf("chain of %d with %d roots, want leaf+intermediate and the pinned root", len(svid.Chain), len(svid.Roots))
+	}
+	if got, _, err := x509svid.Verify(svid.Chain, x509bundle.FromX509Authorities(id.TrustDomain(), []*x509.Certificate{p.root.Cert})); err != nil || got != id {
+		t.Fatalf("x509svid.Verify: %v %v", got, err)
+	}
+	return svid, nil
+}
+
+func TestMeshcaWithCfssl(t *testing.T) {
+	p := newPKI(t)
+	srv := harness.StartCfssl(t, cfsslBin, p.inter.Authority(), harness.CfsslOptions{AuthKey: authKey})
+	common := []string{"--signer", "cfssl", "--kubeconfig", cluster.Kubeconfig, "--trust-anchors", p.path("anchors.pem")}
+	remote := append(common, "--cfssl-url", srv.URL, "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem"))
+
+	t.Run("remote authsign", func(t *testing.T) {
+		m := harness.StartMeshca(t, bin, append(remote, "--cfssl-auth-key-file", p.path("auth.key"))...)
+		if _, err := p.issue(t, m); err != nil {
+			t.Fatal(err)
+		}
+		if !m.WaitForLog(5*time.Second, `"backend":"cfssl"`, `"code":"OK"`) {
+			t.Error("audit event does not name the cfssl backend")
+		}
+	})
+	t.Run("remote with a wrong auth key", func(t *testing.T) {
+		m := harness.StartMeshca(t, bin, append(remote, "--cfssl-auth-key-file", p.path("wrong.key"))...)
+		_, err := p.issue(t, m)
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "refused") {
+			t.Fatalf("got %v, want FailedPrecondition", err)
+		}
+		if !m.WaitForLog(5*time.Second, `"reason":"signer_refused"`, "invalid token") {
+			t.Errorf("log lacks cfssl's reason:\n%s", m.Logs())
+		}
+	})
+	t.Run("in process", func(t *testing.T) {
+		m := harness.StartMeshca(t, bin, append(common, "--cfssl-ca-cert", p.path("ca.pem"), "--cfssl-ca-key", p.path("ca-key.pem"))...)
+		if _, err := p.issue(t, m); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
