@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -73,22 +72,24 @@ func (b *backendFlags) validate() error {
 		return nil
 	case signerCfssl:
 	default:
-		return fmt.Errorf("--signer: %q is not one of local, cfssl", b.signer)
+		return fmt.Errorf("%s: %q is not one of local, cfssl", name("signer"), b.signer)
 	}
 	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
 	switch {
 	case b.trustAnchors == "":
-		return errors.New("--trust-anchors is required with --signer cfssl: the trust bundle is pinned, never learned from the backend")
+		return fmt.Errorf("%s is required with the cfssl signer: the trust bundle is pinned, never learned from the backend", name("trust-anchors"))
 	case inProcess == (b.cfsslURL != ""):
-		return errors.New("--signer cfssl: give either --cfssl-url (remote) or --cfssl-ca-cert and --cfssl-ca-key (in process)")
+		return fmt.Errorf("cfssl signer: give either %s (remote) or %s and %s (in process)", name("cfssl-url"), name("cfssl-ca-cert"), name("cfssl-ca-key"))
 	case inProcess && (b.cfsslCACert == "" || b.cfsslCAKey == ""):
-		return errors.New("--cfssl-ca-cert and --cfssl-ca-key go together")
+		return fmt.Errorf("%s and %s go together", name("cfssl-ca-cert"), name("cfssl-ca-key"))
 	case !inProcess && (b.servingCert == "" || b.servingKey == ""):
-		return errors.New("--serving-cert-file and --serving-key-file are required with a remote cfssl: meshca holds no CA key to issue its own")
+		return fmt.Errorf("%s and %s are required with a remote cfssl: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
 	case (b.servingCert == "") != (b.servingKey == ""):
-		return errors.New("--serving-cert-file and --serving-key-file go together")
+		return fmt.Errorf("%s and %s go together", name("serving-cert-file"), name("serving-key-file"))
 	case inProcess && (b.cfsslAuthFile != "" || b.cfsslTLSCA != ""):
-		return errors.New("--cfssl-auth-key-file and --cfssl-tls-ca-file apply to a remote cfssl only")
+		return fmt.Errorf("%s and %s apply to a remote cfssl only", name("cfssl-auth-key-file"), name("cfssl-tls-ca-file"))
+	case inProcess && b.cfsslLabel != "":
+		return fmt.Errorf("%s applies to a remote cfssl only", name("cfssl-label"))
 	}
 	return nil
 }
@@ -114,24 +115,24 @@ func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backen
 		return withServingRotator(&backend{name: signerLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}, mgr, f.servingNames)
 	}
 	cflog.Level = cflog.LevelCritical // meshca logs what matters; cfssl's own lines would duplicate it
-	anchors, err := readCerts("--trust-anchors", f.b.trustAnchors)
+	anchors, err := readCerts(name("trust-anchors"), f.b.trustAnchors)
 	if err != nil {
 		return nil, err
 	}
 	be := &backend{name: signerCfssl, bundles: x509bundle.FromX509Authorities(td, anchors), expiry: anchorExpiry(anchors)}
 	var chain []*x509.Certificate
 	if f.b.cfsslChain != "" {
-		if chain, err = readCerts("--cfssl-chain", f.b.cfsslChain); err != nil {
+		if chain, err = readCerts(name("cfssl-chain"), f.b.cfsslChain); err != nil {
 			return nil, err
 		}
 	}
 	if f.b.cfsslURL != "" {
 		rc := cfssl.RemoteConfig{URL: f.b.cfsslURL, Profile: f.b.cfsslProfile, Label: f.b.cfsslLabel, Chain: chain}
-		if rc.AuthKey, err = secret("--cfssl-auth-key-file", f.b.cfsslAuthFile, envCfsslAuthKey); err != nil {
+		if rc.AuthKey, err = secret(name("cfssl-auth-key-file"), f.b.cfsslAuthFile, envCfsslAuthKey); err != nil {
 			return nil, err
 		}
 		if f.b.cfsslTLSCA != "" {
-			roots, err := readCerts("--cfssl-tls-ca-file", f.b.cfsslTLSCA)
+			roots, err := readCerts(name("cfssl-tls-ca-file"), f.b.cfsslTLSCA)
 			if err != nil {
 				return nil, err
 			}
@@ -142,42 +143,42 @@ func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backen
 			rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 		}
 		if be.signer, err = cfssl.NewRemote(rc); err != nil {
-			return nil, fmt.Errorf("--cfssl-url: %w", err)
+			return nil, fmt.Errorf("%s: %w", name("cfssl-url"), err)
 		}
 		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
 	}
-	caCerts, err := readCerts("--cfssl-ca-cert", f.b.cfsslCACert)
+	caCerts, err := readCerts(name("cfssl-ca-cert"), f.b.cfsslCACert)
 	if err != nil {
 		return nil, err
 	}
 	keyPEM, err := os.ReadFile(f.b.cfsslCAKey)
 	if err != nil {
-		return nil, fmt.Errorf("--cfssl-ca-key: %w", err)
+		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
 	}
 	key, err := pemutil.ParsePrivateKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("--cfssl-ca-key: %w", err)
+		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
 	}
 	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: f.b.cfsslProfile}
 	if f.b.cfsslConfig != "" {
 		cfg, err := cfconfig.LoadFile(f.b.cfsslConfig)
 		if err != nil {
-			return nil, fmt.Errorf("--cfssl-config: %w", err)
+			return nil, fmt.Errorf("%s: %w", name("cfssl-config"), err)
 		}
 		if cfg.Signing == nil {
-			return nil, errors.New("--cfssl-config: the file has no signing section")
+			return nil, fmt.Errorf("%s: the file has no signing section", name("cfssl-config"))
 		}
 		lc.Policy = cfg.Signing
 	}
 	if be.signer, err = cfssl.NewLocal(lc); err != nil {
-		return nil, fmt.Errorf("--cfssl-ca-cert: %w", err)
+		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-cert"), err)
 	}
 	if f.b.servingCert != "" {
 		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
 	}
 	authority := &keymgr.Authority{Cert: caCerts[0], Key: key, Chain: chain, Roots: anchors}
 	if err := authority.Validate(time.Now()); err != nil {
-		return nil, fmt.Errorf("--cfssl-ca-cert with --trust-anchors: %w", err)
+		return nil, fmt.Errorf("%s with %s: %w", name("cfssl-ca-cert"), name("trust-anchors"), err)
 	}
 	return withServingRotator(be, keymgr.NewManager(td, authority), f.servingNames)
 }
@@ -196,7 +197,7 @@ func withServingRotator(be *backend, mgr *keymgr.Manager, names []string) (*back
 func withServingFiles(be *backend, certFile, keyFile string) (*backend, error) {
 	c, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("--serving-cert-file/--serving-key-file: %w", err)
+		return nil, fmt.Errorf("%s: %w", name("serving-cert-file"), err)
 	}
 	be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &c, nil }
 	return be, nil

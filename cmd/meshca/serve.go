@@ -47,6 +47,7 @@ type serveFlags struct {
 	cacheSize      int
 	remotes        []string
 	secretNS       string
+	configFile     string
 	b              backendFlags
 }
 
@@ -57,12 +58,18 @@ func newServeCommand() *cobra.Command {
 		Short: "Serve the Istio CA API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.configFile != "" {
+				if err := f.b.loadConfigFile(f.configFile, cmd.Flags()); err != nil {
+					return err
+				}
+			}
 			return f.run(cmd.Context())
 		},
 	}
 	fl := cmd.Flags()
 	f.log.register(cmd)
 	f.b.register(fl)
+	fl.StringVar(&f.configFile, "config", "", "YAML file with the signer selection and one section per backend (docs/signers/); flags given on the command line win")
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the self-signed CA; a root is generated there on first start")

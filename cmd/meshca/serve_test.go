@@ -1,6 +1,10 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
 	"strings"
 	"testing"
 	"time"
@@ -31,8 +35,8 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "remote without file", mutate: func(f *serveFlags) { f.remotes = []string{"east"} }, want: "<cluster id>=<kubeconfig file>"},
 		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
 		{name: "remote twice", mutate: func(f *serveFlags) { f.remotes = []string{"east=/a", "east=/b"} }, want: "given twice"},
-		{name: "unknown signer", mutate: func(f *serveFlags) { f.b.signer = "hsm" }, want: `--signer: "hsm"`},
-		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors is required"},
+		{name: "unknown signer", mutate: func(f *serveFlags) { f.b.signer = "hsm" }, want: `--signer (signer): "hsm"`},
+		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors (trustAnchors) is required"},
 		{name: "cfssl with state dir", mutate: func(f *serveFlags) {
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
 		}, want: "belong to the local signer"},
@@ -43,7 +47,7 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "cfssl remote without serving cert", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x"}
-		}, want: "--serving-cert-file and --serving-key-file are required"},
+		}, want: "are required with a remote cfssl"},
 		{name: "cfssl key without cert", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCAKey: "k"}
@@ -66,6 +70,60 @@ func TestServeFlagsValidate(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
 			}
+		})
+	}
+}
+
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.yaml", "signer: cfssl\ntrustAnchors: /r.pem\nservingCertFile: /s.pem\nservingKeyFile: /s.key\ncfssl:\n  url: http://cfssl:8888\n  profile: mesh\n  authKeyFile: /k\n")
+	tests := []struct {
+		name  string
+		file  string
+		flags []string
+		check func(t *testing.T, b backendFlags)
+		want  string
+	}{
+		{name: "file", file: good, check: func(t *testing.T, b backendFlags) {
+			if b.signer != "cfssl" || b.cfsslURL != "http://cfssl:8888" || b.cfsslProfile != "mesh" || b.cfsslAuthFile != "/k" {
+				t.Fatalf("got %+v", b)
+			}
+		}},
+		{name: "flag wins", file: good, flags: []string{"--cfssl-profile", "other"}, check: func(t *testing.T, b backendFlags) {
+			if b.cfsslProfile != "other" {
+				t.Fatalf("profile %q", b.cfsslProfile)
+			}
+		}},
+		{name: "unknown key", file: write("typo.yaml", "signer: cfssl\ncfssl:\n  ulr: x\n"), want: `unknown field "ulr"`},
+		{name: "secret value is not a field", file: write("secret.yaml", "cfssl:\n  authKey: 0123\n"), want: `unknown field "authKey"`},
+		{name: "missing file", file: filepath.Join(dir, "nope.yaml"), want: "no such file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b backendFlags
+			fl := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			b.register(fl)
+			if err := fl.Parse(tt.flags); err != nil {
+				t.Fatal(err)
+			}
+			err := b.loadConfigFile(tt.file, fl)
+			if tt.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("err = %v, want %q", err, tt.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, b)
 		})
 	}
 }
