@@ -27,6 +27,7 @@ import (
 const (
 	signerLocal = "local"
 	signerCfssl = "cfssl"
+	signerVault = "vault"
 )
 
 // envCfsslAuthKey may carry the cfssl auth key instead of a file.
@@ -47,10 +48,11 @@ type backendFlags struct {
 	cfsslCAKey    string
 	cfsslChain    string
 	cfsslConfig   string
+	vault         vaultFlags
 }
 
 func (b *backendFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA) or cfssl")
+	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl or vault")
 	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned for external backends (required with --signer cfssl)")
 	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
@@ -63,6 +65,7 @@ func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.cfsslCAKey, "cfssl-ca-key", "", "in-process cfssl: signing CA key")
 	fl.StringVar(&b.cfsslChain, "cfssl-chain", "", "certificates above the signing CA, without the root (PEM)")
 	fl.StringVar(&b.cfsslConfig, "cfssl-config", "", "in-process cfssl: cfssl configuration file (its signing section)")
+	b.vault.register(fl)
 }
 
 // validate checks the selection without I/O.
@@ -71,8 +74,10 @@ func (b *backendFlags) validate() error {
 	case signerLocal:
 		return nil
 	case signerCfssl:
+	case signerVault:
+		return b.validateVault()
 	default:
-		return fmt.Errorf("%s: %q is not one of local, cfssl", name("signer"), b.signer)
+		return fmt.Errorf("%s: %q is not one of local, cfssl, vault", name("signer"), b.signer)
 	}
 	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
 	switch {
@@ -103,6 +108,8 @@ type backend struct {
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// run keeps the serving certificate fresh, when meshca issues it.
 	run func(ctx context.Context, onError func(error))
+	// runSigner keeps the backend's login alive, when it has one.
+	runSigner func(ctx context.Context) error
 }
 
 func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backend, error) {
@@ -114,12 +121,18 @@ func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backen
 		mgr := keymgr.NewManager(td, authority)
 		return withServingRotator(&backend{name: signerLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}, mgr, f.servingNames)
 	}
-	cflog.Level = cflog.LevelCritical // meshca logs what matters; cfssl's own lines would duplicate it
 	anchors, err := readCerts(name("trust-anchors"), f.b.trustAnchors)
 	if err != nil {
 		return nil, err
 	}
-	be := &backend{name: signerCfssl, bundles: x509bundle.FromX509Authorities(td, anchors), expiry: anchorExpiry(anchors)}
+	be := &backend{name: f.b.signer, bundles: x509bundle.FromX509Authorities(td, anchors), expiry: anchorExpiry(anchors)}
+	if f.b.signer == signerVault {
+		if err := f.b.vaultSigner(be, log); err != nil {
+			return nil, err
+		}
+		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
+	}
+	cflog.Level = cflog.LevelCritical // meshca logs what matters; cfssl's own lines would duplicate it
 	var chain []*x509.Certificate
 	if f.b.cfsslChain != "" {
 		if chain, err = readCerts(name("cfssl-chain"), f.b.cfsslChain); err != nil {

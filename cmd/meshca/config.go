@@ -17,6 +17,21 @@ type fileConfig struct {
 	ServingCertFile string       `json:"servingCertFile"`
 	ServingKeyFile  string       `json:"servingKeyFile"`
 	Cfssl           *cfsslConfig `json:"cfssl"`
+	Vault           *vaultConfig `json:"vault"`
+}
+
+type vaultConfig struct {
+	Addr                string `json:"addr"`
+	CAFile              string `json:"caFile"`
+	PKIMount            string `json:"pkiMount"`
+	Role                string `json:"role"`
+	TokenFile           string `json:"tokenFile"`
+	AppRoleRoleID       string `json:"appRoleRoleID"`
+	AppRoleSecretIDFile string `json:"appRoleSecretIDFile"`
+	AppRoleMount        string `json:"appRoleMount"`
+	KubernetesRole      string `json:"kubernetesRole"`
+	KubernetesTokenFile string `json:"kubernetesTokenFile"`
+	KubernetesMount     string `json:"kubernetesMount"`
 }
 
 type cfsslConfig struct {
@@ -37,6 +52,10 @@ var field = map[string]string{
 	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
 	"cfssl-tls-ca-file": "cfssl.tlsCAFile", "cfssl-ca-cert": "cfssl.caCert", "cfssl-ca-key": "cfssl.caKey", "cfssl-chain": "cfssl.chain",
 	"cfssl-config": "cfssl.config",
+	"vault-addr":   "vault.addr", "vault-ca-file": "vault.caFile", "vault-pki-mount": "vault.pkiMount", "vault-role": "vault.role",
+	"vault-token-file": "vault.tokenFile", "vault-approle-role-id": "vault.appRoleRoleID", "vault-approle-secret-id-file": "vault.appRoleSecretIDFile",
+	"vault-approle-mount": "vault.appRoleMount", "vault-kubernetes-role": "vault.kubernetesRole",
+	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",
 }
 
 // loadConfigFile fills the backend settings from path; a flag given on the
@@ -69,6 +88,20 @@ func (b *backendFlags) loadConfigFile(path string, fl *pflag.FlagSet) error {
 		set("cfssl-ca-key", &b.cfsslCAKey, s.CAKey)
 		set("cfssl-chain", &b.cfsslChain, s.Chain)
 		set("cfssl-config", &b.cfsslConfig, s.Config)
+	}
+	if v := c.Vault; v != nil {
+		w := &b.vault
+		set("vault-addr", &w.addr, v.Addr)
+		set("vault-ca-file", &w.caFile, v.CAFile)
+		set("vault-pki-mount", &w.mount, v.PKIMount)
+		set("vault-role", &w.role, v.Role)
+		set("vault-token-file", &w.tokenFile, v.TokenFile)
+		set("vault-approle-role-id", &w.approleRoleID, v.AppRoleRoleID)
+		set("vault-approle-secret-id-file", &w.approleSecretIDFile, v.AppRoleSecretIDFile)
+		set("vault-approle-mount", &w.approleMount, v.AppRoleMount)
+		set("vault-kubernetes-role", &w.k8sRole, v.KubernetesRole)
+		set("vault-kubernetes-token-file", &w.k8sTokenFile, v.KubernetesTokenFile)
+		set("vault-kubernetes-mount", &w.k8sMount, v.KubernetesMount)
 	}
 	return nil
 }

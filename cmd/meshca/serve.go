@@ -223,6 +223,9 @@ func (f *serveFlags) run(ctx context.Context) error {
 		g.Go(func() error { return secrets.Run(ctx) })
 	}
 	g.Go(func() error { return grpcSrv.Serve(lis) })
+	if be.runSigner != nil {
+		g.Go(func() error { return be.runSigner(ctx) })
+	}
 	if be.run != nil {
 		g.Go(func() error {
 			be.run(ctx, func(err error) { log.Error("serving certificate renewal failed", "error", err) })

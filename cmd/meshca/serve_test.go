@@ -52,6 +52,25 @@ func TestServeFlagsValidate(t *testing.T) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCAKey: "k"}
 		}, want: "go together"},
+		{name: "vault without role", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", vault: vaultFlags{addr: "http://v", mount: "pki", tokenFile: "t"}}
+		}, want: "--vault-role (vault.role) is required"},
+		{name: "vault with two logins", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
+				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", k8sRole: "meshca"}}
+		}, want: "exactly one Vault login"},
+		{name: "vault approle without secret", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
+				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", approleRoleID: "id"}}
+		}, want: "AppRole login needs"},
+		{name: "vault valid", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
+				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}
+		}},
 		{name: "bad key policy", mutate: func(f *serveFlags) { f.keyPolicy = "dsa-1024" }, want: "--key-policy"},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/signer/vault"
+	"github.com/spf13/pflag"
+)
+
+// envVaultSecretID may carry the AppRole secret id instead of a file.
+const envVaultSecretID = "MESHCA_VAULT_SECRET_ID"
+
+const defaultSATokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+type vaultFlags struct {
+	addr, caFile, mount, role string
+	tokenFile                 string
+	approleRoleID             string
+	approleSecretIDFile       string
+	approleMount              string
+	k8sRole, k8sTokenFile     string
+	k8sMount                  string
+}
+
+func (v *vaultFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&v.addr, "vault-addr", "", "Vault address, e.g. https://vault.vault.svc:8200")
+	fl.StringVar(&v.caFile, "vault-ca-file", "", "PEM roots verifying Vault's own TLS certificate")
+	fl.StringVar(&v.mount, "vault-pki-mount", "pki", "mount path of Vault's PKI secrets engine")
+	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with (docs/signers/vault.md)")
+	fl.StringVar(&v.tokenFile, "vault-token-file", "", "log in with the Vault token in this file (re-read at every login)")
+	fl.StringVar(&v.approleRoleID, "vault-approle-role-id", "", "log in with AppRole: the role id (not a secret)")
+	fl.StringVar(&v.approleSecretIDFile, "vault-approle-secret-id-file", "", "AppRole secret id file (or set "+envVaultSecretID+")")
+	fl.StringVar(&v.approleMount, "vault-approle-mount", "", "AppRole auth mount path (default approle)")
+	fl.StringVar(&v.k8sRole, "vault-kubernetes-role", "", "log in with Vault's Kubernetes auth method as this role")
+	fl.StringVar(&v.k8sTokenFile, "vault-kubernetes-token-file", defaultSATokenPath, "service-account token for the Kubernetes auth method")
+	fl.StringVar(&v.k8sMount, "vault-kubernetes-mount", "", "Kubernetes auth mount path (default kubernetes)")
+}
+
+func (b *backendFlags) validateVault() error {
+	v := b.vault
+	methods := 0
+	for _, set := range []bool{v.tokenFile != "", v.approleRoleID != "", v.k8sRole != ""} {
+		if set {
+			methods++
+		}
+	}
+	switch {
+	case b.trustAnchors == "":
+		return fmt.Errorf("%s is required with the vault signer: Vault answers with its issuing CA, never the roots workloads must trust", name("trust-anchors"))
+	case v.addr == "":
+		return fmt.Errorf("%s is required with the vault signer", name("vault-addr"))
+	case v.role == "":
+		return fmt.Errorf("%s is required with the vault signer", name("vault-role"))
+	case v.mount == "":
+		return fmt.Errorf("%s must not be empty", name("vault-pki-mount"))
+	case methods != 1:
+		return fmt.Errorf("give exactly one Vault login: %s, %s or %s", name("vault-token-file"), name("vault-approle-role-id"), name("vault-kubernetes-role"))
+	case v.approleRoleID == "" && v.approleSecretIDFile != "":
+		return fmt.Errorf("%s needs %s", name("vault-approle-secret-id-file"), name("vault-approle-role-id"))
+	case v.approleRoleID != "" && v.approleSecretIDFile == "" && os.Getenv(envVaultSecretID) == "":
+		return fmt.Errorf("AppRole login needs %s or %s", name("vault-approle-secret-id-file"), envVaultSecretID)
+	case b.servingCert == "" || b.servingKey == "":
+		return fmt.Errorf("%s and %s are required with the vault signer: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
+	}
+	return nil
+}
+
+func (b *backendFlags) vaultSigner(be *backend, log *slog.Logger) error {
+	v := b.vault
+	var (
+		auth api.AuthMethod
+		err  error
+	)
+	switch {
+	case v.tokenFile != "":
+		auth = vault.TokenFile{Path: v.tokenFile}
+	case v.approleRoleID != "":
+		env := ""
+		if v.approleSecretIDFile == "" {
+			env = envVaultSecretID
+		}
+		auth, err = vault.AppRole(v.approleMount, v.approleRoleID, v.approleSecretIDFile, env)
+	default:
+		auth, err = vault.Kubernetes(v.k8sMount, v.k8sRole, v.k8sTokenFile)
+	}
+	if err != nil {
+		return fmt.Errorf("vault login: %w", err)
+	}
+	s, err := vault.New(vault.Config{
+		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, Auth: auth,
+		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", "error", err) },
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", name("vault-addr"), err)
+	}
+	be.signer, be.runSigner = s, s.Run
+	return nil
+}

@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
+)
+
+// VaultBinary builds (once, cached outside the clone) the real Vault server.
+func VaultBinary() (string, error) {
+	cmd := exec.Command("bash", filepath.Join(ScriptsDir(), "vault.sh"), "build")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("harness: build vault: %w", err)
+	}
+	return lastLine(string(out)), nil
+}
+
+// VaultRootToken is the dev server's root token.
+const VaultRootToken = "root"
+
+// Vault is a running `vault server -dev` on 127.0.0.1. Its state is in
+// memory: a restart comes back empty.
+type Vault struct {
+	Addr   string
+	Client *api.Client
+	bin    string
+	port   int
+	cmd    *exec.Cmd
+	log    string
+}
+
+// StartVault runs a Vault dev server and stops it at cleanup.
+func StartVault(tb testing.TB, bin string) *Vault {
+	tb.Helper()
+	v := &Vault{bin: bin, port: FreePort(tb), log: filepath.Join(tb.TempDir(), "vault.log")}
+	v.Addr = "http://127.0.0.1:" + strconv.Itoa(v.port)
+	cfg := api.DefaultConfig()
+	cfg.Address = v.Addr
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c.SetToken(VaultRootToken)
+	v.Client = c
+	v.Start(tb)
+	tb.Cleanup(func() {
+		v.Stop()
+		if tb.Failed() {
+			b, _ := os.ReadFile(v.log)
+			tb.Logf("vault log (tail):\n%s", tail(string(b), 40))
+		}
+	})
+	return v
+}
+
+// Start (re)starts the server on its port.
+func (v *Vault) Start(tb testing.TB) {
+	tb.Helper()
+	logf, err := os.OpenFile(v.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	v.cmd = exec.Command(v.bin, "server", "-dev", "-dev-root-token-id="+VaultRootToken, "-dev-no-store-token",
+		"-dev-listen-address=127.0.0.1:"+strconv.Itoa(v.port))
+	v.cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + os.TempDir()}
+	v.cmd.Stdout, v.cmd.Stderr = logf, logf
+	if err := v.cmd.Start(); err != nil {
+		tb.Fatalf("start vault: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		h, err := v.Client.Sys().HealthWithContext(context.Background())
+		if err == nil && h.Initialized && !h.Sealed {
+			return
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(v.log)
+			tb.Fatalf("vault did not become ready: %v\n%s", err, tail(string(b), 30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop stops the server and waits for it to exit.
+func (v *Vault) Stop() {
+	if v.cmd == nil || v.cmd.Process == nil {
+		return
+	}
+	_ = v.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = v.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = v.cmd.Process.Kill()
+		<-done
+	}
+	v.cmd = nil
+}
+
+// VaultRole holds the role settings a test varies.
+type VaultRole struct {
+	AllowedURISANs string // default spiffe://cluster.local/*
+	KeyUsage       string // default DigitalSignature
+}
+
+// ConfigurePKI mounts a PKI engine at mount, imports a as its issuer
+// (truncating leaves at the issuer's expiry) and creates role "mesh", the
+// role docs/signers/vault.md documents.
+func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r VaultRole) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := v.Client.Sys().MountWithContext(ctx, mount, &api.MountInput{Type: "pki", Config: api.MountConfigInput{MaxLeaseTTL: "87600h"}}); err != nil {
+		tb.Fatalf("mount %s: %v", mount, err)
+	}
+	keyPEM, err := pemutil.EncodePrivateKey(a.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bundle := string(pemutil.EncodeCertificates(append([]*x509.Certificate{a.Cert}, a.Chain...)...)) + string(keyPEM)
+	if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/config/ca", map[string]any{"pem_bundle": bundle}); err != nil {
+		tb.Fatalf("import CA into %s: %v", mount, err)
+	}
+	if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/issuer/default", map[string]any{"leaf_not_after_behavior": "truncate"}); err != nil {
+		tb.Fatalf("issuer settings: %v", err)
+	}
+	if r.AllowedURISANs == "" {
+		r.AllowedURISANs = "spiffe://cluster.local/*"
+	}
+	if r.KeyUsage == "" {
+		r.KeyUsage = "DigitalSignature"
+	}
+	_, err = v.Client.Logical().WriteWithContext(ctx, mount+"/roles/mesh", map[string]any{
+		"allowed_uri_sans": r.AllowedURISANs, "allow_any_name": false, "enforce_hostnames": false,
+		"require_cn": false, "use_csr_sans": true, "use_csr_common_name": false, "key_type": "any",
+		"key_usage": r.KeyUsage, "ext_key_usage": "ServerAuth,ClientAuth",
+		"basic_constraints_valid_for_non_ca": true, "no_store": true,
+		"ttl": "24h", "max_ttl": "24h", "not_before_duration": "120s",
+	})
+	if err != nil {
+		tb.Fatalf("role: %v", err)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,63 @@
+package vault
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/hashicorp/vault/api/auth/approle"
+	"github.com/hashicorp/vault/api/auth/kubernetes"
+)
+
+// TokenFile logs in with a Vault token read from a file at every login, so
+// that a token rotated on disk (by Vault Agent, say) is picked up.
+type TokenFile struct {
+	Path string
+}
+
+// Login implements api.AuthMethod: it looks the token up to learn its
+// lifetime and whether it can be renewed.
+func (t TokenFile) Login(ctx context.Context, c *api.Client) (*api.Secret, error) {
+	raw, err := os.ReadFile(t.Path)
+	if err != nil {
+		return nil, fmt.Errorf("vault token file: %w", err)
+	}
+	token := strings.TrimSpace(string(raw))
+	if token == "" {
+		return nil, errors.New("vault token file is empty")
+	}
+	c.SetToken(token)
+	s, err := c.Auth().Token().LookupSelfWithContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Shape the lookup like a login answer, so one renewal loop serves all
+	// methods.
+	ttl, _ := s.TokenTTL()
+	renewable, _ := s.TokenIsRenewable()
+	return &api.Secret{Auth: &api.SecretAuth{ClientToken: token, LeaseDuration: int(ttl.Seconds()), Renewable: renewable}}, nil
+}
+
+// AppRole returns the AppRole login method with the secret id read from a
+// file or an environment variable.
+func AppRole(mount, roleID, secretIDFile, secretIDEnv string) (api.AuthMethod, error) {
+	sid := &approle.SecretID{FromFile: secretIDFile, FromEnv: secretIDEnv}
+	var opts []approle.LoginOption
+	if mount != "" {
+		opts = append(opts, approle.WithMountPath(mount))
+	}
+	return approle.NewAppRoleAuth(roleID, sid, opts...)
+}
+
+// Kubernetes returns the Kubernetes login method with the service-account
+// token read from tokenPath (the projected token of meshca's own Pod).
+func Kubernetes(mount, role, tokenPath string) (api.AuthMethod, error) {
+	opts := []kubernetes.LoginOption{kubernetes.WithServiceAccountTokenPath(tokenPath)}
+	if mount != "" {
+		opts = append(opts, kubernetes.WithMountPath(mount))
+	}
+	return kubernetes.NewKubernetesAuth(role, opts...)
+}
