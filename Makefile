@@ -6,7 +6,7 @@ GOTEST_FLAGS ?= -race -count=1
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build test test-unit test-integration test-istio k8s proto proto-check bench demo lint clean
+.PHONY: all build test test-unit test-integration test-istio tools k8s proto proto-check bench demo check lint clean
 
 all: build
 
@@ -15,20 +15,25 @@ build:
 
 ## test: everything — unit tests, then the integration tests against a real
 ## etcd + kube-apiserver and an unmodified Istio client.
-test: proto-check lint test-unit test-integration test-istio
+test: proto-check check test-unit test-integration test-istio
 
 test-unit:
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-# Build (cached) the real etcd, kube-apiserver and cfssl before go test
-# starts, so the first, long build shows its progress and is not cut by a
-# test timeout.
+# Build (cached) the real etcd and kube-apiserver (k8s), and cfssl and
+# Vault (tools), before go test starts, so that the first, long builds show
+# their progress and are not cut by a test timeout. The three builds run at
+# once: their module downloads overlap the others' compiling.
 k8s:
 	hack/deps.sh
 	integration/scripts/k8s.sh build
-	integration/scripts/cfssl.sh build
 
-test-integration: k8s
+tools:
+	hack/deps.sh
+	@set -e; integration/scripts/k8s.sh build & k=$$!; integration/scripts/vault.sh build & v=$$!; \
+	integration/scripts/cfssl.sh build & c=$$!; wait $$k; wait $$v; wait $$c
+
+test-integration: tools
 	cd integration && $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...
 
 test-istio: k8s
@@ -47,19 +52,22 @@ proto-check:
 	[ $$n -eq $$m ] || { echo "proto-check: generated files differ in number ($$n vs $$m)" >&2; exit 1; }
 	@echo "proto-check: generated code is current"
 
-bench: k8s
+bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./csr ./signer/... ./ca
 	cd integration && $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e
 
 demo: k8s
 	cd integration && $(GO) run ./cmd/demo $(DEMO_FLAGS)
 
-lint:
+## check: gofmt and go vet (part of test); lint adds staticcheck.
+check:
 	@out=$$(gofmt -l . ) && [ -z "$$out" ] || { echo "gofmt needed:" $$out >&2; exit 1; }
 	$(GO) vet ./...
 	cd integration && $(GO) vet ./...
-	cd integration && $(GO) run $(STATICCHECK) ./...
+
+lint: check
 	$(GO) run $(STATICCHECK) ./...
+	cd integration && $(GO) run $(STATICCHECK) ./...
 
 clean:
 	rm -rf bin _out

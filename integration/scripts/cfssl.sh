@@ -12,6 +12,7 @@ CACHE=${CFSSL_CACHE:-${MESHCA_CACHE:-$HOME/.cache/meshca}/cfssl}
 BIN=$CACHE/bin/cfssl-v$CFSSL_VERSION
 case "${1:-}" in
   build)
+    mkdir -p "$CACHE"; exec 9>"$CACHE/.build.lock"; flock 9   # one build at a time per cache
     if [[ ! -x $BIN ]]; then
       echo "[cfssl] building cfssl v$CFSSL_VERSION (cold: ~3 min)" >&2
       mkdir -p "$CACHE/bin" "$CACHE/gobin"

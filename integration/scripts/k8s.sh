@@ -266,10 +266,12 @@ cmd_down() {
   [[ -n $keep ]] || rm -rf "$run"
 }
 
+buildlock() { mkdir -p "$CACHE"; exec 9>"$CACHE/.build.lock"; flock 9; }  # one build at a time per cache
+
 case "${1:-}" in
-  build) build_etcd; build_kas; echo "$ETCD_BIN"; echo "$KAS_BIN"
+  build) buildlock; build_etcd; build_kas; echo "$ETCD_BIN"; echo "$KAS_BIN"
          if [[ "${K8S_LOCAL_KCM:-0}" == 1 ]]; then build_kcm; echo "$KCM_BIN"; fi ;;
-  up) shift; cmd_up "$@" ;;
+  up) shift; [[ -x $ETCD_BIN && -x $KAS_BIN ]] || buildlock; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   *) echo "usage: $0 build | up [RUN_DIR] | down RUN_DIR" >&2; exit 2 ;;
 esac

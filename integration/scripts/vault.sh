@@ -20,6 +20,9 @@ log() { echo "[vault] $*" >&2; }
 
 build() {
   [[ -x $BIN ]] && { echo "$BIN"; return 0; }
+  # One build at a time per cache: a second caller waits, then finds the binary.
+  mkdir -p "$CACHE"; exec 9>"$CACHE/.build.lock"; flock 9
+  [[ -x $BIN ]] && { echo "$BIN"; return 0; }
   export GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOFLAGS=-buildvcs=false GOWORK=off CGO_ENABLED=0
   local w=$CACHE/src/vault-v$VAULT_VERSION
   mkdir -p "$w" "$CACHE/bin"
