@@ -271,7 +271,7 @@ buildlock() { mkdir -p "$CACHE"; exec 9>"$CACHE/.build.lock"; flock 9; }  # one 
 case "${1:-}" in
   build) buildlock; build_etcd; build_kas; echo "$ETCD_BIN"; echo "$KAS_BIN"
          if [[ "${K8S_LOCAL_KCM:-0}" == 1 ]]; then build_kcm; echo "$KCM_BIN"; fi ;;
-  up) shift; [[ -x $ETCD_BIN && -x $KAS_BIN ]] || buildlock; cmd_up "$@" ;;
+  up) shift; [[ -x $ETCD_BIN && -x $KAS_BIN ]] || (buildlock; build_etcd; build_kas); cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   *) echo "usage: $0 build | up [RUN_DIR] | down RUN_DIR" >&2; exit 2 ;;
 esac
