@@ -59,6 +59,10 @@ func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
 // issue gets an SVID from meshca for a fresh workload and checks it against
 // the pinned root: leaf, the intermediate, and the root as the bundle.
 func (p *pki) issue(t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
+	return p.issueCtx(context.Background(), t, m)
+}
+
+func (p *pki) issueCtx(ctx context.Context, t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
 	t.Helper()
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "ext"), "frontend", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
@@ -69,7 +73,7 @@ func (p *pki) issue(t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	svid, err := c.Fetch(context.Background(), id, caclient.Options{})
+	svid, err := c.Fetch(ctx, id, caclient.Options{})
 	if err != nil {
 		return nil, err
 	}
@@ -113,4 +117,48 @@ func TestMeshcaWithCfssl(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestMeshcaWithVault(t *testing.T) {
+	p := newPKI(t)
+	v := harness.StartVault(t, vaultBin)
+	v.ConfigurePKI(t, "pki", p.inter.Authority(), harness.VaultRole{})
+	p.write(t, "vault.token", []byte(harness.VaultRootToken))
+	m := harness.StartMeshca(t, bin, "--signer", "vault", "--kubeconfig", cluster.Kubeconfig,
+		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", "mesh", "--vault-token-file", p.path("vault.token"),
+		"--trust-anchors", p.path("anchors.pem"), "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem"))
+	if _, err := p.issue(t, m); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(m.Logs(), harness.VaultRootToken+`"`) {
+		t.Fatal("the Vault token reached the log")
+	}
+
+	// Vault stops mid-run: Unavailable within the client's deadline.
+	v.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	start := time.Now()
+	_, err := p.issueCtx(ctx, t, m)
+	cancel()
+	if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
+		t.Fatalf("with Vault down: %v, want Unavailable", err)
+	}
+	if d := time.Since(start); d > 6*time.Second {
+		t.Fatalf("answer took %v, past the 5s deadline", d)
+	}
+
+	// Vault is back (empty, as dev servers are): meshca recovers, no restart.
+	v.Start(t)
+	v.ConfigurePKI(t, "pki", p.inter.Authority(), harness.VaultRole{})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := p.issue(t, m)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
 }
