@@ -31,6 +31,9 @@ type Cluster struct {
 	SAKeyFile string
 	// Issuer is the service-account token issuer.
 	Issuer string
+	// AdminToken is a static admin bearer token (for callers that cannot
+	// use a client certificate, such as Vault's Kubernetes auth method).
+	AdminToken string
 }
 
 // ScriptsDir is integration/scripts.
@@ -59,6 +62,7 @@ func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
 		return nil, err
 	}
 	c.APIURL = env["K8S_LOCAL_API_URL"]
+	c.AdminToken = env["K8S_LOCAL_TOKEN"]
 	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("harness: kubeconfig: %w", err)
