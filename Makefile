@@ -55,6 +55,7 @@ proto-check:
 bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./csr ./signer/... ./ca
 	cd integration && $(GO) test -run '^$$' -bench . -benchtime 1x ./e2e
+	cd integration && $(GO) test -run '^$$' -bench . -benchtime 2x ./signers
 
 demo: k8s
 	cd integration && $(GO) run ./cmd/demo $(DEMO_FLAGS)

@@ -28,7 +28,7 @@ type pki struct {
 	dir         string
 }
 
-func newPKI(t *testing.T) *pki {
+func newPKI(t testing.TB) *pki {
 	root := testca.NewRoot(t, "corp root", testca.Options{})
 	p := &pki{root: root, inter: root.NewIntermediate(t, "corp mesh intermediate", testca.Options{}), dir: t.TempDir()}
 	serving, err := keymgr.IssueServing(p.inter.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
@@ -47,7 +47,7 @@ func newPKI(t *testing.T) *pki {
 	return p
 }
 
-func (p *pki) write(t *testing.T, name string, data []byte) {
+func (p *pki) write(t testing.TB, name string, data []byte) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(p.dir, name), data, 0o600); err != nil {
 		t.Fatal(err)
