@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"os"
 	"os/exec"
@@ -15,7 +12,6 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -125,15 +121,7 @@ func newCSR(t *testing.T, id spiffeid.ID) string {
 
 func newKeyAndCSR(t *testing.T, id spiffeid.ID) (crypto.Signer, string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key, string(p)
+	return harness.KeyAndCSR(t, id)
 }
 
 func mustPool(t *testing.T, pemData []byte) *x509.CertPool {

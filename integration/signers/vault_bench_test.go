@@ -2,10 +2,6 @@ package signers
 
 import (
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"os"
 	"strconv"
@@ -14,7 +10,6 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -37,7 +32,7 @@ func BenchmarkVaultOverhead(b *testing.B) {
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
 	csrs := make([]string, 64)
 	for i := range csrs {
-		_, csrs[i] = newKeyAndCSRTB(b, id)
+		_, csrs[i] = harness.KeyAndCSR(b, id)
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(p.root.Cert)
@@ -86,19 +81,6 @@ func BenchmarkVaultOverhead(b *testing.B) {
 	b.ReportMetric(n/dDirect.Seconds(), "direct-signs/s")
 	b.ReportMetric(n/dMeshca.Seconds(), "meshca-signs/s")
 	b.ReportMetric(float64(dMeshca)/float64(dDirect), "x-direct")
-}
-
-func newKeyAndCSRTB(tb testing.TB, id spiffeid.ID) (crypto.Signer, string) {
-	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p, err := csr.Build(key, id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return key, string(p)
 }
 
 // benchConcurrency is the number of clients of BenchmarkVaultOverhead;
