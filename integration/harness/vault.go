@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -162,4 +163,20 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+var unsealKeyLine = regexp.MustCompile(`Unseal Key: (\S+)`)
+
+// UnsealKey is the dev server's unseal key, from its log.
+func (v *Vault) UnsealKey(tb testing.TB) string {
+	tb.Helper()
+	b, err := os.ReadFile(v.log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	m := unsealKeyLine.FindAllStringSubmatch(string(b), -1)
+	if len(m) == 0 {
+		tb.Fatal("no unseal key in the vault log")
+	}
+	return m[len(m)-1][1]
 }
