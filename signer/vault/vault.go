@@ -47,10 +47,18 @@ type Config struct {
 type Signer struct {
 	c      Config
 	client *api.Client
-	mu     sync.Mutex
-	login  *api.Secret
+	mu    sync.Mutex
+	login *api.Secret
+	// inflight is the login under way, shared by every request waiting
+	// for it; nil when none is.
+	inflight *loginCall
 	// relogin asks Run for a fresh login now.
 	relogin chan struct{}
+}
+
+type loginCall struct {
+	done chan struct{}
+	err  error
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -173,26 +181,51 @@ func (s *Signer) loggedIn() bool {
 	return s.login != nil
 }
 
-// doLogin logs in now; concurrent callers share the outcome.
+// doLogin logs in now. Concurrent callers share one login, and each stops
+// waiting when its own context ends.
 func (s *Signer) doLogin(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	secret, err := s.c.Auth.Login(ctx, s.client)
-	if err != nil {
-		s.login = nil
-		return classifyLogin(err)
+	call := s.inflight
+	if call == nil {
+		call = &loginCall{done: make(chan struct{})}
+		s.inflight = call
+		go s.runLogin(call)
 	}
-	if secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "" {
-		s.login = nil
-		return signer.Errorf(name, signer.KindRefused, "login returned no token")
-	}
-	s.client.SetToken(secret.Auth.ClientToken)
-	s.login = secret
+	s.mu.Unlock()
 	select {
-	case s.relogin <- struct{}{}: // let Run watch the new token
-	default:
+	case <-ctx.Done():
+		return &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
+	case <-call.done:
+		return call.err
 	}
-	return nil
+}
+
+func (s *Signer) runLogin(call *loginCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
+	defer cancel()
+	secret, err := s.c.Auth.Login(ctx, s.client)
+	switch {
+	case err != nil:
+		call.err = classifyLogin(err)
+	case secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "":
+		call.err = signer.Errorf(name, signer.KindRefused, "login returned no token")
+	}
+	s.mu.Lock()
+	if call.err == nil {
+		s.client.SetToken(secret.Auth.ClientToken)
+		s.login = secret
+	} else {
+		s.login = nil
+	}
+	s.inflight = nil
+	s.mu.Unlock()
+	close(call.done)
+	if call.err == nil {
+		select {
+		case s.relogin <- struct{}{}: // let Run watch the new token
+		default:
+		}
+	}
 }
 
 // Run keeps the login alive until ctx ends: it renews the token while
