@@ -47,8 +47,8 @@ type Config struct {
 type Signer struct {
 	c      Config
 	client *api.Client
-	mu    sync.Mutex
-	login *api.Secret
+	mu     sync.Mutex
+	login  *api.Secret
 	// inflight is the login under way, shared by every request waiting
 	// for it; nil when none is.
 	inflight *loginCall
