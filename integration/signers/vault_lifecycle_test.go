@@ -2,12 +2,9 @@ package signers
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/signer"
@@ -23,32 +20,8 @@ func TestVaultTokenExpiryAndSeal(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	v.ConfigurePKI(t, "pki", root.Authority(), harness.VaultRole{})
 	ctx := context.Background()
-	if err := v.Client.Sys().PutPolicyWithContext(ctx, "meshca", `path "pki/sign/mesh" { capabilities = ["create", "update"] }`); err != nil {
-		t.Fatal(err)
-	}
-	if err := v.Client.Sys().EnableAuthWithOptionsWithContext(ctx, "approle", &api.EnableAuthOptions{Type: "approle"}); err != nil {
-		t.Fatal(err)
-	}
 	// Tokens that live three seconds and cannot be renewed past that.
-	if _, err := v.Client.Logical().Write("auth/approle/role/meshca", map[string]any{"token_policies": "meshca", "token_ttl": "3s", "token_max_ttl": "3s"}); err != nil {
-		t.Fatal(err)
-	}
-	rid, err := v.Client.Logical().Read("auth/approle/role/meshca/role-id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid, err := v.Client.Logical().Write("auth/approle/role/meshca/secret-id", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secretFile := filepath.Join(t.TempDir(), "secret-id")
-	if err := os.WriteFile(secretFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	auth, err := vault.AppRole("", rid.Data["role_id"].(string), secretFile, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	auth := appRoleLogin(t, v, map[string]any{"token_ttl": "3s", "token_max_ttl": "3s"})
 	s, err := vault.New(vault.Config{Address: v.Addr, Mount: "pki", Role: "mesh", Auth: auth, Timeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -30,31 +30,7 @@ func TestVaultLogins(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := v.Client.Sys().PutPolicyWithContext(ctx, "meshca", `path "pki/sign/mesh" { capabilities = ["create", "update"] }`); err != nil {
-		t.Fatal(err)
-	}
-
-	// AppRole.
-	if err := v.Client.Sys().EnableAuthWithOptionsWithContext(ctx, "approle", &api.EnableAuthOptions{Type: "approle"}); err != nil {
-		t.Fatal(err)
-	}
-	must(logical.Write("auth/approle/role/meshca", map[string]any{"token_policies": "meshca", "token_ttl": "1h"}))
-	rid, err := logical.Read("auth/approle/role/meshca/role-id")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid, err := logical.Write("auth/approle/role/meshca/secret-id", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secretFile := filepath.Join(t.TempDir(), "secret-id")
-	if err := os.WriteFile(secretFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	approle, err := vault.AppRole("", rid.Data["role_id"].(string), secretFile, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	approle := appRoleLogin(t, v, map[string]any{"token_ttl": "1h"})
 
 	// Kubernetes: Vault calls the real apiserver's TokenReview.
 	ns := cluster.Namespace(t, "vault-login")

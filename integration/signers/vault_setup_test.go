@@ -1,0 +1,54 @@
+package signers
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/signer/vault"
+)
+
+// meshcaPolicy is the Vault policy docs/signers/vault.md gives meshca.
+const meshcaPolicy = `path "pki/sign/mesh" { capabilities = ["create", "update"] }`
+
+// appRoleLogin writes meshca's policy, enables AppRole with a role whose
+// tokens carry roleSettings (token_ttl, ...), and returns meshca's AppRole
+// login with its secret id in a file.
+func appRoleLogin(t *testing.T, v *harness.Vault, roleSettings map[string]any) api.AuthMethod {
+	t.Helper()
+	ctx := context.Background()
+	if err := v.Client.Sys().PutPolicyWithContext(ctx, "meshca", meshcaPolicy); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Client.Sys().EnableAuthWithOptionsWithContext(ctx, "approle", &api.EnableAuthOptions{Type: "approle"}); err != nil {
+		t.Fatal(err)
+	}
+	settings := map[string]any{"token_policies": "meshca"}
+	for k, val := range roleSettings {
+		settings[k] = val
+	}
+	logical := v.Client.Logical()
+	if _, err := logical.Write("auth/approle/role/meshca", settings); err != nil {
+		t.Fatal(err)
+	}
+	rid, err := logical.Read("auth/approle/role/meshca/role-id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, err := logical.Write("auth/approle/role/meshca/secret-id", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretFile := filepath.Join(t.TempDir(), "secret-id")
+	if err := os.WriteFile(secretFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	auth, err := vault.AppRole("", rid.Data["role_id"].(string), secretFile, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth
+}
