@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -21,6 +22,9 @@ type StateOptions struct {
 	// RootTTL of a generated root; DefaultRootTTL when zero.
 	RootTTL time.Duration
 	Now     time.Time
+	// LockTimeout bounds the wait for the state directory's lock while
+	// another process holds it; DefaultLockTimeout when zero or negative.
+	LockTimeout time.Duration
 }
 
 // LoadOrCreate loads the self-signed CA kept in the state directory dir, in
@@ -29,10 +33,37 @@ type StateOptions struct {
 // A directory holding only some of the files is refused rather than
 // overwritten: it may be the remains of a CA that workloads still trust.
 // created reports whether a new root was generated.
+//
+// The whole decision runs under the directory's lock (LockDir), so that
+// processes starting together on an empty directory agree on one root.
+// LoadOrCreate waits o.LockTimeout for a holder to let go, then returns a
+// *LockedError.
 func LoadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, false, fmt.Errorf("keymgr: state directory: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.LockTimeout)
+	defer cancel()
+	unlock, err := LockDir(ctx, dir)
+	if err != nil {
+		return nil, false, err
+	}
+	defer func() {
+		if uerr := unlock(); uerr != nil && err == nil {
+			a, created, err = nil, false, uerr
+		}
+	}()
+	return loadOrCreate(dir, o)
+}
+
+// loadOrCreate is LoadOrCreate for a caller holding the directory's lock.
+func loadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err error) {
 	files := []string{FileCAKey, FileCACert, FileRootCert}
 	var present []string
 	for _, f := range files {
@@ -60,7 +91,8 @@ func LoadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err e
 
 // Store writes a to dir in the cacerts layout. The key file is written last
 // so that a crash leaves a directory LoadOrCreate refuses, never a key
-// without its certificate chain.
+// without its certificate chain. The caller must hold the directory's lock
+// (LockDir) across the read that decided to store and the store itself.
 func Store(dir string, a *Authority) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("keymgr: state directory: %w", err)
