@@ -38,10 +38,21 @@ type Config struct {
 	Auth api.AuthMethod
 	// Timeout bounds every call that has no earlier deadline.
 	Timeout time.Duration
-	// OnLoginError reports failed logins and renewals (logged by the
-	// caller); nil ignores them.
+	// OnLoginError reports failed logins, renewals and revocations of
+	// replaced tokens (logged by the caller); nil ignores them. The errors
+	// never carry a token.
 	OnLoginError func(error)
+	// ReloginBackoff is the least time between two logins forced by Vault
+	// refusing to sign (403). Within it, a 403 fails as signer.KindRefused
+	// without a login. Zero means DefaultReloginBackoff.
+	ReloginBackoff time.Duration
+	// Now is the clock that ReloginBackoff is measured on; nil means
+	// time.Now.
+	Now func() time.Time
 }
+
+// DefaultReloginBackoff is Config.ReloginBackoff when it is not set.
+const DefaultReloginBackoff = 30 * time.Second
 
 // Signer is the Vault backend. Run keeps its login alive.
 type Signer struct {
@@ -54,11 +65,17 @@ type Signer struct {
 	inflight *loginCall
 	// relogin asks Run for a fresh login now.
 	relogin chan struct{}
+	// deniedAt is when the last login forced by a 403 started; zero
+	// before the first.
+	deniedAt time.Time
 }
 
 type loginCall struct {
 	done chan struct{}
 	err  error
+	// replaces is the login a 403 condemned, revoked once this one
+	// succeeds; nil for other logins.
+	replaces *api.Secret
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -79,6 +96,12 @@ func New(c Config) (*Signer, error) {
 	if c.Timeout <= 0 {
 		c.Timeout = 10 * time.Second
 	}
+	if c.ReloginBackoff <= 0 {
+		c.ReloginBackoff = DefaultReloginBackoff
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	cfg := api.DefaultConfig()
 	cfg.Address = c.Address
 	cfg.Timeout = c.Timeout
@@ -96,15 +119,16 @@ func New(c Config) (*Signer, error) {
 	return &Signer{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
 }
 
-// Sign implements signer.Signer with <mount>/sign/<role>.
+// Sign implements signer.Signer with <mount>/sign/<role>. When Vault
+// refuses the token (403), Sign logs in again and retries once, but forces
+// at most one such login per Config.ReloginBackoff (see reloginDenied).
 func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
 	}
-	if !s.loggedIn() {
-		if err := s.doLogin(ctx); err != nil {
-			return nil, err
-		}
+	used, err := s.session(ctx)
+	if err != nil {
+		return nil, err
 	}
 	data := map[string]any{
 		"csr":                  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
@@ -116,8 +140,9 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	path := s.c.Mount + "/sign/" + s.c.Role
 	secret, err := s.client.Logical().WriteWithContext(ctx, path, data)
 	if isPermissionDenied(err) {
-		// The token expired or was revoked: log in again once, then retry.
-		if lerr := s.doLogin(ctx); lerr != nil {
+		// The token expired or was revoked, or the role's policy refuses:
+		// log in again (at most once per ReloginBackoff), then retry once.
+		if lerr := s.reloginDenied(ctx, used, err); lerr != nil {
 			return nil, lerr
 		}
 		secret, err = s.client.Logical().WriteWithContext(ctx, path, data)
@@ -181,17 +206,44 @@ func (s *Signer) loggedIn() bool {
 	return s.login != nil
 }
 
+// session returns the current login, logging in first if there is none.
+// The result may be nil if Run forgot the new login meanwhile.
+func (s *Signer) session(ctx context.Context) (*api.Secret, error) {
+	s.mu.Lock()
+	cur := s.login
+	s.mu.Unlock()
+	if cur != nil {
+		return cur, nil
+	}
+	if err := s.doLogin(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.login, nil
+}
+
 // doLogin logs in now. Concurrent callers share one login, and each stops
 // waiting when its own context ends.
 func (s *Signer) doLogin(ctx context.Context) error {
 	s.mu.Lock()
-	call := s.inflight
-	if call == nil {
-		call = &loginCall{done: make(chan struct{})}
-		s.inflight = call
-		go s.runLogin(call)
-	}
+	call := s.startLoginLocked(nil)
 	s.mu.Unlock()
+	return waitLogin(ctx, call)
+}
+
+// startLoginLocked returns the login under way, starting one that replaces
+// the given login if none is. s.mu must be held.
+func (s *Signer) startLoginLocked(replaces *api.Secret) *loginCall {
+	if s.inflight == nil {
+		s.inflight = &loginCall{done: make(chan struct{}), replaces: replaces}
+		go s.runLogin(s.inflight)
+	}
+	return s.inflight
+}
+
+// waitLogin waits for call or the end of ctx, whichever comes first.
+func waitLogin(ctx context.Context, call *loginCall) error {
 	select {
 	case <-ctx.Done():
 		return &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
@@ -225,22 +277,18 @@ func (s *Signer) runLogin(call *loginCall) {
 		case s.relogin <- struct{}{}: // let Run watch the new token
 		default:
 		}
+		s.revoke(call.replaces, secret)
 	}
 }
 
 // Run keeps the login alive until ctx ends: it renews the token while
 // Vault allows and logs in afresh when it no longer does.
 func (s *Signer) Run(ctx context.Context) error {
-	report := func(err error) {
-		if s.c.OnLoginError != nil && err != nil {
-			s.c.OnLoginError(err)
-		}
-	}
 	backoff := time.Second
 	for ctx.Err() == nil {
 		if !s.loggedIn() {
 			if err := s.doLogin(ctx); err != nil {
-				report(err)
+				s.report(err)
 				if !sleep(ctx, backoff) {
 					return nil
 				}
@@ -274,7 +322,7 @@ func (s *Signer) Run(ctx context.Context) error {
 		}
 		w, err := s.client.NewLifetimeWatcher(&api.LifetimeWatcherInput{Secret: secret})
 		if err != nil {
-			report(err)
+			s.report(err)
 			s.forget(secret)
 			continue
 		}
@@ -286,12 +334,19 @@ func (s *Signer) Run(ctx context.Context) error {
 		case <-s.relogin:
 			w.Stop()
 		case err := <-w.DoneCh():
-			report(err)
+			s.report(err)
 			w.Stop()
 			s.forget(secret)
 		}
 	}
 	return nil
+}
+
+// report passes a login failure to Config.OnLoginError.
+func (s *Signer) report(err error) {
+	if s.c.OnLoginError != nil && err != nil {
+		s.c.OnLoginError(err)
+	}
 }
 
 // forget drops the login if it is still secret, so the next use logs in.

@@ -1,0 +1,231 @@
+package vault_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/vault"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// fakeVault stands in for Vault. AppRole logins hand out tok-1, tok-2, ...
+// (lookup-self, a TokenFile login, counts as a login too); pki/sign/mesh answers 403 to the tokens deny refuses and issues a leaf
+// to the others; auth/token/revoke-self records the token that asked.
+type fakeVault struct {
+	srv  *httptest.Server
+	ca   *x509.Certificate
+	key  *ecdsa.PrivateKey
+	deny func(token string) bool
+
+	mu      sync.Mutex
+	logins  int
+	revoked []string
+}
+
+func newFakeVault(t *testing.T, deny func(token string) bool) *fakeVault {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "fake vault CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeVault{ca: ca, key: key, deny: deny}
+	f.srv = httptest.NewServer(f)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	token := r.Header.Get("X-Vault-Token")
+	switch r.URL.Path {
+	case "/v1/auth/approle/login":
+		f.mu.Lock()
+		f.logins++
+		n := f.logins
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"auth": map[string]any{
+			"client_token": fmt.Sprintf("tok-%d", n), "lease_duration": 3600, "renewable": false,
+		}})
+	case "/v1/auth/token/lookup-self": // a TokenFile login
+		f.mu.Lock()
+		f.logins++
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{"ttl": 3600, "renewable": false}})
+	case "/v1/auth/token/revoke-self":
+		f.mu.Lock()
+		f.revoked = append(f.revoked, token)
+		f.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	case "/v1/pki/sign/mesh":
+		if token == "" || f.deny(token) {
+			writeJSON(w, http.StatusForbidden, map[string]any{"errors": []string{"permission denied"}})
+			return
+		}
+		f.sign(w, r)
+	default:
+		writeJSON(w, http.StatusNotFound, map[string]any{"errors": []string{"no handler for " + r.URL.Path}})
+	}
+}
+
+// sign issues a leaf for the CSR and URI SAN in the request body.
+func (f *fakeVault) sign(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		CSR     string `json:"csr"`
+		URISANs string `json:"uri_sans"`
+	}
+	fail := func(err error) {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"errors": []string{err.Error()}})
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		fail(err)
+		return
+	}
+	block, _ := pem.Decode([]byte(body.CSR))
+	if block == nil {
+		fail(fmt.Errorf("no CSR"))
+		return
+	}
+	req, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		fail(err)
+		return
+	}
+	uri, err := url.Parse(body.URISANs)
+	if err != nil {
+		fail(err)
+		return
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), URIs: []*url.URL{uri},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, f.ca, req.PublicKey, f.key)
+	if err != nil {
+		fail(err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{
+		"certificate": string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
+		"issuing_ca":  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.ca.Raw})),
+	}})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// counts returns the number of logins and the tokens revoked so far.
+func (f *fakeVault) counts() (int, []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.logins, slices.Clone(f.revoked)
+}
+
+// waitRevoked waits until want tokens were revoked (revocation runs after
+// the login it follows) and returns them.
+func (f *fakeVault) waitRevoked(t *testing.T, want int) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, revoked := f.counts()
+		if len(revoked) >= want || time.Now().After(deadline) {
+			return revoked
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newSigner returns a Vault signer for f with c's clock, backoff, login
+// error report and login method (AppRole when c.Auth is nil).
+func (f *fakeVault) newSigner(t *testing.T, c vault.Config) *vault.Signer {
+	t.Helper()
+	if c.Auth == nil {
+		secretID := filepath.Join(t.TempDir(), "secret-id")
+		if err := os.WriteFile(secretID, []byte("the-secret-id"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		auth, err := vault.AppRole("", "the-role-id", secretID, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Auth = auth
+	}
+	c.Address, c.Role, c.Timeout = f.srv.URL, "mesh", 5*time.Second
+	s, err := vault.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// fakeClock is a clock that moves only when told.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// newRequest returns a signing request for id with a fresh P-256 key.
+func newRequest(t *testing.T, id spiffeid.ID) *signer.Request {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &signer.Request{CSR: csr, ID: id, TTL: time.Hour}
+	req.Usages.Key = x509.KeyUsageDigitalSignature
+	return req
+}
