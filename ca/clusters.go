@@ -1,6 +1,7 @@
 package ca
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -47,6 +48,24 @@ func (r *Registry) Cluster(id string) (*Cluster, bool) {
 	defer r.mu.RUnlock()
 	c, ok := r.byID[id]
 	return c, ok
+}
+
+// ErrClusterExists is returned, wrapped, when a cluster id is taken.
+var ErrClusterExists = errors.New("ca: cluster id already registered")
+
+// Add adds a remote cluster unless its id is taken (by the local cluster
+// or another remote), when it returns an error wrapping ErrClusterExists
+// and leaves the registry as it was; stop, if not nil, is called when the
+// cluster is replaced or removed.
+func (r *Registry) Add(c *Cluster, stop func()) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.byID[c.ID]; ok {
+		return fmt.Errorf("%w: %q", ErrClusterExists, c.ID)
+	}
+	r.byID[c.ID] = c
+	r.remove[c.ID] = stop
+	return nil
 }
 
 // Set adds or replaces a remote cluster; stop, if not nil, is called when

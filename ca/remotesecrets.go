@@ -3,15 +3,17 @@ package ca
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -19,24 +21,52 @@ import (
 // one data key per cluster id, as Istio's remote secrets do.
 const RemoteSecretLabel = "istio/multiCluster"
 
+// Reasons a remote cluster from a Secret is refused, besides the
+// KubeconfigFeature ones.
+const (
+	reasonInvalidKubeconfig  = "invalid_kubeconfig"
+	reasonDuplicateClusterID = "duplicate_cluster_id"
+	reasonBuildFailed        = "build_failed"
+)
+
+const logSecret = "secret"
+
 // RemoteSecretsConfig configures RemoteSecrets.
 type RemoteSecretsConfig struct {
 	Client    kubernetes.Interface
 	Namespace string
 	Registry  *Registry
-	// Build makes a cluster from its id and kubeconfig.
-	Build  func(id string, kubeconfig []byte) (*KubeCluster, error)
-	Logger *slog.Logger
+	// Allow names the kubeconfig features a Secret may use; see
+	// SanitizeKubeconfig. The zero value allows none.
+	Allow KubeconfigAllow
+	// Build makes a cluster from its id and the sanitised client
+	// configuration of its kubeconfig.
+	Build   func(id string, cfg *rest.Config) (*KubeCluster, error)
+	Metrics *RemoteSecretsMetrics
+	Logger  *slog.Logger
 }
 
 // RemoteSecrets adds, replaces and removes remote clusters as labelled
-// Secrets in one namespace come and go, without a restart.
+// Secrets in one namespace come and go, without a restart. A cluster id
+// belongs to the first Secret that provides it with an acceptable
+// kubeconfig; another Secret naming the same id, or the id of the local
+// cluster or of a --remote-cluster, is refused. When the owner drops the
+// id, the first other Secret (by name) that names it takes it over.
 type RemoteSecrets struct {
-	c RemoteSecretsConfig
-	// mu guards the clusters each Secret provides and their kubeconfig
-	// hashes, so that an unchanged kubeconfig is not rebuilt.
-	mu       sync.Mutex
-	bySecret map[string]map[string][32]byte
+	c  RemoteSecretsConfig
+	mu sync.Mutex
+	// secrets holds the data last seen in each Secret, so that a refused
+	// duplicate can take its id over when the owner lets it go.
+	secrets map[string]map[string][]byte
+	// owners maps the ids added here to the Secret that provided them.
+	owners map[string]owner
+}
+
+type owner struct {
+	secret string
+	// sum is the hash of the kubeconfig the cluster was built from, so
+	// that an unchanged one is not rebuilt.
+	sum [32]byte
 }
 
 // NewRemoteSecrets assembles the watcher; Run starts it.
@@ -44,7 +74,7 @@ func NewRemoteSecrets(c RemoteSecretsConfig) *RemoteSecrets {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &RemoteSecrets{c: c, bySecret: map[string]map[string][32]byte{}}
+	return &RemoteSecrets{c: c, secrets: map[string]map[string][]byte{}, owners: map[string]owner{}}
 }
 
 // Run watches the Secrets until ctx ends; the clusters it started stop
@@ -81,57 +111,145 @@ func (r *RemoteSecrets) sync(ctx context.Context, obj any) {
 	}
 }
 
-// apply makes the registry hold exactly the clusters in data for secret.
+// apply makes the registry hold the clusters in data that secret may own.
 func (r *RemoteSecrets) apply(ctx context.Context, secret string, data map[string][]byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := r.bySecret[secret]
-	now := map[string][32]byte{}
-	ids := make([]string, 0, len(data))
-	for id := range data {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	for _, id := range ids {
-		sum := sha256.Sum256(data[id])
-		now[id] = sum
-		if h, ok := old[id]; ok && h == sum {
-			continue
-		}
-		if err := r.start(ctx, id, data[id]); err != nil {
-			r.c.Logger.Error("remote cluster not added", "secret", r.c.Namespace+"/"+secret, "cluster", id, "error", err)
-			delete(now, id)
-			continue
-		}
-		r.c.Logger.Info("remote cluster added", "secret", r.c.Namespace+"/"+secret, "cluster", id)
-	}
-	for id := range old {
-		if _, ok := now[id]; !ok {
-			r.c.Registry.Remove(id)
-			r.c.Logger.Info("remote cluster removed", "secret", r.c.Namespace+"/"+secret, "cluster", id)
-		}
-	}
-	if len(now) == 0 {
-		delete(r.bySecret, secret)
+	if len(data) == 0 {
+		delete(r.secrets, secret)
 	} else {
-		r.bySecret[secret] = now
+		r.secrets[secret] = data
+	}
+	var freed []string
+	for _, id := range kubeconfigNames(r.owners) {
+		if _, still := data[id]; r.owners[id].secret == secret && !still {
+			r.release(secret, id)
+			freed = append(freed, id)
+		}
+	}
+	for _, id := range kubeconfigNames(data) {
+		if r.claim(ctx, secret, id, data[id]) {
+			freed = append(freed, id)
+		}
+	}
+	for _, id := range freed {
+		for _, other := range kubeconfigNames(r.secrets) {
+			if _, taken := r.owners[id]; taken {
+				break
+			}
+			if kubeconfig, ok := r.secrets[other][id]; ok && other != secret {
+				r.claim(ctx, other, id, kubeconfig)
+			}
+		}
 	}
 }
 
-func (r *RemoteSecrets) start(ctx context.Context, id string, kubeconfig []byte) error {
-	if _, local := r.c.Registry.Cluster(""); local && id == r.c.Registry.local {
-		return fmt.Errorf("cluster id %q is the local cluster's", id)
+// claim adds or replaces the cluster id of secret, unless another owns
+// the id. It reports whether secret lost an id it owned, because its new
+// kubeconfig is refused.
+func (r *RemoteSecrets) claim(ctx context.Context, secret, id string, kubeconfig []byte) (lost bool) {
+	log := r.c.Logger.With(logSecret, r.c.Namespace+"/"+secret, logCluster, id)
+	sum := sha256.Sum256(kubeconfig)
+	o, taken := r.owners[id]
+	mine := taken && o.secret == secret
+	_, registered := r.c.Registry.Cluster(id)
+	switch {
+	case mine && o.sum == sum:
+		return false
+	case taken && !mine:
+		r.refuse(log, reasonDuplicateClusterID, fmt.Errorf("cluster id is owned by Secret %s/%s", r.c.Namespace, o.secret))
+		return false
+	case !taken && id == r.c.Registry.local:
+		r.refuse(log, reasonDuplicateClusterID, errors.New("cluster id is the local cluster's"))
+		return false
+	case !taken && registered:
+		r.refuse(log, reasonDuplicateClusterID, errors.New("cluster id is a --remote-cluster's"))
+		return false
 	}
-	kc, err := r.c.Build(id, kubeconfig)
+	kc, reason, err := r.build(id, kubeconfig)
 	if err != nil {
-		return err
+		r.refuse(log, reason, err)
+		if mine {
+			r.release(secret, id)
+		}
+		return mine
 	}
 	cctx, cancel := context.WithCancel(ctx)
+	if mine {
+		r.c.Registry.Set(kc.Cluster, cancel)
+	} else if err := r.c.Registry.Add(kc.Cluster, cancel); err != nil {
+		cancel()
+		r.refuse(log, reasonDuplicateClusterID, err)
+		return false
+	}
+	r.owners[id] = owner{secret: secret, sum: sum}
 	go func() {
 		if err := kc.Run(cctx); err != nil {
-			r.c.Logger.Error("remote cluster stopped", "cluster", id, "error", err)
+			r.c.Logger.Error("remote cluster stopped", logCluster, id, "error", err)
 		}
 	}()
-	r.c.Registry.Set(kc.Cluster, cancel)
-	return nil
+	if mine {
+		log.Info("remote cluster replaced")
+	} else {
+		log.Info("remote cluster added")
+	}
+	return false
+}
+
+// build sanitises the kubeconfig and builds the cluster; on failure it
+// also returns the metric reason.
+func (r *RemoteSecrets) build(id string, kubeconfig []byte) (*KubeCluster, string, error) {
+	cfg, err := SanitizeKubeconfig(kubeconfig, r.c.Allow)
+	if err != nil {
+		reason := reasonInvalidKubeconfig
+		if ke := (*KubeconfigError)(nil); errors.As(err, &ke) {
+			reason = ke.Reason()
+		}
+		return nil, reason, err
+	}
+	kc, err := r.c.Build(id, cfg)
+	if err != nil {
+		return nil, reasonBuildFailed, err
+	}
+	return kc, "", nil
+}
+
+func (r *RemoteSecrets) release(secret, id string) {
+	r.c.Registry.Remove(id)
+	delete(r.owners, id)
+	r.c.Logger.Info("remote cluster removed", logSecret, r.c.Namespace+"/"+secret, logCluster, id)
+}
+
+func (r *RemoteSecrets) refuse(log *slog.Logger, reason string, err error) {
+	log.Error("remote cluster refused", logReason, reason, "error", err)
+	r.c.Metrics.refused(reason)
+}
+
+// RemoteSecretsMetrics count the remote clusters refused, by reason.
+type RemoteSecretsMetrics struct {
+	refusals *prometheus.CounterVec
+}
+
+// NewRemoteSecretsMetrics registers the collector; every reason starts
+// at zero.
+func NewRemoteSecretsMetrics(reg prometheus.Registerer) *RemoteSecretsMetrics {
+	m := &RemoteSecretsMetrics{refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meshca_remote_cluster_refused_total",
+		Help: "Remote clusters from Secrets that were not added or were removed, by reason: a kubeconfig feature not allowed by --" +
+			KubeconfigAllowFlag + ", " + reasonInvalidKubeconfig + ", " + reasonBuildFailed + " or " + reasonDuplicateClusterID + ".",
+	}, []string{logReason})}
+	for _, f := range KubeconfigFeatures {
+		m.refusals.WithLabelValues(f.Reason())
+	}
+	for _, reason := range []string{reasonInvalidKubeconfig, reasonDuplicateClusterID, reasonBuildFailed} {
+		m.refusals.WithLabelValues(reason)
+	}
+	reg.MustRegister(m.refusals)
+	return m
+}
+
+func (m *RemoteSecretsMetrics) refused(reason string) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+	}
 }
