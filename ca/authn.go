@@ -30,9 +30,15 @@ type Caller struct {
 	PodName string
 	PodUID  string
 	Node    string
-	// Method is "token" or "certificate".
+	// Method is MethodToken or MethodCertificate.
 	Method string
 }
+
+// Authentication methods of a Caller.
+const (
+	MethodToken       = "token"
+	MethodCertificate = "certificate"
+)
 
 // Authenticator turns credentials into a caller.
 type Authenticator interface {
@@ -58,8 +64,9 @@ func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*
 		case errors.Is(err, ErrNoCredentials):
 			continue
 		}
-		var ce *Error
-		if errors.As(err, &ce) && ce.Kind == KindUnavailable {
+		// A method that cannot decide now decides the request: the
+		// client must retry, not be told its credentials are bad.
+		if isKind(err, KindUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			return nil, err
 		}
 		failures = append(failures, err)

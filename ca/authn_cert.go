@@ -9,7 +9,9 @@ import (
 )
 
 // CertAuthenticator authenticates a renewal by the caller's still-valid
-// SVID, verified against the current trust bundle at request time.
+// SVID, verified against the current trust bundle at request time. Such a
+// caller gets at most Config.CertRenewalTTL, and the cluster's authorizer
+// requires a live Pod of its service account.
 type CertAuthenticator struct {
 	TrustDomain spiffeid.TrustDomain
 	Bundles     x509bundle.Source
@@ -31,5 +33,5 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	if !ok {
 		return nil, refuse(KindUnauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
 	}
-	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: "certificate"}, nil
+	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate}, nil
 }

@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -46,13 +47,18 @@ func (r *TokenReviewer) Authenticate(ctx context.Context, c *Credentials) (*Call
 	if len(auds) == 0 {
 		auds = []string{DefaultAudience}
 	}
+	if !jwtShaped(c.Token) {
+		// Service-account tokens are JWTs; anything else would only spend
+		// the apiserver client's rate budget to be refused.
+		return nil, refuse(KindUnauthenticated, "token_malformed", "token is not a valid service-account token for this CA",
+			errors.New("token is not a JWT (three base64url segments)"))
+	}
 	tr, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: c.Token, Audiences: auds},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+		// The apiserver did not answer (down, overloaded, timed out): the
+		// token may be fine, so the client must retry, not give up.
 		return nil, refuse(KindUnavailable, "tokenreview_failed", "cannot review the token now, retry later", err)
 	}
 	return callerFromReview(r.TrustDomain, auds, &tr.Status)
@@ -91,8 +97,23 @@ func callerFromReview(td spiffeid.TrustDomain, auds []string, st *authnv1.TokenR
 		PodName:        extra(st, extraPodName),
 		PodUID:         extra(st, extraPodUID),
 		Node:           extra(st, extraNode),
-		Method:         "token",
+		Method:         MethodToken,
 	}, nil
+}
+
+// jwtShaped reports whether token has the shape of a JWS compact
+// serialisation: three base64url segments, the first two non-empty.
+func jwtShaped(token string) bool {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
+		return false
+	}
+	for _, p := range parts {
+		if strings.TrimLeft(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 func extra(st *authnv1.TokenReviewStatus, key string) string {

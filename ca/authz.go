@@ -13,8 +13,12 @@ import (
 // PodSource answers the Pod questions authorization asks. *PodIndex is
 // the production implementation.
 type PodSource interface {
+	// Pod returns the Pod ns/name, or nil when there is none.
 	Pod(ctx context.Context, ns, name string) (*PodInfo, error)
+	// OnNode returns the not-terminated Pods of ns/sa on node.
 	OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error)
+	// OfAccount returns the live Pods of ns/sa on any node.
+	OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error)
 }
 
 // NodeAuthorizer decides which identity a request may receive. A caller
@@ -58,6 +62,11 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 	if requested == "" {
 		if c.PodName != "" && a.Pods != nil {
 			if _, err := a.callerPod(ctx, c, check); err != nil {
+				return spiffeid.ID{}, err
+			}
+		}
+		if c.Method == MethodCertificate && a.Pods != nil {
+			if err := a.accountPod(ctx, c, check); err != nil {
 				return spiffeid.ID{}, err
 			}
 		}
@@ -163,8 +172,29 @@ func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*PodIn
 		return nil, refuse(KindUnauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
 	case pod.ServiceAccount != c.ServiceAccount:
 		return nil, refuse(KindUnauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
+	case pod.Terminated:
+		return nil, refuse(KindUnauthenticated, "caller_pod_terminated", msg, fmt.Errorf("Pod %s/%s of the token has terminated", c.Namespace, c.PodName))
+	case pod.Deleting:
+		return nil, refuse(KindUnauthenticated, "caller_pod_deleting", msg, fmt.Errorf("Pod %s/%s of the token is being deleted", c.Namespace, c.PodName))
 	}
 	return pod, nil
+}
+
+// accountPod checks that a caller renewing by client certificate still
+// has a live Pod of its service account in this cluster: a certificate of
+// a workload that is gone must not keep itself alive.
+func (a *NodeAuthorizer) accountPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error) error {
+	input := c.Namespace + "/" + c.ServiceAccount
+	pods, err := a.Pods.OfAccount(ctx, c.Namespace, c.ServiceAccount)
+	switch {
+	case err != nil:
+		return check("renewing workload", input, podLookupError(err), "")
+	case len(pods) == 0:
+		return check("renewing workload", input, refuse(KindUnauthenticated, "cert_workload_gone",
+			"no running Pod has this certificate's service account: authenticate with a service-account token",
+			fmt.Errorf("no live Pod of %s in this cluster", input)), "")
+	}
+	return check("renewing workload", input, nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
 }
 
 func podLookupError(err error) error {

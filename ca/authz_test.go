@@ -30,7 +30,20 @@ func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]PodInfo, error) 
 	}
 	var out []PodInfo
 	for _, pi := range p.byName {
-		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Node == node && !pi.Failed {
+		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Node == node && !pi.Terminated {
+			out = append(out, pi)
+		}
+	}
+	return out, nil
+}
+
+func (p pods) OfAccount(_ context.Context, ns, sa string) ([]PodInfo, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	var out []PodInfo
+	for _, pi := range p.byName {
+		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Live() {
 			out = append(out, pi)
 		}
 	}
@@ -40,16 +53,23 @@ func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]PodInfo, error) 
 func TestNodeAuthorizer(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("cluster.local")
 	cluster := pods{byName: map[string]PodInfo{
-		"istio-system/ztunnel-a": {Namespace: "istio-system", Name: "ztunnel-a", UID: "za", ServiceAccount: "ztunnel", Node: "node-a"},
-		"prod/web-a":             {Namespace: "prod", Name: "web-a", UID: "wa", ServiceAccount: "web", Node: "node-a"},
-		"prod/db-b":              {Namespace: "prod", Name: "db-b", UID: "db", ServiceAccount: "db", Node: "node-b"},
-		"prod/batch-a":           {Namespace: "prod", Name: "batch-a", UID: "ba", ServiceAccount: "batch", Node: "node-a", Failed: true},
+		"istio-system/ztunnel-a":    {Namespace: "istio-system", Name: "ztunnel-a", UID: "za", ServiceAccount: "ztunnel", Node: "node-a"},
+		"prod/web-a":                {Namespace: "prod", Name: "web-a", UID: "wa", ServiceAccount: "web", Node: "node-a"},
+		"prod/db-b":                 {Namespace: "prod", Name: "db-b", UID: "db", ServiceAccount: "db", Node: "node-b"},
+		"prod/batch-a":              {Namespace: "prod", Name: "batch-a", UID: "ba", ServiceAccount: "batch", Node: "node-a", Terminated: true},
+		"prod/job-a":                {Namespace: "prod", Name: "job-a", UID: "ja", ServiceAccount: "job", Node: "node-a", Terminated: true},
+		"prod/drain-a":              {Namespace: "prod", Name: "drain-a", UID: "da", ServiceAccount: "drain", Node: "node-a", Deleting: true},
+		"istio-system/ztunnel-done": {Namespace: "istio-system", Name: "ztunnel-done", UID: "zd", ServiceAccount: "ztunnel", Node: "node-a", Terminated: true},
+		"istio-system/ztunnel-del":  {Namespace: "istio-system", Name: "ztunnel-del", UID: "zx", ServiceAccount: "ztunnel", Node: "node-a", Deleting: true},
 	}}
 	ztunnel := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/ztunnel"), Namespace: "istio-system",
 		ServiceAccount: "ztunnel", PodName: "ztunnel-a", PodUID: "za", Method: "token"}
 	web := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/web"), Namespace: "prod", ServiceAccount: "web",
 		PodName: "web-a", PodUID: "wa", Method: "token"}
 	with := func(c Caller, f func(*Caller)) Caller { f(&c); return c }
+	renewing := func(ns, sa string) Caller {
+		return Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/" + ns + "/sa/" + sa), Namespace: ns, ServiceAccount: sa, Method: MethodCertificate}
+	}
 	tests := []struct {
 		name      string
 		caller    Caller
@@ -76,6 +96,14 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
 		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: KindUnavailable, reason: "pod_lookup_failed"},
 		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
+		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_terminated"},
+		{name: "ztunnel pod being deleted", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-del", "zx" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_deleting"},
+		{name: "succeeded pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/job", kind: KindPermissionDenied, reason: "not_on_node"},
+		{name: "draining pod still counts", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/drain", want: "spiffe://cluster.local/ns/prod/sa/drain"},
+		{name: "certificate renewal with a live pod", caller: renewing("prod", "web"), want: "spiffe://cluster.local/ns/prod/sa/web"},
+		{name: "certificate renewal, workload gone", caller: renewing("prod", "gone"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
+		{name: "certificate renewal, only a terminated pod", caller: renewing("prod", "batch"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
+		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
@@ -18,8 +19,10 @@ const (
 )
 
 // credentialsFrom reads the bearer token, cluster id and verified client
-// certificates of a request, and the peer address for the log.
-func credentialsFrom(ctx context.Context) (Credentials, string, error) {
+// certificates of a request, and the peer address for the log. A token
+// longer than maxToken bytes is refused here, so that it never reaches a
+// TokenReview or a cache key.
+func credentialsFrom(ctx context.Context, maxToken int) (Credentials, string, error) {
 	var c Credentials
 	md, _ := metadata.FromIncomingContext(ctx)
 	switch auth := md.Get(headerAuthorization); len(auth) {
@@ -30,6 +33,10 @@ func credentialsFrom(ctx context.Context) (Credentials, string, error) {
 			return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "authorization header must be 'Bearer <token>'", nil)
 		}
 		c.Token = strings.TrimSpace(v[len(bearerPrefix):])
+		if len(c.Token) > maxToken {
+			return Credentials{}, "", refuse(KindUnauthenticated, "token_too_large",
+				fmt.Sprintf("bearer token is %d bytes, longer than the %d this CA accepts: send a service-account token", len(c.Token), maxToken), nil)
+		}
 	default:
 		return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "send exactly one authorization header", nil)
 	}

@@ -20,6 +20,7 @@ type KubeClusterConfig struct {
 	TrustedNodeAccounts map[string]bool
 	CacheTTL            time.Duration
 	CacheSize           int
+	NegativeTTL         time.Duration
 	CacheMetrics        *TokenCacheMetrics
 }
 
@@ -43,12 +44,13 @@ func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
 		return nil, err
 	}
 	tokens := NewCachedTokenReviewer(TokenCacheConfig{
-		Reviewer:   &TokenReviewer{TrustDomain: c.TrustDomain, Client: c.Client, Audiences: c.Audiences},
-		Audiences:  c.Audiences,
-		TTL:        c.CacheTTL,
-		MaxEntries: c.CacheSize,
-		Metrics:    c.CacheMetrics,
-		Cluster:    c.ID,
+		Reviewer:    &TokenReviewer{TrustDomain: c.TrustDomain, Client: c.Client, Audiences: c.Audiences},
+		Audiences:   c.Audiences,
+		TTL:         c.CacheTTL,
+		MaxEntries:  c.CacheSize,
+		NegativeTTL: c.NegativeTTL,
+		Metrics:     c.CacheMetrics,
+		Cluster:     c.ID,
 	})
 	pods.OnDelete(func(p PodInfo) { tokens.InvalidatePod(p.UID) })
 	return &KubeCluster{

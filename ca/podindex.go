@@ -21,10 +21,21 @@ import (
 type PodInfo struct {
 	Namespace, Name, UID string
 	ServiceAccount, Node string
-	Failed               bool
+	// Terminated: the Pod's phase is Failed or Succeeded; its containers
+	// will not run again.
+	Terminated bool
+	// Deleting: the Pod has a deletion timestamp.
+	Deleting bool
 }
 
-const indexByAccountNode = "ns/sa/node"
+// Live reports whether the Pod runs or may still run: not terminated and
+// not being deleted.
+func (p *PodInfo) Live() bool { return !p.Terminated && !p.Deleting }
+
+const (
+	indexByAccountNode = "ns/sa/node"
+	indexByAccount     = "ns/sa"
+)
 
 func accountNodeKey(ns, sa, node string) string { return ns + "/" + sa + "/" + node }
 
@@ -54,13 +65,21 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
-	err := inf.AddIndexers(cache.Indexers{indexByAccountNode: func(obj any) ([]string, error) {
-		p := podInfo(obj)
-		if p == nil || p.Node == "" {
+	err := inf.AddIndexers(cache.Indexers{
+		indexByAccountNode: func(obj any) ([]string, error) {
+			p := podInfo(obj)
+			if p == nil || p.Node == "" {
+				return nil, nil
+			}
+			return []string{accountNodeKey(p.Namespace, p.ServiceAccount, p.Node)}, nil
+		},
+		indexByAccount: func(obj any) ([]string, error) {
+			if p := podInfo(obj); p != nil {
+				return []string{p.Namespace + "/" + p.ServiceAccount}, nil
+			}
 			return nil, nil
-		}
-		return []string{accountNodeKey(p.Namespace, p.ServiceAccount, p.Node)}, nil
-	}})
+		},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ca: pod index: %w", err)
 	}
@@ -127,7 +146,27 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	return x.api.Pod(ctx, ns, name)
 }
 
-// OnNode returns the non-Failed Pods of ns/sa on node. A miss in the index
+// OfAccount returns the live Pods of ns/sa on any node. A miss in the
+// index is confirmed against the apiserver.
+func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {
+	if !x.Synced() {
+		return nil, ErrNotSynced
+	}
+	objs, err := x.informer.GetIndexer().ByIndex(indexByAccount, ns+"/"+sa)
+	if err != nil {
+		return nil, err
+	}
+	if out := live(objs, false); len(out) > 0 {
+		return out, nil
+	}
+	if err := x.limiter.Wait(ctx); err != nil {
+		return nil, err
+	}
+	return x.api.OfAccount(ctx, ns, sa)
+}
+
+// OnNode returns the not-terminated Pods of ns/sa on node (a Pod being
+// deleted still needs its certificate while it drains). A miss in the index
 // is confirmed against the apiserver with one bounded list.
 func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error) {
 	if !x.Synced() {
@@ -137,7 +176,7 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if err != nil {
 		return nil, err
 	}
-	if out := running(objs); len(out) > 0 {
+	if out := live(objs, true); len(out) > 0 {
 		return out, nil
 	}
 	if err := x.limiter.Wait(ctx); err != nil {
@@ -176,17 +215,35 @@ func (a APIPods) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, er
 	if err != nil {
 		return nil, err
 	}
+	return live(podObjects(list), true), nil
+}
+
+// OfAccount implements PodSource with one bounded list by field selector.
+func (a APIPods) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {
+	list, err := a.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.serviceAccountName", sa).String(),
+		Limit:         16,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return live(podObjects(list), false), nil
+}
+
+func podObjects(list *corev1.PodList) []any {
 	objs := make([]any, 0, len(list.Items))
 	for i := range list.Items {
 		objs = append(objs, &list.Items[i])
 	}
-	return running(objs), nil
+	return objs
 }
 
-func running(objs []any) []PodInfo {
+// live keeps the Pods that are not terminated and, unless deleting is
+// allowed, not being deleted.
+func live(objs []any, deleting bool) []PodInfo {
 	var out []PodInfo
 	for _, o := range objs {
-		if p := podInfo(o); p != nil && !p.Failed {
+		if p := podInfo(o); p != nil && !p.Terminated && (deleting || !p.Deleting) {
 			out = append(out, *p)
 		}
 	}
@@ -196,12 +253,13 @@ func running(objs []any) []PodInfo {
 func podInfo(obj any) *PodInfo {
 	switch p := obj.(type) {
 	case *podRecord:
-		return &PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), ServiceAccount: p.serviceAccount, Node: p.node, Failed: p.failed}
+		return &PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), ServiceAccount: p.serviceAccount, Node: p.node,
+			Terminated: p.terminated, Deleting: p.DeletionTimestamp != nil}
 	case *corev1.Pod:
 		return &PodInfo{
 			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
 			ServiceAccount: p.Spec.ServiceAccountName, Node: p.Spec.NodeName,
-			Failed: p.Status.Phase == corev1.PodFailed,
+			Terminated: terminated(p), Deleting: p.DeletionTimestamp != nil,
 		}
 	}
 	return nil
@@ -212,7 +270,11 @@ func podInfo(obj any) *PodInfo {
 type podRecord struct {
 	metav1.ObjectMeta
 	serviceAccount, node string
-	failed               bool
+	terminated           bool
+}
+
+func terminated(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 }
 
 // GetObjectKind implements runtime.Object.
@@ -232,9 +294,10 @@ func slimPod(obj any) (any, error) {
 		return obj, nil
 	}
 	return &podRecord{
-		ObjectMeta:     metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			DeletionTimestamp: p.DeletionTimestamp},
 		serviceAccount: p.Spec.ServiceAccountName,
 		node:           p.Spec.NodeName,
-		failed:         p.Status.Phase == corev1.PodFailed,
+		terminated:     terminated(p),
 	}, nil
 }

@@ -69,7 +69,7 @@ func BenchmarkPodIndexMemory(b *testing.B) {
 	}
 	lookup := func(i int) {
 		objs, err := store.ByIndex(indexByAccountNode, keys[i%len(keys)])
-		if err != nil || len(running(objs)) == 0 {
+		if err != nil || len(live(objs, true)) == 0 {
 			b.Fatalf("lookup %d found nothing (%v)", i, err)
 		}
 	}

@@ -30,6 +30,17 @@ const (
 	DefaultClusterID      = "Kubernetes"
 	DefaultMaxInFlight    = 1024
 	DefaultRequestTimeout = 30 * time.Second
+	// DefaultMaxAuthnPerPeer bounds the authentications one peer address
+	// may have in progress; more wait for their turn.
+	DefaultMaxAuthnPerPeer = 64
+	// DefaultMaxTokenBytes bounds a bearer token: a bound service-account
+	// token is 1-2 KiB, so anything past this is refused before it leaves
+	// the process.
+	DefaultMaxTokenBytes = 8 << 10
+	// DefaultMaxHeaderBytes bounds the header list of one request (the
+	// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE the server advertises and
+	// enforces).
+	DefaultMaxHeaderBytes = 64 << 10
 )
 
 // Config assembles a Server. Zero durations and limits take the defaults
@@ -47,12 +58,28 @@ type Config struct {
 	SignerName string
 	// Bundles is the trust bundle: every issued chain must verify to it,
 	// and it is the last element of every response.
-	Bundles        x509bundle.Source
-	Policy         csr.Policy
-	DefaultTTL     time.Duration
-	MaxTTL         time.Duration
-	MaxInFlight    int
+	Bundles    x509bundle.Source
+	Policy     csr.Policy
+	DefaultTTL time.Duration
+	MaxTTL     time.Duration
+	// MaxInFlight bounds the authenticated requests served at once.
+	MaxInFlight int
+	// MaxAuthnPerPeer bounds the authentications one peer address (IP) may
+	// have in progress; they run before an issuance slot is taken, so
+	// unauthenticated callers cannot fill the slots.
+	MaxAuthnPerPeer int
+	// RequestTimeout is the longest any request runs, whatever deadline
+	// its client sends.
 	RequestTimeout time.Duration
+	// MaxTokenBytes bounds a bearer token; longer ones are refused
+	// without a TokenReview.
+	MaxTokenBytes int
+	// MaxHeaderBytes bounds a request's header list at the transport.
+	MaxHeaderBytes int
+	// CertRenewalTTL caps the lifetime of a certificate issued to a caller
+	// authenticated by its client certificate: a renewal never gets more
+	// than this (DefaultTTL when zero).
+	CertRenewalTTL time.Duration
 	Metrics        *Metrics
 	Logger         *slog.Logger
 	Now            func() time.Time
@@ -63,6 +90,7 @@ type Server struct {
 	authpb.UnimplementedIstioCertificateServiceServer
 	c     Config
 	slots chan struct{}
+	authn *peerLimiter
 }
 
 // New returns a Server. It starts nothing.
@@ -94,6 +122,18 @@ func New(c Config) (*Server, error) {
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = DefaultRequestTimeout
 	}
+	if c.MaxAuthnPerPeer <= 0 {
+		c.MaxAuthnPerPeer = DefaultMaxAuthnPerPeer
+	}
+	if c.MaxTokenBytes <= 0 {
+		c.MaxTokenBytes = DefaultMaxTokenBytes
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.CertRenewalTTL <= 0 || c.CertRenewalTTL > c.DefaultTTL {
+		c.CertRenewalTTL = c.DefaultTTL
+	}
 	if k := c.Policy.Keys; len(k.ECDSACurves) == 0 && !k.Ed25519 && k.RSAMinBits == 0 {
 		c.Policy = csr.DefaultPolicy()
 	}
@@ -106,7 +146,7 @@ func New(c Config) (*Server, error) {
 	if c.SignerName == "" {
 		c.SignerName = "unnamed"
 	}
-	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight)}, nil
+	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer)}, nil
 }
 
 // request is one CreateCertificate call as it moves through the steps.
@@ -123,28 +163,21 @@ type request struct {
 func (s *Server) CreateCertificate(ctx context.Context, in *authpb.IstioCertificateRequest) (*authpb.IstioCertificateResponse, error) {
 	start := s.c.Now()
 	s.c.Metrics.csrCount.Inc()
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		err := refuse(KindResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
-		return nil, s.finish(ctx, &request{}, err, start)
-	}
-	s.c.Metrics.inFlight.Inc()
-	defer s.c.Metrics.inFlight.Dec()
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.c.RequestTimeout)
-		defer cancel()
-	}
+	// Every request ends by RequestTimeout, whatever its client asked:
+	// WithTimeout keeps the earlier of the two deadlines.
+	ctx, cancel := context.WithTimeout(ctx, s.c.RequestTimeout)
+	defer cancel()
 	r := &request{}
 	resp, err := s.serve(ctx, in, r)
 	return resp, s.finish(ctx, r, err, start)
 }
 
+// serve runs the steps of one request. Authentication runs under its own
+// per-peer budget before an issuance slot is taken, so callers that cannot
+// authenticate never hold one.
 func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, r *request) (*authpb.IstioCertificateResponse, error) {
 	var err error
-	if r.creds, r.peer, err = credentialsFrom(ctx); err != nil {
+	if r.creds, r.peer, err = credentialsFrom(ctx, s.c.MaxTokenBytes); err != nil {
 		return nil, err
 	}
 	cluster, ok := s.c.Clusters.Cluster(r.creds.ClusterID)
@@ -152,10 +185,17 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 		return nil, refuse(KindUnauthenticated, "unknown_cluster",
 			fmt.Sprintf("unknown cluster %q: this CA does not serve it", r.creds.ClusterID), nil)
 	}
-	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
-	if r.caller, err = authenticate(ctx, auths, &r.creds); err != nil {
+	if r.caller, err = s.authenticate(ctx, cluster, r); err != nil {
 		return nil, err
 	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		return nil, refuse(KindResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
+	}
+	s.c.Metrics.inFlight.Inc()
+	defer s.c.Metrics.inFlight.Dec()
 	if r.requested, err = requestedIdentity(in); err != nil {
 		return nil, err
 	}
@@ -169,7 +209,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if err := s.c.Policy.Check(req, r.identity); err != nil {
 		return nil, err
 	}
-	ttl, err := s.ttl(in.GetValidityDuration())
+	ttl, err := s.ttl(in.GetValidityDuration(), r.caller)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +221,20 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	}
 	r.leaf = res.Leaf
 	return s.respond(r.identity, res)
+}
+
+// authenticate runs the authenticators under the peer's budget: a peer
+// may have MaxAuthnPerPeer authentications in progress; more wait, until
+// their deadline, for a turn.
+func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
+	release, err := s.authn.acquire(ctx, peerKey(r.peer))
+	if err != nil {
+		return nil, refuse(KindResourceExhausted, "too_many_authentications",
+			"too many requests from this address are authenticating at once, retry later", err)
+	}
+	defer release()
+	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
+	return authenticate(ctx, auths, &r.creds)
 }
 
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
@@ -197,16 +251,22 @@ func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
 }
 
 // ttl applies the TTL rules: the default when the client asks for none, a
-// refusal above the maximum (as Istio does).
-func (s *Server) ttl(seconds int64) (time.Duration, error) {
-	if seconds <= 0 {
-		return s.c.DefaultTTL, nil
-	}
+// refusal above the maximum (as Istio does). A renewal by client
+// certificate gets at most CertRenewalTTL, so that a certificate cannot
+// stretch itself to the maximum by renewing itself.
+func (s *Server) ttl(seconds int64, c *Caller) (time.Duration, error) {
 	if seconds > int64(s.c.MaxTTL/time.Second) {
 		return 0, refuse(KindInvalidArgument, reasonTTL,
 			fmt.Sprintf("requested TTL %ds is above the maximum %ds", seconds, int64(s.c.MaxTTL/time.Second)), nil)
 	}
-	return time.Duration(seconds) * time.Second, nil
+	ttl := s.c.DefaultTTL
+	if seconds > 0 {
+		ttl = time.Duration(seconds) * time.Second
+	}
+	if c.Method == MethodCertificate && ttl > s.c.CertRenewalTTL {
+		ttl = s.c.CertRenewalTTL
+	}
+	return ttl, nil
 }
 
 const reasonTTL = "ttl_too_long"

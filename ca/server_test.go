@@ -55,11 +55,16 @@ type fixture struct {
 	auth    *keymgr.Authority
 	tokDir  string
 	manager *keymgr.Manager
+	srv     *ca.Server
 }
 
 type options struct {
 	signer signer.Signer
 	maxTTL time.Duration
+	// authn, when set, is the cluster's first authenticator.
+	authn ca.Authenticator
+	// config, when set, changes the server's configuration.
+	config func(*ca.Config)
 }
 
 func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
@@ -70,12 +75,16 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 	}
 	reg := prometheus.NewRegistry()
 	logs := &syncBuffer{}
-	srv, err := ca.New(ca.Config{
+	auths := []ca.Authenticator{tokens{"frontend-token": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}}
+	if o.authn != nil {
+		auths = append([]ca.Authenticator{o.authn}, auths...)
+	}
+	cfg := ca.Config{
 		TrustDomain:    td,
 		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr}},
 		Clusters: ca.NewRegistry(&ca.Cluster{
 			ID:             "Kubernetes",
-			Authenticators: []ca.Authenticator{tokens{"frontend-token": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}},
+			Authenticators: auths,
 			Authorizer:     &ca.NodeAuthorizer{TrustDomain: td},
 		}),
 		Signer:     o.signer,
@@ -84,7 +93,11 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 		MaxTTL:     o.maxTTL,
 		Metrics:    ca.NewMetrics(reg, expiry{mgr}, nil),
 		Logger:     slog.New(slog.NewJSONHandler(logs, nil)),
-	})
+	}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	srv, err := ca.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +122,7 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 			t.Fatal(err)
 		}
 	}
-	return &fixture{addr: lis.Addr().String(), roots: pool, reg: reg, logs: logs, auth: a, tokDir: dir, manager: mgr}
+	return &fixture{addr: lis.Addr().String(), roots: pool, reg: reg, logs: logs, auth: a, tokDir: dir, manager: mgr, srv: srv}
 }
 
 type expiry struct{ m *keymgr.Manager }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +19,12 @@ import (
 const (
 	DefaultTokenCacheTTL  = time.Minute
 	DefaultTokenCacheSize = 100_000
+	// DefaultNegativeTTL is how long a refused token is refused again
+	// without another TokenReview.
+	DefaultNegativeTTL = 5 * time.Second
+	// maxNegative bounds the refused tokens remembered; the oldest go
+	// first, so a flood of garbage tokens cannot grow the heap.
+	maxNegative = 10_000
 )
 
 // TokenCacheConfig configures a CachedTokenReviewer.
@@ -32,17 +39,23 @@ type TokenCacheConfig struct {
 	TTL time.Duration
 	// MaxEntries bounds the cache; the least recently used entry goes first.
 	MaxEntries int
-	Metrics    *TokenCacheMetrics
+	// NegativeTTL is how long a token the reviewer refused is refused
+	// again from the cache, so that a caller repeating a bad token does
+	// not spend the apiserver client's rate budget; DefaultNegativeTTL
+	// when zero. Unavailable answers are never cached.
+	NegativeTTL time.Duration
+	Metrics     *TokenCacheMetrics
 	// Cluster labels the metrics.
 	Cluster string
 	Now     func() time.Time
 }
 
-// CachedTokenReviewer reuses positive TokenReview answers. ztunnel sends
-// the same token for every Pod on its node, so without a cache the
-// apiserver sees one review per certificate. Only successes are cached;
-// concurrent misses for one token share one review; an entry dies with its
-// token, after TTL, or when its bound Pod is deleted or replaced.
+// CachedTokenReviewer reuses TokenReview answers. ztunnel sends the same
+// token for every Pod on its node, so without a cache the apiserver sees
+// one review per certificate. Successes are kept up to TTL; refusals for
+// NegativeTTL; concurrent misses for one token share one review; an entry
+// dies with its token, after its TTL, or when its bound Pod is deleted or
+// replaced, and a review that was in flight when its Pod went is dropped.
 type CachedTokenReviewer struct {
 	c       TokenCacheConfig
 	flight  singleflight.Group
@@ -50,6 +63,22 @@ type CachedTokenReviewer struct {
 	entries map[string]*list.Element
 	lru     *list.List
 	byPod   map[string]map[string]struct{}
+	refused map[string]refusal
+	fifo    *list.List // keys of refused, oldest first
+	// epoch counts Pod invalidations; gone records, by Pod UID, the epoch
+	// and time of its last invalidation, for reviews still in flight.
+	epoch uint64
+	gone  map[string]invalidation
+}
+
+type refusal struct {
+	err     error
+	expires time.Time
+}
+
+type invalidation struct {
+	epoch uint64
+	at    time.Time
 }
 
 type tokenEntry struct {
@@ -69,10 +98,14 @@ func NewCachedTokenReviewer(c TokenCacheConfig) *CachedTokenReviewer {
 	if c.MaxEntries <= 0 {
 		c.MaxEntries = DefaultTokenCacheSize
 	}
+	if c.NegativeTTL <= 0 {
+		c.NegativeTTL = DefaultNegativeTTL
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &CachedTokenReviewer{c: c, entries: map[string]*list.Element{}, lru: list.New(), byPod: map[string]map[string]struct{}{}}
+	return &CachedTokenReviewer{c: c, entries: map[string]*list.Element{}, lru: list.New(), byPod: map[string]map[string]struct{}{},
+		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]invalidation{}}
 }
 
 // Authenticate implements Authenticator.
@@ -81,21 +114,25 @@ func (r *CachedTokenReviewer) Authenticate(ctx context.Context, c *Credentials) 
 		return nil, ErrNoCredentials
 	}
 	key := r.key(c.Token)
-	if caller, ok := r.get(key); ok {
+	if caller, err, ok := r.get(key); ok {
 		r.c.Metrics.hit(r.c.Cluster)
-		return caller, nil
+		return caller, err
 	}
 	r.c.Metrics.miss(r.c.Cluster)
 	v, err, _ := r.flight.Do(key, func() (any, error) {
 		start := r.c.Now()
+		epoch := r.currentEpoch()
 		// The review serves every waiter, so it must not die with the
 		// first caller's context; it gets its own bound instead.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
 		defer cancel()
 		caller, err := r.c.Reviewer.Authenticate(rctx, c)
 		r.c.Metrics.observe(r.c.Cluster, r.c.Now().Sub(start))
-		if err == nil {
-			r.put(key, caller, tokenExpiry(c.Token))
+		switch {
+		case err == nil:
+			r.put(key, caller, tokenExpiry(c.Token), epoch)
+		case isKind(err, KindUnauthenticated):
+			r.putRefused(key, err)
 		}
 		return caller, err
 	})
@@ -104,6 +141,11 @@ func (r *CachedTokenReviewer) Authenticate(ctx context.Context, c *Credentials) 
 	}
 	caller := *v.(*Caller)
 	return &caller, nil
+}
+
+func isKind(err error, k Kind) bool {
+	var ce *Error
+	return errors.As(err, &ce) && ce.Kind == k
 }
 
 // key hashes the token with the audiences it is reviewed for; the token
@@ -116,24 +158,63 @@ func (r *CachedTokenReviewer) key(token string) string {
 	return string(h.Sum(nil))
 }
 
-func (r *CachedTokenReviewer) get(key string) (*Caller, bool) {
+// get returns a cached answer: a caller, or the refusal of a token
+// refused less than NegativeTTL ago.
+func (r *CachedTokenReviewer) get(key string) (*Caller, error, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.c.Now()
+	if ref, ok := r.refused[key]; ok {
+		if now.Before(ref.expires) {
+			return nil, ref.err, true
+		}
+		delete(r.refused, key)
+	}
 	el, ok := r.entries[key]
 	if !ok {
-		return nil, false
+		return nil, nil, false
 	}
 	e := el.Value.(*tokenEntry)
-	if !r.c.Now().Before(e.expires) {
+	if !now.Before(e.expires) {
 		r.removeLocked(el)
-		return nil, false
+		return nil, nil, false
 	}
 	r.lru.MoveToFront(el)
 	caller := e.caller
-	return &caller, true
+	return &caller, nil, true
 }
 
-func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time) {
+// putRefused remembers a refusal for NegativeTTL, forgetting the oldest
+// refusals past maxNegative.
+func (r *CachedTokenReviewer) putRefused(key string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.refused[key]; !ok {
+		r.fifo.PushBack(key)
+	}
+	r.refused[key] = refusal{err: err, expires: r.c.Now().Add(r.c.NegativeTTL)}
+	for r.fifo.Len() > maxNegative {
+		delete(r.refused, r.fifo.Remove(r.fifo.Front()).(string))
+	}
+	// Keys whose refusal expired and was read are still queued; drop
+	// them from the front as they come up.
+	for el := r.fifo.Front(); el != nil; el = r.fifo.Front() {
+		if _, ok := r.refused[el.Value.(string)]; ok {
+			break
+		}
+		r.fifo.Remove(el)
+	}
+}
+
+func (r *CachedTokenReviewer) currentEpoch() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.epoch
+}
+
+// put caches a positive review that started at epoch, unless the Pod its
+// token is bound to was invalidated since.
+func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time, epoch uint64) {
 	expires := r.c.Now().Add(r.c.TTL)
 	if !tokenExp.IsZero() && tokenExp.Before(expires) {
 		expires = tokenExp
@@ -143,6 +224,9 @@ func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if g, ok := r.gone[c.PodUID]; ok && c.PodUID != "" && g.epoch > epoch {
+		return
+	}
 	if el, ok := r.entries[key]; ok {
 		r.removeLocked(el)
 	}
@@ -170,10 +254,20 @@ func (r *CachedTokenReviewer) removeLocked(el *list.Element) {
 	}
 }
 
-// InvalidatePod drops every entry for tokens bound to the Pod with uid.
+// InvalidatePod drops every entry for tokens bound to the Pod with uid,
+// and the result of any review of such a token still in flight.
 func (r *CachedTokenReviewer) InvalidatePod(uid string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := r.c.Now()
+	r.epoch++
+	r.gone[uid] = invalidation{epoch: r.epoch, at: now}
+	for u, g := range r.gone {
+		// No review outlives reviewTimeout; older records protect nothing.
+		if now.Sub(g.at) > 2*reviewTimeout {
+			delete(r.gone, u)
+		}
+	}
 	for key := range r.byPod[uid] {
 		if el, ok := r.entries[key]; ok {
 			r.removeLocked(el)

@@ -12,15 +12,24 @@ import (
 
 // countingReviewer is a pure in-memory stand-in for TokenReview.
 type countingReviewer struct {
-	calls atomic.Int64
-	delay time.Duration
-	fail  bool
+	calls       atomic.Int64
+	delay       time.Duration
+	fail        bool
+	unavailable bool
+	// gate, when set, holds every review until it is closed.
+	gate chan struct{}
 }
 
 func (c *countingReviewer) Authenticate(_ context.Context, cr *Credentials) (*Caller, error) {
 	c.calls.Add(1)
 	time.Sleep(c.delay)
-	if c.fail {
+	if c.gate != nil {
+		<-c.gate
+	}
+	switch {
+	case c.unavailable:
+		return nil, refuse(KindUnavailable, "tokenreview_failed", "later", nil)
+	case c.fail:
 		return nil, refuse(KindUnauthenticated, "token_invalid", "no", nil)
 	}
 	return &Caller{Namespace: "istio-system", ServiceAccount: "ztunnel", PodUID: "uid-" + cr.Token[:1]}, nil
@@ -79,16 +88,68 @@ func TestTokenCache(t *testing.T) {
 			t.Fatalf("%d reviews, want 2", n)
 		}
 	})
-	t.Run("failures are not cached", func(t *testing.T) {
+	t.Run("refusals are cached briefly", func(t *testing.T) {
 		inner := &countingReviewer{fail: true}
 		c := newCache(inner, 10)
-		for range 3 {
-			if err := auth(t, c, "bad"); err == nil {
-				t.Fatal("want an error")
+		for range 100 {
+			if err := auth(t, c, "bad"); !isKind(err, KindUnauthenticated) {
+				t.Fatalf("err = %v, want the cached refusal", err)
 			}
 		}
-		if n := inner.calls.Load(); n != 3 || c.Len() != 0 {
-			t.Fatalf("%d reviews and %d entries, want 3 and 0", n, c.Len())
+		if n := inner.calls.Load(); n != 1 || c.Len() != 0 {
+			t.Fatalf("%d reviews and %d positive entries, want 1 and 0", n, c.Len())
+		}
+		clock.Add(DefaultNegativeTTL + time.Second)
+		_ = auth(t, c, "bad")
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("%d reviews after the negative TTL, want 2", n)
+		}
+	})
+	t.Run("unavailable is never cached", func(t *testing.T) {
+		inner := &countingReviewer{unavailable: true}
+		c := newCache(inner, 10)
+		for range 3 {
+			if err := auth(t, c, "any"); !isKind(err, KindUnavailable) {
+				t.Fatalf("err = %v, want Unavailable", err)
+			}
+		}
+		if n := inner.calls.Load(); n != 3 {
+			t.Fatalf("%d reviews, want 3", n)
+		}
+	})
+	t.Run("refusals are bounded", func(t *testing.T) {
+		inner := &countingReviewer{fail: true}
+		c := newCache(inner, 10)
+		for i := range maxNegative + 500 {
+			_ = auth(t, c, fmt.Sprint("bad-", i))
+		}
+		c.mu.Lock()
+		n, q := len(c.refused), c.fifo.Len()
+		c.mu.Unlock()
+		if n > maxNegative || q > maxNegative {
+			t.Fatalf("%d refusals kept (%d queued), want at most %d", n, q, maxNegative)
+		}
+	})
+	t.Run("a review in flight when its pod goes is dropped", func(t *testing.T) {
+		inner := &countingReviewer{gate: make(chan struct{})}
+		c := newCache(inner, 10)
+		tok := "g" + jwtWithExp(clock.Now().Add(time.Hour))
+		done := make(chan error)
+		go func() { done <- auth(t, c, tok) }()
+		for inner.calls.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		c.InvalidatePod("uid-g") // the Pod is deleted while the review runs
+		close(inner.gate)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if c.Len() != 0 {
+			t.Fatalf("%d entries: the stale review was stored after the invalidation", c.Len())
+		}
+		_ = auth(t, c, tok)
+		if n := inner.calls.Load(); n != 2 {
+			t.Fatalf("%d reviews, want 2 (the stale answer must not be reused)", n)
 		}
 	})
 	t.Run("concurrent misses share one review", func(t *testing.T) {

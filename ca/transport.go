@@ -42,11 +42,15 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), td 
 	return base
 }
 
-// NewGRPCServer returns a gRPC server over TLS serving s.
+// NewGRPCServer returns a gRPC server over TLS serving s. The header list
+// of a request is bounded by s's MaxHeaderBytes (grpc-go would otherwise
+// accept 16 MiB), so that a huge token is refused by the transport before
+// it is held in memory.
 func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.Server {
 	opts = append([]grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(tc)),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
+		grpc.MaxHeaderListSize(uint32(s.c.MaxHeaderBytes)),
 	}, opts...)
 	g := grpc.NewServer(opts...)
 	authpb.RegisterIstioCertificateServiceServer(g, s)

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
@@ -47,6 +48,13 @@ type serveFlags struct {
 	cacheSize      int
 	remotes        []string
 	secretNS       string
+	remoteAllow    []string
+	maxHeaderBytes int
+	maxTokenBytes  int
+	maxAuthnPeer   int
+	certRenewal    bool
+	renewalTTL     time.Duration
+	negativeTTL    time.Duration
 	configFile     string
 	b              backendFlags
 }
@@ -84,13 +92,20 @@ func newServeCommand() *cobra.Command {
 	fl.DurationVar(&f.maxTTL, "max-ttl", ca.DefaultMaxTTL, "longest lifetime a client may ask for; longer requests are refused")
 	fl.StringVar(&f.keyPolicy, "key-policy", "ecdsa-p256,ecdsa-p384,ed25519,rsa-2048-8192", "workload key algorithms and sizes allowed")
 	fl.IntVar(&f.maxInFlight, "max-in-flight", ca.DefaultMaxInFlight, "requests served at once; more get ResourceExhausted")
-	fl.DurationVar(&f.requestTimeout, "request-timeout", ca.DefaultRequestTimeout, "deadline of a request whose client set none")
+	fl.DurationVar(&f.requestTimeout, "request-timeout", ca.DefaultRequestTimeout, "longest a request runs, whatever deadline its client sends")
+	fl.IntVar(&f.maxHeaderBytes, "max-header-bytes", ca.DefaultMaxHeaderBytes, "largest header list of a request (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE); larger ones are refused by the transport")
+	fl.IntVar(&f.maxTokenBytes, "max-token-bytes", ca.DefaultMaxTokenBytes, "longest bearer token; longer ones are refused (Unauthenticated, token_too_large) without a TokenReview")
+	fl.IntVar(&f.maxAuthnPeer, "max-authn-per-peer", ca.DefaultMaxAuthnPerPeer, "authentications one peer IP may have in progress; more wait their turn, before any issuance slot is taken")
+	fl.BoolVar(&f.certRenewal, "cert-renewal", true, "let a workload renew with its still-valid SVID as client certificate, without a token")
+	fl.DurationVar(&f.renewalTTL, "cert-renewal-max-ttl", 0, "longest certificate issued to a renewal by client certificate; 0 means --default-ttl")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
 	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", ca.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
 	fl.IntVar(&f.cacheSize, "token-cache-size", ca.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
+	fl.DurationVar(&f.negativeTTL, "token-cache-negative-ttl", ca.DefaultNegativeTTL, "how long a token TokenReview refused is refused again without a review")
 	fl.StringArrayVar(&f.remotes, "remote-cluster", nil, "remote cluster as <cluster id>=<kubeconfig file>; repeatable")
 	fl.StringVar(&f.secretNS, "remote-secret-namespace", os.Getenv("POD_NAMESPACE"),
 		"namespace of the local cluster watched for Secrets labelled "+ca.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
+	fl.StringSliceVar(&f.remoteAllow, ca.KubeconfigAllowFlag, nil, fmt.Sprintf("kubeconfig fields that remote-cluster Secrets may use, refused by default as they run a command or read a local file: %v (--remote-cluster files are trusted)", ca.KubeconfigFeatures))
 	return cmd
 }
 
@@ -119,8 +134,14 @@ func (f *serveFlags) validate() (spiffeid.TrustDomain, csr.KeyPolicy, error) {
 		return td, kp, errors.New("--serving-dns-names must name at least one DNS name")
 	case f.clusterID == "":
 		return td, kp, errors.New("--cluster-id must not be empty")
-	case f.cacheTTL < 0 || f.cacheSize < 0:
-		return td, kp, errors.New("--token-cache-ttl and --token-cache-size must not be negative")
+	case f.cacheTTL < 0 || f.cacheSize < 0 || f.negativeTTL < 0:
+		return td, kp, errors.New("--token-cache-ttl, --token-cache-size and --token-cache-negative-ttl must not be negative")
+	case f.maxHeaderBytes < 4<<10 || f.maxTokenBytes < 1<<10 || f.maxTokenBytes >= f.maxHeaderBytes:
+		return td, kp, fmt.Errorf("--max-token-bytes (%d) must be at least 1024 and below --max-header-bytes (%d), itself at least 4096", f.maxTokenBytes, f.maxHeaderBytes)
+	case f.maxAuthnPeer <= 0 || f.requestTimeout <= 0:
+		return td, kp, errors.New("--max-authn-per-peer and --request-timeout must be positive")
+	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
+		return td, kp, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
 	}
 	if _, err := ca.ParseNodeAccounts(f.nodeAccounts); err != nil {
 		return td, kp, fmt.Errorf("--trusted-node-accounts: %w", err)
@@ -171,19 +192,23 @@ func (f *serveFlags) run(ctx context.Context) error {
 		return err
 	}
 	srv, err := ca.New(ca.Config{
-		TrustDomain:    td,
-		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: be.bundles}},
-		Clusters:       registry,
-		Signer:         be.signer,
-		SignerName:     be.name,
-		Bundles:        be.bundles,
-		Policy:         csr.Policy{Keys: keyPolicy},
-		DefaultTTL:     f.defaultTTL,
-		MaxTTL:         f.maxTTL,
-		MaxInFlight:    f.maxInFlight,
-		RequestTimeout: f.requestTimeout,
-		Metrics:        ca.NewMetrics(reg, be.expiry, nil),
-		Logger:         log,
+		TrustDomain:     td,
+		Authenticators:  f.authenticators(td, be.bundles),
+		Clusters:        registry,
+		Signer:          be.signer,
+		SignerName:      be.name,
+		Bundles:         be.bundles,
+		Policy:          csr.Policy{Keys: keyPolicy},
+		DefaultTTL:      f.defaultTTL,
+		MaxTTL:          f.maxTTL,
+		MaxInFlight:     f.maxInFlight,
+		RequestTimeout:  f.requestTimeout,
+		MaxAuthnPerPeer: f.maxAuthnPeer,
+		MaxTokenBytes:   f.maxTokenBytes,
+		MaxHeaderBytes:  f.maxHeaderBytes,
+		CertRenewalTTL:  f.renewalTTL,
+		Metrics:         ca.NewMetrics(reg, be.expiry, nil),
+		Logger:          log,
 	})
 	if err != nil {
 		return err
@@ -249,6 +274,15 @@ func (f *serveFlags) run(ctx context.Context) error {
 	return err
 }
 
+// authenticators are the cluster-independent authenticators: the client
+// certificate of a renewal, unless --cert-renewal=false.
+func (f *serveFlags) authenticators(td spiffeid.TrustDomain, bundles x509bundle.Source) []ca.Authenticator {
+	if !f.certRenewal {
+		return nil
+	}
+	return []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: bundles}}
+}
+
 // parseRemotes reads --remote-cluster values, id=kubeconfig.
 func parseRemotes(values []string, local string) (map[string]string, error) {
 	out := map[string]string{}
@@ -277,7 +311,7 @@ func (f *serveFlags) kubeCluster(td spiffeid.TrustDomain, metrics *ca.TokenCache
 	}
 	return ca.NewKubeCluster(ca.KubeClusterConfig{
 		ID: id, Client: kube, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
-		CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, CacheMetrics: metrics,
+		CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, NegativeTTL: f.negativeTTL, CacheMetrics: metrics,
 	})
 }
 
@@ -312,16 +346,17 @@ func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer
 		out = append(out, c)
 		registry.Set(c.Cluster, nil)
 	}
+	allow, err := ca.ParseKubeconfigAllow(f.remoteAllow)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--%s: %w", ca.KubeconfigAllowFlag, err)
+	}
 	if f.secretNS == "" {
 		return out, registry, nil, nil
 	}
 	secrets := ca.NewRemoteSecrets(ca.RemoteSecretsConfig{
 		Client: local.Client, Namespace: f.secretNS, Registry: registry, Logger: log,
-		Build: func(id string, kubeconfig []byte) (*ca.KubeCluster, error) {
-			kcfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-			if err != nil {
-				return nil, fmt.Errorf("kubeconfig: %w", err)
-			}
+		Allow: allow, Metrics: ca.NewRemoteSecretsMetrics(reg),
+		Build: func(id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
 			return f.kubeCluster(td, metrics, id, kcfg)
 		},
 	})

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
-
-	"github.com/spf13/pflag"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 func TestServeFlagsValidate(t *testing.T) {
@@ -16,6 +20,8 @@ func TestServeFlagsValidate(t *testing.T) {
 			stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
 			audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
 			clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
+			requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
+			maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
 		}
 	}
 	tests := []struct {
@@ -31,6 +37,10 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "zero max", mutate: func(f *serveFlags) { f.maxTTL = 0 }, want: "must be positive"},
 		{name: "no audiences", mutate: func(f *serveFlags) { f.audiences = nil }, want: "--token-audiences"},
 		{name: "no serving names", mutate: func(f *serveFlags) { f.servingNames = nil }, want: "--serving-dns-names"},
+		{name: "token limit above header limit", mutate: func(f *serveFlags) { f.maxTokenBytes = 1 << 20 }, want: "--max-token-bytes"},
+		{name: "tiny header limit", mutate: func(f *serveFlags) { f.maxHeaderBytes = 100 }, want: "--max-header-bytes"},
+		{name: "no authn budget", mutate: func(f *serveFlags) { f.maxAuthnPeer = 0 }, want: "--max-authn-per-peer"},
+		{name: "renewal ttl above default", mutate: func(f *serveFlags) { f.renewalTTL = 48 * time.Hour }, want: "--cert-renewal-max-ttl"},
 		{name: "bad node account", mutate: func(f *serveFlags) { f.nodeAccounts = []string{"ztunnel"} }, want: "--trusted-node-accounts"},
 		{name: "remote without file", mutate: func(f *serveFlags) { f.remotes = []string{"east"} }, want: "<cluster id>=<kubeconfig file>"},
 		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
@@ -144,5 +154,60 @@ func TestConfigFile(t *testing.T) {
 			}
 			tt.check(t, b)
 		})
+	}
+}
+
+func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
+	if newServeCommand().Flags().Lookup(ca.KubeconfigAllowFlag) == nil {
+		t.Fatalf("--%s is not registered", ca.KubeconfigAllowFlag)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	local := "apiVersion: v1\nkind: Config\nclusters: [{name: l, cluster: {server: https://127.0.0.1:1}}]\n" +
+		"users: [{name: l, user: {token: t}}]\ncontexts: [{name: l, context: {cluster: l, user: l}}]\ncurrent-context: l\n"
+	if err := os.WriteFile(kubeconfig, []byte(local), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		allow []string
+		want  string
+	}{
+		{name: "none"},
+		{name: "all", allow: []string{"exec", "auth-provider", "tokenFile", "client-certificate", "client-key", "certificate-authority"}},
+		{name: "unknown", allow: []string{"exec", "token-file"}, want: "--remote-secret-kubeconfig-allow"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := serveFlags{clusterID: "Kubernetes", kubeconfig: kubeconfig, secretNS: "istio-system", remoteAllow: tt.allow}
+			_, _, secrets, err := f.clusters(spiffeid.RequireTrustDomainFromString("cluster.local"), prometheus.NewRegistry(), slog.Default())
+			if tt.want == "" {
+				if err != nil || secrets == nil {
+					t.Fatalf("secrets %v, err %v", secrets, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestServeCertRenewalSwitch: --cert-renewal=false leaves no client
+// certificate authenticator, so a renewal needs a token again.
+func TestServeCertRenewalSwitch(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	for _, on := range []bool{true, false} {
+		f := serveFlags{certRenewal: on}
+		auths := f.authenticators(td, nil)
+		has := false
+		for _, a := range auths {
+			if _, ok := a.(*ca.CertAuthenticator); ok {
+				has = true
+			}
+		}
+		if has != on {
+			t.Errorf("--cert-renewal=%v: certificate authenticator present = %v", on, has)
+		}
 	}
 }
