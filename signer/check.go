@@ -1,38 +1,56 @@
 package signer
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/x509"
+	"encoding/asn1"
+	"fmt"
 	"slices"
 	"time"
+
+	"github.com/meshca/meshca/csr"
 )
 
-// CheckIssued holds a certificate an external backend issued to meshca's
-// rules, so that a permissive profile or role cannot widen what workloads
-// get: the CSR's key; exactly one SAN, the URI of req.ID; not a CA; key
-// usages within and including what req.Usages grants; NotAfter not past
-// notAfterLimit. A violation is KindRefused: the backend's configuration
-// must change.
+// emptySubject is the DER of an empty distinguished name, the only subject
+// meshca asks for.
+var emptySubject = []byte{0x30, 0x00}
+
+var oidSAN = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// tagURI is the GeneralName tag of a uniformResourceIdentifier.
+const tagURI = 6
+
+// CheckIssued holds a certificate a backend issued to meshca's rules, so
+// that a permissive profile or role, or a backend that copies from the
+// CSR, cannot widen what workloads get. The leaf must certify the CSR's
+// key; have an empty subject (meshca never asks for one: see Request);
+// carry exactly one SAN, the URI of req.ID, in a critical extension; not be
+// a CA; carry exactly the key usages and extended key usages of
+// req.Usages; and not end after notAfterLimit (unless it is zero). A
+// violation is KindRefused: the backend's configuration must change.
 func CheckIssued(backend string, req *Request, leaf *x509.Certificate, notAfterLimit time.Time) error {
 	refused := func(format string, args ...any) error { return Errorf(backend, KindRefused, format, args...) }
 	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
+	extraKU, missingKU := leaf.KeyUsage&^req.Usages.Key, req.Usages.Key&^leaf.KeyUsage
 	switch {
 	case !ok || !pub.Equal(req.CSR.PublicKey):
 		return refused("issued certificate does not certify the CSR's key")
-	case len(leaf.URIs) != 1 || leaf.URIs[0].String() != req.ID.String():
-		return refused("issued certificate names %v, want exactly the URI %s", leaf.URIs, req.ID)
-	case len(leaf.DNSNames)+len(leaf.IPAddresses)+len(leaf.EmailAddresses) != 0:
-		return refused("issued certificate carries extra SANs (DNS %v, IP %v, email %v)", leaf.DNSNames, leaf.IPAddresses, leaf.EmailAddresses)
+	case !bytes.Equal(leaf.RawSubject, emptySubject):
+		return refused("issued certificate has the subject %q, want an empty subject: the backend must not copy the CSR's subject or add its own", leaf.Subject.String())
 	case leaf.IsCA:
 		return refused("issued certificate is a CA")
-	case leaf.KeyUsage&^req.Usages.Key != 0:
-		return refused("issued key usage %b goes beyond the allowed %b: remove the extra usages from the profile or role", leaf.KeyUsage, req.Usages.Key)
-	case leaf.KeyUsage&x509.KeyUsageDigitalSignature == 0:
-		return refused("issued certificate lacks the digital signature key usage")
+	case extraKU != 0:
+		return refused("issued key usage %q goes beyond the allowed %q: remove the extra usages from the profile or role", keyUsageNames(leaf.KeyUsage), keyUsageNames(req.Usages.Key))
+	case missingKU != 0:
+		return refused("issued certificate lacks key usage %q (want exactly %q)", keyUsageNames(missingKU), keyUsageNames(req.Usages.Key))
 	case len(leaf.UnknownExtKeyUsage) != 0:
 		return refused("issued certificate carries extended key usages %v that workloads may not have", leaf.UnknownExtKeyUsage)
 	case !notAfterLimit.IsZero() && leaf.NotAfter.After(notAfterLimit):
 		return refused("issued certificate expires at %s, after its issuer (%s)", leaf.NotAfter.UTC().Format(time.RFC3339), notAfterLimit.UTC().Format(time.RFC3339))
+	}
+	if err := checkSAN(leaf, req); err != nil {
+		return refused("%w", err)
 	}
 	for _, e := range leaf.ExtKeyUsage {
 		if !slices.Contains(req.Usages.Ext, e) {
@@ -45,4 +63,65 @@ func CheckIssued(backend string, req *Request, leaf *x509.Certificate, notAfterL
 		}
 	}
 	return nil
+}
+
+// checkSAN reads the subjectAltName extension itself, so that names
+// crypto/x509 does not surface (otherName, directoryName, registeredID)
+// are seen too. With an empty subject the extension must be critical
+// (RFC 5280, 4.2.1.6).
+func checkSAN(leaf *x509.Certificate, req *Request) error {
+	want := req.ID.String()
+	var (
+		sans  []asn1.RawValue
+		found int
+	)
+	for _, ext := range leaf.Extensions {
+		if !ext.Id.Equal(oidSAN) {
+			continue
+		}
+		found++
+		if rest, err := asn1.Unmarshal(ext.Value, &sans); err != nil || len(rest) != 0 {
+			return fmt.Errorf("issued certificate's subjectAltName cannot be parsed")
+		}
+		if !ext.Critical {
+			return fmt.Errorf("issued certificate's subjectAltName is not critical, though its subject is empty")
+		}
+	}
+	switch {
+	case found != 1:
+		return fmt.Errorf("issued certificate has %d subjectAltName extensions, want one holding exactly the URI %s", found, want)
+	case len(sans) != 1:
+		return fmt.Errorf("issued certificate names %d subject alternative names (%s), want exactly the URI %s", len(sans), describeNames(sans), want)
+	case !isURI(sans[0]) || string(sans[0].Bytes) != want:
+		return fmt.Errorf("issued certificate names %s, want exactly the URI %s", describeNames(sans), want)
+	}
+	return nil
+}
+
+func isURI(n asn1.RawValue) bool {
+	return n.Class == asn1.ClassContextSpecific && n.Tag == tagURI && !n.IsCompound
+}
+
+// describeNames renders general names for an error: URIs, DNS names and
+// email addresses by value, other kinds by tag.
+func describeNames(names []asn1.RawValue) string {
+	var b bytes.Buffer
+	for i, n := range names {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		switch {
+		case n.Class != asn1.ClassContextSpecific:
+			b.WriteString("a malformed name")
+		case n.Tag == tagURI, n.Tag == 2, n.Tag == 1:
+			fmt.Fprintf(&b, "%q", n.Bytes)
+		default:
+			fmt.Fprintf(&b, "a general name with tag %d", n.Tag)
+		}
+	}
+	return b.String()
+}
+
+func keyUsageNames(ku x509.KeyUsage) []csr.Usage {
+	return csr.Usages{Key: ku}.Names()
 }

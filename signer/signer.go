@@ -24,6 +24,12 @@ type Signer interface {
 }
 
 // Request is a checked signing request.
+//
+// What a backend issues for it is fixed by meshca, never by the CSR or the
+// backend's own configuration: an empty subject (a workload's identity is
+// its URI SAN, whatever subject the CSR carries), the URI of ID as the only
+// SAN, exactly Usages, and NotAfter at most TTL from now. CheckIssued
+// holds every backend's answer to these rules.
 type Request struct {
 	// CSR is the parsed request; its signature and policy are already
 	// checked. Only its public key is used by the built-in CA; remote
@@ -33,7 +39,8 @@ type Request struct {
 	ID spiffeid.ID
 	// TTL is the requested lifetime; NotAfter is also capped at the issuer's.
 	TTL time.Duration
-	// Usages are the key usages the certificate carries.
+	// Usages are exactly the key usages the certificate carries; the
+	// caller derives them from the key (csr.WorkloadUsages).
 	Usages csr.Usages
 }
 

@@ -12,6 +12,8 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"slices"
 	"sync"
@@ -82,6 +84,7 @@ func Run(t *testing.T, b Backend) {
 			s := newSigner(t, c.ca)
 			t.Run("ExactSAN", func(t *testing.T) { testExactSAN(t, s, c.ca) })
 			t.Run("Usages", func(t *testing.T) { testUsages(t, s, c.ca) })
+			t.Run("SubjectFromCSR", func(t *testing.T) { testSubjectFromCSR(t, s) })
 			t.Run("TTL", func(t *testing.T) { testTTL(t, s, c.ca, ttls, b.FixedLifetime > 0) })
 			t.Run("SerialAndKeyID", func(t *testing.T) { testSerialAndKeyID(t, s, c.ca) })
 			t.Run("Canceled", func(t *testing.T) { testCanceled(t, s) })
@@ -154,29 +157,72 @@ func testExactSAN(t *testing.T, s signer.Signer, a *keymgr.Authority) {
 }
 
 func testUsages(t *testing.T, s signer.Signer, a *keymgr.Authority) {
-	// Digital signature always; key encipherment only for RSA keys (RFC
-	// 8813 forbids it for EC keys), and optional there.
+	// Exactly digital signature, plus key encipherment for RSA keys and
+	// never for EC keys (RFC 8813): what csr.WorkloadUsages derives from the
+	// key, whatever the backend's own profile or role says.
 	tests := []struct {
-		key      string
-		want     x509.KeyUsage
-		optional x509.KeyUsage
+		key  string
+		want x509.KeyUsage
 	}{
-		{"p256", x509.KeyUsageDigitalSignature, 0},
-		{"p384", x509.KeyUsageDigitalSignature, 0},
-		{"rsa2048", x509.KeyUsageDigitalSignature, x509.KeyUsageKeyEncipherment},
+		{"p256", x509.KeyUsageDigitalSignature},
+		{"p384", x509.KeyUsageDigitalSignature},
+		{"rsa2048", x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment},
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
 			id := workload("default", tt.key)
 			leaf := sign(t, s, a, id, newKey(t, tt.key), time.Hour).Leaf
-			if leaf.KeyUsage&^tt.optional != tt.want {
-				t.Errorf("key usage %b, want %b (optionally with %b)", leaf.KeyUsage, tt.want, tt.optional)
+			if leaf.KeyUsage != tt.want {
+				t.Errorf("key usage %q, want exactly %q", csr.Usages{Key: leaf.KeyUsage}.Names(), csr.Usages{Key: tt.want}.Names())
 			}
 			wantExt := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 			got := slices.Clone(leaf.ExtKeyUsage)
 			slices.Sort(got)
 			if !slices.Equal(got, wantExt) || len(leaf.UnknownExtKeyUsage) != 0 {
 				t.Errorf("ext key usage %v (+%v unknown), want %v", leaf.ExtKeyUsage, leaf.UnknownExtKeyUsage, wantExt)
+			}
+		})
+	}
+}
+
+// testSubjectFromCSR: the CSR's subject never reaches the leaf. csr.Check
+// lets some subjects through (istio-agent sends an empty organization; a
+// common name equal to the identity is allowed; other attributes are
+// ignored), and the leaf's subject is empty whatever the CSR says.
+func testSubjectFromCSR(t *testing.T, s signer.Signer) {
+	id := workload("default", "subject")
+	tests := []struct {
+		name    string
+		subject pkix.Name
+	}{
+		{"istio-agent empty organization", pkix.Name{Organization: []string{""}}},
+		{"organization and unit", pkix.Name{Organization: []string{"system:masters"}, OrganizationalUnit: []string{"cluster-admins"}}},
+		{"common name equal to the identity", pkix.Name{CommonName: id.String(), Organization: []string{"system:masters"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := newKey(t, "p256")
+			san, err := csr.MarshalURISAN(id.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: tt.subject, ExtraExtensions: []pkix.Extension{san}}, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, err := csr.Parse(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := csr.DefaultPolicy().Check(req, id); err != nil {
+				t.Fatalf("the CSR must pass meshca's policy for this case to matter: %v", err)
+			}
+			res, err := s.Sign(context.Background(), &signer.Request{CSR: req, ID: id, TTL: time.Hour, Usages: csr.WorkloadUsages(req.PublicKey)})
+			if err != nil {
+				t.Fatalf("Sign: %v", err)
+			}
+			if len(res.Leaf.Subject.Names) != 0 || len(res.Leaf.RawSubject) != 2 {
+				t.Fatalf("leaf subject %q, want an empty subject", res.Leaf.Subject)
 			}
 		})
 	}
