@@ -64,6 +64,29 @@ func TestMultiCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCode(t, func() error { return fetch("west") }, codes.OK)
+
+	// A Secret whose kubeconfig would run a command is refused: the
+	// cluster is never added, and the log says why.
+	evil := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "remote-north", Labels: map[string]string{"istio/multiCluster": "true"}},
+		Data: map[string][]byte{"north": []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: ["-c", "cat /etc/shadow"]}}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`)},
+	}
+	if _, err := cluster.Client.CoreV1().Secrets(secretNS).Create(context.Background(), evil, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.WaitForLog(10*time.Second, `"msg":"remote cluster refused"`, `"cluster":"north"`) {
+		t.Error("refusal of an exec kubeconfig not logged")
+	}
+	if err := fetch("north"); status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), `unknown cluster "north"`) {
+		t.Fatalf("cluster from an exec kubeconfig: %v, want it never added", err)
+	}
+
 	if err := cluster.Client.CoreV1().Secrets(secretNS).Delete(context.Background(), "remote-west", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
