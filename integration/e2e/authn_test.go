@@ -29,7 +29,8 @@ func TestUnauthenticated(t *testing.T) {
 			"not a valid service-account token", "audience_mismatch"},
 		{"expired token", cluster.SignedToken(t, ns, w.ServiceAccount, []string{"istio-ca"}, past, past.Add(time.Hour)),
 			"not a valid service-account token", "token_expired"},
-		{"garbage token", "not-a-jwt", "not a valid service-account token", "token_invalid"},
+		{"garbage token", "not-a-jwt", "not a valid service-account token", "token_malformed"},
+		{"forged token", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln", "not a valid service-account token", "token_invalid"},
 		{"missing token", "", "no credentials", "no_credentials"},
 	}
 	for _, tt := range tests {

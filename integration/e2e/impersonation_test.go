@@ -240,6 +240,8 @@ func TestExplain(t *testing.T) {
 		{"untrusted caller by name", []string{"--namespace", m.apps, "--service-account", "web", "--identity", m.id("db").String()},
 			[]string{"FAIL: untrusted_caller", "result: PermissionDenied (untrusted_caller)"}},
 		{"garbage token", []string{"--token-file", harness.WriteToken(t, "nope"), "--identity", m.id("web").String()},
+			[]string{"result: Unauthenticated (token_malformed)"}},
+		{"forged token", []string{"--token-file", harness.WriteToken(t, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"), "--identity", m.id("web").String()},
 			[]string{"result: Unauthenticated (token_invalid)"}},
 	}
 	for _, tt := range tests {
