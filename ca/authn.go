@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
 )
 
 // Credentials are what a request presents.
@@ -66,7 +67,7 @@ func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*
 		}
 		// A method that cannot decide now decides the request: the
 		// client must retry, not be told its credentials are bad.
-		if isKind(err, KindUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		if c := classify(err).Code; c == codes.Unavailable || c == codes.DeadlineExceeded || c == codes.Canceled {
 			return nil, err
 		}
 		failures = append(failures, err)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -14,11 +15,11 @@ import (
 // the production implementation.
 type PodSource interface {
 	// Pod returns the Pod ns/name, or nil when there is none.
-	Pod(ctx context.Context, ns, name string) (*PodInfo, error)
+	Pod(ctx context.Context, ns, name string) (*kube.PodInfo, error)
 	// OnNode returns the not-terminated Pods of ns/sa on node.
-	OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error)
+	OnNode(ctx context.Context, ns, sa, node string) ([]kube.PodInfo, error)
 	// OfAccount returns the live Pods of ns/sa on any node.
-	OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error)
+	OfAccount(ctx context.Context, ns, sa string) ([]kube.PodInfo, error)
 }
 
 // NodeAuthorizer decides which identity a request may receive. A caller
@@ -151,7 +152,7 @@ func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
 // callerPod checks that the Pod a token is bound to still exists, is the
 // same Pod (UID) and runs the token's service account. The apiserver
 // keeps accepting a deleted Pod's token for a few seconds; this does not.
-func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error) (*PodInfo, error) {
+func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error) (*kube.PodInfo, error) {
 	pod, err := a.lookupCallerPod(ctx, c)
 	input := fmt.Sprintf("%s/%s uid %s", c.Namespace, c.PodName, c.PodUID)
 	if err != nil {
@@ -160,7 +161,7 @@ func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(na
 	return pod, check("caller pod", input, nil, "exists, same UID and service account")
 }
 
-func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*PodInfo, error) {
+func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*kube.PodInfo, error) {
 	const msg = "token is not a valid service-account token for this CA"
 	pod, err := a.Pods.Pod(ctx, c.Namespace, c.PodName)
 	switch {
@@ -198,7 +199,7 @@ func (a *NodeAuthorizer) accountPod(ctx context.Context, c *Caller, check func(n
 }
 
 func podLookupError(err error) error {
-	if errors.Is(err, ErrNotSynced) {
+	if errors.Is(err, kube.ErrNotSynced) {
 		return refuse(KindUnavailable, "pod_index_not_synced", "CA is starting, retry shortly", err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {

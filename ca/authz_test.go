@@ -5,16 +5,17 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // pods is a pure in-memory PodSource.
 type pods struct {
-	byName map[string]PodInfo
+	byName map[string]kube.PodInfo
 	err    error
 }
 
-func (p pods) Pod(_ context.Context, ns, name string) (*PodInfo, error) {
+func (p pods) Pod(_ context.Context, ns, name string) (*kube.PodInfo, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -24,11 +25,11 @@ func (p pods) Pod(_ context.Context, ns, name string) (*PodInfo, error) {
 	return nil, nil
 }
 
-func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]PodInfo, error) {
+func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]kube.PodInfo, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
-	var out []PodInfo
+	var out []kube.PodInfo
 	for _, pi := range p.byName {
 		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Node == node && !pi.Terminated {
 			out = append(out, pi)
@@ -37,11 +38,11 @@ func (p pods) OnNode(_ context.Context, ns, sa, node string) ([]PodInfo, error) 
 	return out, nil
 }
 
-func (p pods) OfAccount(_ context.Context, ns, sa string) ([]PodInfo, error) {
+func (p pods) OfAccount(_ context.Context, ns, sa string) ([]kube.PodInfo, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
-	var out []PodInfo
+	var out []kube.PodInfo
 	for _, pi := range p.byName {
 		if pi.Namespace == ns && pi.ServiceAccount == sa && pi.Live() {
 			out = append(out, pi)
@@ -52,7 +53,7 @@ func (p pods) OfAccount(_ context.Context, ns, sa string) ([]PodInfo, error) {
 
 func TestNodeAuthorizer(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("cluster.local")
-	cluster := pods{byName: map[string]PodInfo{
+	cluster := pods{byName: map[string]kube.PodInfo{
 		"istio-system/ztunnel-a":    {Namespace: "istio-system", Name: "ztunnel-a", UID: "za", ServiceAccount: "ztunnel", Node: "node-a"},
 		"prod/web-a":                {Namespace: "prod", Name: "web-a", UID: "wa", ServiceAccount: "web", Node: "node-a"},
 		"prod/db-b":                 {Namespace: "prod", Name: "db-b", UID: "db", ServiceAccount: "db", Node: "node-b"},
@@ -93,7 +94,7 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "two ids", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web,spiffe://cluster.local/ns/prod/sa/db", kind: KindInvalidArgument, reason: "malformed_identity"},
 		{name: "token not bound to a pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "", "" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindPermissionDenied, reason: "caller_not_pod_bound"},
 		{name: "ztunnel pod deleted", caller: with(ztunnel, func(c *Caller) { c.PodName = "ztunnel-old" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_missing"},
-		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
+		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: kube.ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
 		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: KindUnavailable, reason: "pod_lookup_failed"},
 		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
 		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_terminated"},
@@ -103,7 +104,7 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "certificate renewal with a live pod", caller: renewing("prod", "web"), want: "spiffe://cluster.local/ns/prod/sa/web"},
 		{name: "certificate renewal, workload gone", caller: renewing("prod", "gone"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
 		{name: "certificate renewal, only a terminated pod", caller: renewing("prod", "batch"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
-		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
+		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: kube.ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

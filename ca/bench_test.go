@@ -30,7 +30,7 @@ func BenchmarkCreateCertificate(b *testing.B) {
 	mgr := keymgr.NewManager(td, root.Authority())
 	srv, err := ca.New(ca.Config{
 		TrustDomain: td,
-		Clusters: ca.NewRegistry(&ca.Cluster{
+		Clusters: ca.NewClusterSet(&ca.Cluster{
 			ID:             "Kubernetes",
 			Authenticators: []ca.Authenticator{tokens{"t": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"}}},
 			Authorizer:     &ca.NodeAuthorizer{TrustDomain: td},

@@ -1,8 +1,8 @@
 package ca
 
 import (
-	"errors"
 	"fmt"
+	"github.com/meshca/meshca/ca/kube"
 	"sort"
 	"sync"
 )
@@ -25,22 +25,22 @@ type ClusterSource interface {
 	Cluster(id string) (*Cluster, bool)
 }
 
-// Registry holds the local cluster and the remote ones, which may come and
+// ClusterSet holds the clusters this CA serves: the local one and the remote ones, which may come and
 // go while the CA runs.
-type Registry struct {
+type ClusterSet struct {
 	mu     sync.RWMutex
 	local  string
 	byID   map[string]*Cluster
 	remove map[string]func()
 }
 
-// NewRegistry returns a registry whose local cluster is local.
-func NewRegistry(local *Cluster) *Registry {
-	return &Registry{local: local.ID, byID: map[string]*Cluster{local.ID: local}, remove: map[string]func(){}}
+// NewClusterSet returns a cluster set whose local cluster is local.
+func NewClusterSet(local *Cluster) *ClusterSet {
+	return &ClusterSet{local: local.ID, byID: map[string]*Cluster{local.ID: local}, remove: map[string]func(){}}
 }
 
 // Cluster implements ClusterSource.
-func (r *Registry) Cluster(id string) (*Cluster, bool) {
+func (r *ClusterSet) Cluster(id string) (*Cluster, bool) {
 	if id == "" {
 		id = r.local
 	}
@@ -51,13 +51,13 @@ func (r *Registry) Cluster(id string) (*Cluster, bool) {
 }
 
 // ErrClusterExists is returned, wrapped, when a cluster id is taken.
-var ErrClusterExists = errors.New("ca: cluster id already registered")
+var ErrClusterExists = kube.ErrClusterExists
 
 // Add adds a remote cluster unless its id is taken (by the local cluster
 // or another remote), when it returns an error wrapping ErrClusterExists
-// and leaves the registry as it was; stop, if not nil, is called when the
+// and leaves the set as it was; stop, if not nil, is called when the
 // cluster is replaced or removed.
-func (r *Registry) Add(c *Cluster, stop func()) error {
+func (r *ClusterSet) Add(c *Cluster, stop func()) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.byID[c.ID]; ok {
@@ -70,7 +70,7 @@ func (r *Registry) Add(c *Cluster, stop func()) error {
 
 // Set adds or replaces a remote cluster; stop, if not nil, is called when
 // it is replaced or removed.
-func (r *Registry) Set(c *Cluster, stop func()) {
+func (r *ClusterSet) Set(c *Cluster, stop func()) {
 	r.mu.Lock()
 	old := r.remove[c.ID]
 	r.byID[c.ID] = c
@@ -82,7 +82,7 @@ func (r *Registry) Set(c *Cluster, stop func()) {
 }
 
 // Remove drops a remote cluster. The local one cannot be removed.
-func (r *Registry) Remove(id string) {
+func (r *ClusterSet) Remove(id string) {
 	if id == r.local {
 		return
 	}
@@ -97,7 +97,7 @@ func (r *Registry) Remove(id string) {
 }
 
 // IDs lists the clusters, local first.
-func (r *Registry) IDs() []string {
+func (r *ClusterSet) IDs() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	ids := []string{}
@@ -113,7 +113,7 @@ func (r *Registry) IDs() []string {
 // Ready returns nil once the local cluster's caches have synced. Remote
 // clusters do not hold readiness hostage: until one syncs, its requests
 // get Unavailable.
-func (r *Registry) Ready() error {
+func (r *ClusterSet) Ready() error {
 	r.mu.RLock()
 	local := r.byID[r.local]
 	r.mu.RUnlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
 	"google.golang.org/grpc/codes"
@@ -95,6 +96,7 @@ func classify(err error) Outcome {
 	}
 	var (
 		ce *Error
+		ke *kube.Error
 		re *csr.Error
 		se *signer.Error
 	)
@@ -107,6 +109,11 @@ func classify(err error) Outcome {
 			o.SignErr = signErrCertGen
 		}
 		return o
+	case errors.As(err, &ke):
+		if ke.Retry {
+			return Outcome{Code: codes.Unavailable, Reason: ke.Reason, Msg: ke.Msg, Detail: err.Error(), SignErr: signErrNotReady}
+		}
+		return Outcome{Code: codes.Unauthenticated, Reason: ke.Reason, Msg: ke.Msg, Detail: err.Error()}
 	case errors.As(err, &re):
 		return Outcome{Code: codes.InvalidArgument, Reason: "csr_" + string(re.Reason), Msg: "invalid CSR: " + re.Detail, Detail: err.Error(), SignErr: signErrCSR}
 	case errors.As(err, &se):

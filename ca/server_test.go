@@ -82,7 +82,7 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 	cfg := ca.Config{
 		TrustDomain:    td,
 		Authenticators: []ca.Authenticator{&ca.CertAuthenticator{TrustDomain: td, Bundles: mgr}},
-		Clusters: ca.NewRegistry(&ca.Cluster{
+		Clusters: ca.NewClusterSet(&ca.Cluster{
 			ID:             "Kubernetes",
 			Authenticators: auths,
 			Authorizer:     &ca.NodeAuthorizer{TrustDomain: td},

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
@@ -48,7 +49,7 @@ a real request would get.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
 	fl.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "SPIFFE trust domain")
-	fl.StringSliceVar(&f.audiences, "token-audiences", []string{ca.DefaultAudience}, "audiences a token must carry (one of)")
+	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a token must carry (one of)")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "trusted node proxy accounts, as the server has them")
 	fl.StringVar(&f.tokenFile, "token-file", "", "the caller's service-account token")
 	fl.StringVar(&f.namespace, "namespace", "", "the caller's namespace (without --token-file)")
@@ -72,15 +73,15 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client configuration: %w", err)
 	}
-	kube, err := kubernetes.NewForConfig(kcfg)
+	kc, err := kubernetes.NewForConfig(kcfg)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	pods := ca.APIPods{Client: kube}
+	pods := kube.APIPods{Client: kc}
 	req := ca.ExplainRequest{
-		Reviewer:   &ca.TokenReviewer{TrustDomain: td, Client: kube, Audiences: f.audiences},
+		Reviewer:   &ca.TokenAuthenticator{Reviewer: &kube.TokenReviewer{TrustDomain: td, Client: kc, Audiences: f.audiences}},
 		Authorizer: &ca.NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: accounts, Pods: pods},
 		Requested:  f.identity,
 	}
@@ -104,7 +105,7 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 }
 
 // caller builds the caller a bound token of the Pod would authenticate as.
-func (f *explainFlags) caller(ctx context.Context, td spiffeid.TrustDomain, pods ca.APIPods) (*ca.Caller, error) {
+func (f *explainFlags) caller(ctx context.Context, td spiffeid.TrustDomain, pods kube.APIPods) (*ca.Caller, error) {
 	id, err := spiffeid.FromSegments(td, "ns", f.namespace, "sa", f.serviceAccount)
 	if err != nil {
 		return nil, fmt.Errorf("--namespace/--service-account: %w", err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,7 +87,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "SPIFFE trust domain")
 	fl.StringVar(&f.clusterID, "cluster-id", ca.DefaultClusterID, "name of the local cluster, matched against the clusterid header")
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
-	fl.StringSliceVar(&f.audiences, "token-audiences", []string{ca.DefaultAudience}, "audiences a service-account token must carry (one of)")
+	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a service-account token must carry (one of)")
 	fl.StringSliceVar(&f.servingNames, "serving-dns-names", []string{"istiod.istio-system.svc", "meshca.istio-system.svc", "localhost"}, "DNS names (or IPs) in the serving certificate")
 	fl.DurationVar(&f.defaultTTL, "default-ttl", ca.DefaultTTL, "certificate lifetime when the client asks for none")
 	fl.DurationVar(&f.maxTTL, "max-ttl", ca.DefaultMaxTTL, "longest lifetime a client may ask for; longer requests are refused")
@@ -99,13 +100,13 @@ func newServeCommand() *cobra.Command {
 	fl.BoolVar(&f.certRenewal, "cert-renewal", true, "let a workload renew with its still-valid SVID as client certificate, without a token")
 	fl.DurationVar(&f.renewalTTL, "cert-renewal-max-ttl", 0, "longest certificate issued to a renewal by client certificate; 0 means --default-ttl")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
-	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", ca.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
-	fl.IntVar(&f.cacheSize, "token-cache-size", ca.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
-	fl.DurationVar(&f.negativeTTL, "token-cache-negative-ttl", ca.DefaultNegativeTTL, "how long a token TokenReview refused is refused again without a review")
+	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", kube.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
+	fl.IntVar(&f.cacheSize, "token-cache-size", kube.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
+	fl.DurationVar(&f.negativeTTL, "token-cache-negative-ttl", kube.DefaultNegativeTTL, "how long a token TokenReview refused is refused again without a review")
 	fl.StringArrayVar(&f.remotes, "remote-cluster", nil, "remote cluster as <cluster id>=<kubeconfig file>; repeatable")
 	fl.StringVar(&f.secretNS, "remote-secret-namespace", os.Getenv("POD_NAMESPACE"),
-		"namespace of the local cluster watched for Secrets labelled "+ca.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
-	fl.StringSliceVar(&f.remoteAllow, ca.KubeconfigAllowFlag, nil, fmt.Sprintf("kubeconfig fields that remote-cluster Secrets may use, refused by default as they run a command or read a local file: %v (--remote-cluster files are trusted)", ca.KubeconfigFeatures))
+		"namespace of the local cluster watched for Secrets labelled "+kube.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
+	fl.StringSliceVar(&f.remoteAllow, kube.KubeconfigAllowFlag, nil, fmt.Sprintf("kubeconfig fields that remote-cluster Secrets may use, refused by default as they run a command or read a local file: %v (--remote-cluster files are trusted)", kube.KubeconfigFeatures))
 	return cmd
 }
 
@@ -302,23 +303,23 @@ func parseRemotes(values []string, local string) (map[string]string, error) {
 }
 
 // kubeCluster builds one cluster from its client configuration.
-func (f *serveFlags) kubeCluster(td spiffeid.TrustDomain, metrics *ca.TokenCacheMetrics, id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
+func (f *serveFlags) kubeCluster(td spiffeid.TrustDomain, metrics *kube.TokenCacheMetrics, id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
 	accounts, _ := ca.ParseNodeAccounts(f.nodeAccounts)
 	kcfg.QPS, kcfg.Burst = 200, 400
-	kube, err := kubernetes.NewForConfig(kcfg)
+	kc, err := kubernetes.NewForConfig(kcfg)
 	if err != nil {
 		return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
 	}
 	return ca.NewKubeCluster(ca.KubeClusterConfig{
-		ID: id, Client: kube, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
+		ID: id, Client: kc, TrustDomain: td, Audiences: f.audiences, TrustedNodeAccounts: accounts,
 		CacheTTL: f.cacheTTL, CacheSize: f.cacheSize, NegativeTTL: f.negativeTTL, CacheMetrics: metrics,
 	})
 }
 
 // clusters builds the local cluster (first) and the remote ones given by
 // flags, and the watcher of remote-cluster Secrets (nil when disabled).
-func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) ([]*ca.KubeCluster, *ca.Registry, *ca.RemoteSecrets, error) {
-	metrics := ca.NewTokenCacheMetrics(reg)
+func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) ([]*ca.KubeCluster, *ca.ClusterSet, *kube.RemoteSecrets, error) {
+	metrics := kube.NewTokenCacheMetrics(reg)
 	fromFile := func(id, kubeconfig string) (*ca.KubeCluster, error) {
 		kcfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
@@ -331,7 +332,7 @@ func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer
 		return nil, nil, nil, err
 	}
 	out := []*ca.KubeCluster{local}
-	registry := ca.NewRegistry(local.Cluster)
+	registry := ca.NewClusterSet(local.Cluster)
 	remotes, _ := parseRemotes(f.remotes, f.clusterID)
 	ids := make([]string, 0, len(remotes))
 	for id := range remotes {
@@ -346,19 +347,19 @@ func (f *serveFlags) clusters(td spiffeid.TrustDomain, reg prometheus.Registerer
 		out = append(out, c)
 		registry.Set(c.Cluster, nil)
 	}
-	allow, err := ca.ParseKubeconfigAllow(f.remoteAllow)
+	allow, err := kube.ParseKubeconfigAllow(f.remoteAllow)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--%s: %w", ca.KubeconfigAllowFlag, err)
+		return nil, nil, nil, fmt.Errorf("--%s: %w", kube.KubeconfigAllowFlag, err)
 	}
 	if f.secretNS == "" {
 		return out, registry, nil, nil
 	}
-	secrets := ca.NewRemoteSecrets(ca.RemoteSecretsConfig{
-		Client: local.Client, Namespace: f.secretNS, Registry: registry, Logger: log,
-		Allow: allow, Metrics: ca.NewRemoteSecretsMetrics(reg),
-		Build: func(id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
-			return f.kubeCluster(td, metrics, id, kcfg)
-		},
+	remote := &ca.RemoteClusters{Set: registry, Logger: log, Build: func(id string, kcfg *rest.Config) (*ca.KubeCluster, error) {
+		return f.kubeCluster(td, metrics, id, kcfg)
+	}}
+	secrets := kube.NewRemoteSecrets(kube.RemoteSecretsConfig{
+		Client: local.Client, Namespace: f.secretNS, Clusters: remote, Logger: log,
+		Allow: allow, Metrics: kube.NewRemoteSecretsMetrics(reg),
 	})
 	return out, registry, secrets, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -158,8 +159,8 @@ func TestConfigFile(t *testing.T) {
 }
 
 func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
-	if newServeCommand().Flags().Lookup(ca.KubeconfigAllowFlag) == nil {
-		t.Fatalf("--%s is not registered", ca.KubeconfigAllowFlag)
+	if newServeCommand().Flags().Lookup(kube.KubeconfigAllowFlag) == nil {
+		t.Fatalf("--%s is not registered", kube.KubeconfigAllowFlag)
 	}
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	local := "apiVersion: v1\nkind: Config\nclusters: [{name: l, cluster: {server: https://127.0.0.1:1}}]\n" +

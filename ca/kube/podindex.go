@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ca: pod index: %w", err)
+		return nil, fmt.Errorf("kube: pod index: %w", err)
 	}
 	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf,
 		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate))}, nil

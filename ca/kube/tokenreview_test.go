@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 )
 
-func TestCallerFromReview(t *testing.T) {
+func TestIdentityFromReview(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("cluster.local")
 	good := func() authnv1.TokenReviewStatus {
 		return authnv1.TokenReviewStatus{
@@ -52,7 +52,7 @@ func TestCallerFromReview(t *testing.T) {
 			if tt.mutate != nil {
 				tt.mutate(&st)
 			}
-			c, err := callerFromReview(td, []string{"istio-ca"}, &st)
+			c, err := identityFromReview(td, []string{"istio-ca"}, &st)
 			if tt.reason == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -63,7 +63,7 @@ func TestCallerFromReview(t *testing.T) {
 				return
 			}
 			var ce *Error
-			if !errors.As(err, &ce) || ce.Reason != tt.reason || ce.Kind != KindUnauthenticated {
+			if !errors.As(err, &ce) || ce.Reason != tt.reason || ce.Retry {
 				t.Fatalf("err = %v, want Unauthenticated %s", err, tt.reason)
 			}
 		})

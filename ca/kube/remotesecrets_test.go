@@ -1,16 +1,17 @@
-package ca_test
+package kube_test
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,11 +25,56 @@ const rsNamespace = "istio-system"
 type rsFixture struct {
 	t      *testing.T
 	client *fake.Clientset
-	reg    *ca.Registry
+	reg    *clusters
 	prom   *prometheus.Registry
 	logs   rsLogs
-	mu     sync.Mutex
-	hosts  map[*ca.Cluster]string // the server of the kubeconfig each cluster was built from
+}
+
+// clusters is an in-memory kube.Clusters: the ids held by the local
+// cluster and --remote-cluster flags, and the server of the kubeconfig
+// each cluster from a Secret was built from.
+type clusters struct {
+	mu    sync.Mutex
+	fixed map[string]bool
+	hosts map[string]string
+}
+
+func (c *clusters) Has(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.hosts[id]
+	return ok || c.fixed[id]
+}
+
+func (c *clusters) Put(_ context.Context, id string, cfg *rest.Config, replace bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.hosts[id]; c.fixed[id] || (ok && !replace) {
+		return fmt.Errorf("cluster %s: %w", id, kube.ErrClusterExists)
+	}
+	c.hosts[id] = cfg.Host
+	return nil
+}
+
+func (c *clusters) Remove(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.hosts, id)
+}
+
+// ids lists every cluster id held, sorted.
+func (c *clusters) ids() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for id := range c.fixed {
+		out = append(out, id)
+	}
+	for id := range c.hosts {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
 }
 
 type rsLogs struct {
@@ -50,25 +96,16 @@ func (l *rsLogs) String() string {
 
 // newRSFixture starts the watcher with the local cluster "Kubernetes" and
 // the --remote-cluster ids given.
-func newRSFixture(t *testing.T, allow ca.KubeconfigAllow, flagRemotes ...string) *rsFixture {
-	f := &rsFixture{t: t, client: fake.NewClientset(), reg: ca.NewRegistry(&ca.Cluster{ID: "Kubernetes"}),
-		prom: prometheus.NewRegistry(), hosts: map[*ca.Cluster]string{}}
+func newRSFixture(t *testing.T, allow kube.KubeconfigAllow, flagRemotes ...string) *rsFixture {
+	f := &rsFixture{t: t, client: fake.NewClientset(), prom: prometheus.NewRegistry(),
+		reg: &clusters{fixed: map[string]bool{"Kubernetes": true}, hosts: map[string]string{}}}
 	for _, id := range flagRemotes {
-		f.reg.Set(&ca.Cluster{ID: id}, nil)
+		f.reg.fixed[id] = true
 	}
-	rs := ca.NewRemoteSecrets(ca.RemoteSecretsConfig{
-		Client: f.client, Namespace: rsNamespace, Registry: f.reg, Allow: allow,
-		Metrics: ca.NewRemoteSecretsMetrics(f.prom),
+	rs := kube.NewRemoteSecrets(kube.RemoteSecretsConfig{
+		Client: f.client, Namespace: rsNamespace, Clusters: f.reg, Allow: allow,
+		Metrics: kube.NewRemoteSecretsMetrics(f.prom),
 		Logger:  slog.New(slog.NewTextHandler(&f.logs, nil)),
-		Build: func(id string, cfg *rest.Config) (*ca.KubeCluster, error) {
-			kc, err := ca.NewKubeCluster(ca.KubeClusterConfig{ID: id, Client: fake.NewClientset()})
-			if err == nil {
-				f.mu.Lock()
-				f.hosts[kc.Cluster] = cfg.Host
-				f.mu.Unlock()
-			}
-			return kc, err
-		},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -85,13 +122,9 @@ func newRSFixture(t *testing.T, allow ca.KubeconfigAllow, flagRemotes ...string)
 // host returns the server of cluster id, or "" when there is no such
 // cluster or it was not built from a Secret.
 func (f *rsFixture) host(id string) string {
-	c, ok := f.reg.Cluster(id)
-	if !ok {
-		return ""
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.hosts[c]
+	f.reg.mu.Lock()
+	defer f.reg.mu.Unlock()
+	return f.reg.hosts[id]
 }
 
 func (f *rsFixture) refused(reason string) float64 {
@@ -117,7 +150,7 @@ func (f *rsFixture) refused(reason string) float64 {
 // put creates or updates a labelled Secret.
 func (f *rsFixture) put(name string, data map[string][]byte) {
 	f.t.Helper()
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rsNamespace, Labels: map[string]string{ca.RemoteSecretLabel: "true"}}, Data: data}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rsNamespace, Labels: map[string]string{kube.RemoteSecretLabel: "true"}}, Data: data}
 	secrets := f.client.CoreV1().Secrets(rsNamespace)
 	if _, err := secrets.Update(context.Background(), s, metav1.UpdateOptions{}); err == nil {
 		return
@@ -157,7 +190,7 @@ func TestRemoteSecretsRefuseUnsafeKubeconfigs(t *testing.T) {
 			f.put("remote-east", map[string][]byte{"east": raw, "west": rsKubeconfig("https://west.example")})
 			f.wait("the safe cluster", func() bool { return f.host("west") == "https://west.example" })
 			f.wait("the refusal", func() bool { return f.refused(tc.reason) == 1 })
-			if _, ok := f.reg.Cluster("east"); ok {
+			if f.host("east") != "" {
 				t.Error("the unsafe cluster was added")
 			}
 			logs := f.logs.String()
@@ -170,7 +203,7 @@ func TestRemoteSecretsRefuseUnsafeKubeconfigs(t *testing.T) {
 				t.Errorf("the token leaked into the log:\n%s", logs)
 			}
 
-			allowed := newRSFixture(t, ca.KubeconfigAllow{tc.feature: true})
+			allowed := newRSFixture(t, kube.KubeconfigAllow{tc.feature: true})
 			allowed.put("remote-east", map[string][]byte{"east": raw})
 			allowed.wait("the allowed cluster", func() bool { return allowed.host("east") == "https://east.example" })
 			if n := allowed.refused(tc.reason); n != 0 {
@@ -182,19 +215,14 @@ func TestRemoteSecretsRefuseUnsafeKubeconfigs(t *testing.T) {
 
 func TestRemoteSecretsDuplicateClusterIDs(t *testing.T) {
 	f := newRSFixture(t, nil, "west")
-	flagWest, _ := f.reg.Cluster("west")
-	local, _ := f.reg.Cluster("")
 	dups := func(n float64) func() bool { return func() bool { return f.refused("duplicate_cluster_id") == n } }
 
 	// The local id and a --remote-cluster id cannot be shadowed.
 	f.put("a", map[string][]byte{"east": rsKubeconfig("https://a1.example"), "west": rsKubeconfig("https://evil.example"), "Kubernetes": rsKubeconfig("https://evil.example")})
 	f.wait("east from a", func() bool { return f.host("east") == "https://a1.example" })
 	f.wait("two refusals", dups(2))
-	if c, _ := f.reg.Cluster("west"); c != flagWest {
-		t.Error("a Secret replaced a --remote-cluster")
-	}
-	if c, _ := f.reg.Cluster("Kubernetes"); c != local {
-		t.Error("a Secret replaced the local cluster")
+	if f.host("west") != "" || f.host("Kubernetes") != "" {
+		t.Error("a Secret replaced the local cluster or a --remote-cluster")
 	}
 
 	// A second Secret with the same id waits.
@@ -204,7 +232,7 @@ func TestRemoteSecretsDuplicateClusterIDs(t *testing.T) {
 		t.Errorf("east is %q after a duplicate, want a's", h)
 	}
 	logs := f.logs.String()
-	for _, want := range []string{"owned by Secret " + rsNamespace + "/a", "the local cluster's", "a --remote-cluster's"} {
+	for _, want := range []string{"owned by Secret " + rsNamespace + "/a", "the local cluster's or a --remote-cluster's"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("log lacks %q:\n%s", want, logs)
 		}
@@ -218,11 +246,11 @@ func TestRemoteSecretsDuplicateClusterIDs(t *testing.T) {
 	f.delete("a")
 	f.wait("east from b", func() bool { return f.host("east") == "https://b.example" })
 	f.delete("b")
-	f.wait("east removed", func() bool { _, ok := f.reg.Cluster("east"); return !ok })
+	f.wait("east removed", func() bool { return !f.reg.Has("east") })
 	if n := f.refused("duplicate_cluster_id"); n != 3 {
 		t.Errorf("%v duplicate refusals, want 3", n)
 	}
-	if got := fmt.Sprint(f.reg.IDs()); got != "[Kubernetes west]" {
+	if got := fmt.Sprint(f.reg.ids()); got != "[Kubernetes west]" {
 		t.Errorf("clusters %s", got)
 	}
 }

@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"context"
@@ -29,19 +29,31 @@ const (
 	reasonBuildFailed        = "build_failed"
 )
 
-const logSecret = "secret"
+// Clusters is where RemoteSecrets puts the clusters it finds: package
+// ca's cluster set, which knows how to build and run one.
+type Clusters interface {
+	// Has reports whether a cluster holds id.
+	Has(id string) bool
+	// Put builds cluster id from the sanitised cfg and runs it until ctx
+	// ends or it is removed. It adds a new id, failing with an error that
+	// wraps ErrClusterExists when id is held, or, with replace, replaces
+	// the cluster this watcher put there before.
+	Put(ctx context.Context, id string, cfg *rest.Config, replace bool) error
+	// Remove stops and removes cluster id.
+	Remove(id string)
+}
+
+// ErrClusterExists: another cluster already holds the id.
+var ErrClusterExists = errors.New("cluster id already held")
 
 // RemoteSecretsConfig configures RemoteSecrets.
 type RemoteSecretsConfig struct {
 	Client    kubernetes.Interface
 	Namespace string
-	Registry  *Registry
+	Clusters  Clusters
 	// Allow names the kubeconfig features a Secret may use; see
 	// SanitizeKubeconfig. The zero value allows none.
-	Allow KubeconfigAllow
-	// Build makes a cluster from its id and the sanitised client
-	// configuration of its kubeconfig.
-	Build   func(id string, cfg *rest.Config) (*KubeCluster, error)
+	Allow   KubeconfigAllow
 	Metrics *RemoteSecretsMetrics
 	Logger  *slog.Logger
 }
@@ -152,42 +164,28 @@ func (r *RemoteSecrets) claim(ctx context.Context, secret, id string, kubeconfig
 	sum := sha256.Sum256(kubeconfig)
 	o, taken := r.owners[id]
 	mine := taken && o.secret == secret
-	_, registered := r.c.Registry.Cluster(id)
 	switch {
 	case mine && o.sum == sum:
 		return false
 	case taken && !mine:
 		r.refuse(log, reasonDuplicateClusterID, fmt.Errorf("cluster id is owned by Secret %s/%s", r.c.Namespace, o.secret))
 		return false
-	case !taken && id == r.c.Registry.local:
-		r.refuse(log, reasonDuplicateClusterID, errors.New("cluster id is the local cluster's"))
-		return false
-	case !taken && registered:
-		r.refuse(log, reasonDuplicateClusterID, errors.New("cluster id is a --remote-cluster's"))
+	case !taken && r.c.Clusters.Has(id):
+		r.refuse(log, reasonDuplicateClusterID, errors.New("cluster id is the local cluster's or a --remote-cluster's"))
 		return false
 	}
-	kc, reason, err := r.build(id, kubeconfig)
+	cfg, err := SanitizeKubeconfig(kubeconfig, r.c.Allow)
+	if err == nil {
+		err = r.c.Clusters.Put(ctx, id, cfg, mine)
+	}
 	if err != nil {
-		r.refuse(log, reason, err)
+		r.refuse(log, refusalReason(err), err)
 		if mine {
 			r.release(secret, id)
 		}
 		return mine
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	if mine {
-		r.c.Registry.Set(kc.Cluster, cancel)
-	} else if err := r.c.Registry.Add(kc.Cluster, cancel); err != nil {
-		cancel()
-		r.refuse(log, reasonDuplicateClusterID, err)
-		return false
-	}
 	r.owners[id] = owner{secret: secret, sum: sum}
-	go func() {
-		if err := kc.Run(cctx); err != nil {
-			r.c.Logger.Error("remote cluster stopped", logCluster, id, "error", err)
-		}
-	}()
 	if mine {
 		log.Info("remote cluster replaced")
 	} else {
@@ -196,26 +194,20 @@ func (r *RemoteSecrets) claim(ctx context.Context, secret, id string, kubeconfig
 	return false
 }
 
-// build sanitises the kubeconfig and builds the cluster; on failure it
-// also returns the metric reason.
-func (r *RemoteSecrets) build(id string, kubeconfig []byte) (*KubeCluster, string, error) {
-	cfg, err := SanitizeKubeconfig(kubeconfig, r.c.Allow)
-	if err != nil {
-		reason := reasonInvalidKubeconfig
-		if ke := (*KubeconfigError)(nil); errors.As(err, &ke) {
-			reason = ke.Reason()
-		}
-		return nil, reason, err
+// refusalReason is the metric label of a cluster that could not be put.
+func refusalReason(err error) string {
+	var ke *KubeconfigError
+	switch {
+	case errors.As(err, &ke):
+		return ke.Reason()
+	case errors.Is(err, ErrClusterExists):
+		return reasonDuplicateClusterID
 	}
-	kc, err := r.c.Build(id, cfg)
-	if err != nil {
-		return nil, reasonBuildFailed, err
-	}
-	return kc, "", nil
+	return reasonBuildFailed
 }
 
 func (r *RemoteSecrets) release(secret, id string) {
-	r.c.Registry.Remove(id)
+	r.c.Clusters.Remove(id)
 	delete(r.owners, id)
 	r.c.Logger.Info("remote cluster removed", logSecret, r.c.Namespace+"/"+secret, logCluster, id)
 }

@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"context"
@@ -20,7 +20,7 @@ type countingReviewer struct {
 	gate chan struct{}
 }
 
-func (c *countingReviewer) Authenticate(_ context.Context, cr *Credentials) (*Caller, error) {
+func (c *countingReviewer) Review(_ context.Context, token string) (*Identity, error) {
 	c.calls.Add(1)
 	time.Sleep(c.delay)
 	if c.gate != nil {
@@ -28,11 +28,11 @@ func (c *countingReviewer) Authenticate(_ context.Context, cr *Credentials) (*Ca
 	}
 	switch {
 	case c.unavailable:
-		return nil, refuse(KindUnavailable, "tokenreview_failed", "later", nil)
+		return nil, unavailable("tokenreview_failed", "later", nil)
 	case c.fail:
-		return nil, refuse(KindUnauthenticated, "token_invalid", "no", nil)
+		return nil, refused("token_invalid", "no", nil)
 	}
-	return &Caller{Namespace: "istio-system", ServiceAccount: "ztunnel", PodUID: "uid-" + cr.Token[:1]}, nil
+	return &Identity{Namespace: "istio-system", ServiceAccount: "ztunnel", PodUID: "uid-" + token[:1]}, nil
 }
 
 func jwtWithExp(exp time.Time) string {
@@ -59,7 +59,7 @@ func TestTokenCache(t *testing.T) {
 	}
 	auth := func(t *testing.T, c *CachedTokenReviewer, tok string) error {
 		t.Helper()
-		_, err := c.Authenticate(context.Background(), &Credentials{Token: tok})
+		_, err := c.Review(context.Background(), tok)
 		return err
 	}
 	t.Run("reuses a positive review until the ceiling", func(t *testing.T) {
@@ -92,7 +92,7 @@ func TestTokenCache(t *testing.T) {
 		inner := &countingReviewer{fail: true}
 		c := newCache(inner, 10)
 		for range 100 {
-			if err := auth(t, c, "bad"); !isKind(err, KindUnauthenticated) {
+			if err := auth(t, c, "bad"); !isRefusal(err) {
 				t.Fatalf("err = %v, want the cached refusal", err)
 			}
 		}
@@ -109,7 +109,7 @@ func TestTokenCache(t *testing.T) {
 		inner := &countingReviewer{unavailable: true}
 		c := newCache(inner, 10)
 		for range 3 {
-			if err := auth(t, c, "any"); !isKind(err, KindUnavailable) {
+			if err := auth(t, c, "any"); isRefusal(err) || err == nil {
 				t.Fatalf("err = %v, want Unavailable", err)
 			}
 		}

@@ -1,4 +1,4 @@
-package ca_test
+package kube_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
 	"k8s.io/client-go/rest"
 )
 
@@ -39,7 +39,7 @@ current-context: east
 // kcFeatureCase is one dangerous kubeconfig feature: the lines that use
 // it, and how to see it in the built configuration.
 type kcFeatureCase struct {
-	feature      ca.KubeconfigFeature
+	feature      kube.KubeconfigFeature
 	reason       string
 	cluster      string
 	user         string
@@ -57,23 +57,23 @@ func kcFeatureCases(t *testing.T) []kcFeatureCase {
 	}
 	token := "    token: " + kcSecretToken
 	return []kcFeatureCase{
-		{feature: ca.KubeconfigExec, reason: "exec",
+		{feature: kube.KubeconfigExec, reason: "exec",
 			user:         "    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n      command: /bin/sh\n      args: [-c, id]",
 			inRESTConfig: func(c *rest.Config) bool { return c.ExecProvider != nil && c.ExecProvider.Command == "/bin/sh" }},
-		{feature: ca.KubeconfigAuthProvider, reason: "auth_provider",
+		{feature: kube.KubeconfigAuthProvider, reason: "auth_provider",
 			user:         "    auth-provider:\n      name: gcp\n      config: {cmd-path: /bin/sh}",
 			inRESTConfig: func(c *rest.Config) bool { return c.AuthProvider != nil && c.AuthProvider.Name == "gcp" }},
-		{feature: ca.KubeconfigTokenFile, reason: "token_file",
+		{feature: kube.KubeconfigTokenFile, reason: "token_file",
 			user:         "    tokenFile: " + file("token"),
 			inRESTConfig: func(c *rest.Config) bool { return c.BearerTokenFile != "" && c.BearerToken == "local file" }},
-		{feature: ca.KubeconfigClientCertificate, reason: "client_certificate",
+		{feature: kube.KubeconfigClientCertificate, reason: "client_certificate",
 			user:         "    client-certificate: " + file("tls.crt") + "\n    client-key-data: eA==",
 			inRESTConfig: func(c *rest.Config) bool { return c.CertFile != "" }},
-		{feature: ca.KubeconfigClientKey, reason: "client_key",
+		{feature: kube.KubeconfigClientKey, reason: "client_key",
 			user:         "    client-certificate-data: eA==\n    client-key: " + file("tls.key"),
 			inRESTConfig: func(c *rest.Config) bool { return c.KeyFile != "" }},
-		{feature: ca.KubeconfigCertificateAuthority, reason: "certificate_authority",
-			cluster: "    certificate-authority: " + file("ca.crt"), user: token,
+		{feature: kube.KubeconfigCertificateAuthority, reason: "certificate_authority",
+			cluster: "    certificate-authority: " + file("kube.crt"), user: token,
 			inRESTConfig: func(c *rest.Config) bool { return c.CAFile != "" }},
 	}
 }
@@ -83,14 +83,14 @@ func TestSanitizeKubeconfigFeatures(t *testing.T) {
 		t.Run(string(tc.feature), func(t *testing.T) {
 			raw := testKubeconfig("https://east.example:6443", tc.cluster, tc.user)
 
-			_, err := ca.SanitizeKubeconfig(raw, nil)
-			var ke *ca.KubeconfigError
+			_, err := kube.SanitizeKubeconfig(raw, nil)
+			var ke *kube.KubeconfigError
 			switch {
 			case !errors.As(err, &ke):
 				t.Fatalf("refused by default: got %v, want a *KubeconfigError", err)
 			case ke.Feature != tc.feature || ke.Reason() != tc.reason:
 				t.Errorf("feature %q reason %q, want %q %q", ke.Feature, ke.Reason(), tc.feature, tc.reason)
-			case !strings.Contains(err.Error(), "--"+ca.KubeconfigAllowFlag+" includes "+string(tc.feature)):
+			case !strings.Contains(err.Error(), "--"+kube.KubeconfigAllowFlag+" includes "+string(tc.feature)):
 				t.Errorf("error does not say which flag value allows it: %v", err)
 			case !strings.Contains(err.Error(), `"reader"`) && !strings.Contains(err.Error(), `"east"`):
 				t.Errorf("error does not name the entry: %v", err)
@@ -98,15 +98,15 @@ func TestSanitizeKubeconfigFeatures(t *testing.T) {
 				t.Errorf("error shows the token: %v", err)
 			}
 
-			others := ca.KubeconfigAllow{}
-			for _, f := range ca.KubeconfigFeatures {
+			others := kube.KubeconfigAllow{}
+			for _, f := range kube.KubeconfigFeatures {
 				others[f] = f != tc.feature
 			}
-			if _, err := ca.SanitizeKubeconfig(raw, others); !errors.As(err, &ke) || ke.Feature != tc.feature {
+			if _, err := kube.SanitizeKubeconfig(raw, others); !errors.As(err, &ke) || ke.Feature != tc.feature {
 				t.Errorf("allowing every other feature: got %v, want %s refused", err, tc.feature)
 			}
 
-			cfg, err := ca.SanitizeKubeconfig(raw, ca.KubeconfigAllow{tc.feature: true})
+			cfg, err := kube.SanitizeKubeconfig(raw, kube.KubeconfigAllow{tc.feature: true})
 			if err != nil {
 				t.Fatalf("allowed: %v", err)
 			}
@@ -124,19 +124,19 @@ func TestSanitizeKubeconfigJudgesEveryEntry(t *testing.T) {
 	tests := []struct {
 		name string
 		raw  []byte
-		want ca.KubeconfigFeature
+		want kube.KubeconfigFeature
 	}{
-		{name: "unused user", raw: testKubeconfig("https://east.example", "", token+unusedUser), want: ca.KubeconfigExec},
+		{name: "unused user", raw: testKubeconfig("https://east.example", "", token+unusedUser), want: kube.KubeconfigExec},
 		{name: "unused cluster", raw: testKubeconfig("https://east.example", "    insecure-skip-tls-verify: true"+unusedCluster, token),
-			want: ca.KubeconfigCertificateAuthority},
+			want: kube.KubeconfigCertificateAuthority},
 		// Over plain HTTP client-go ignores the user; the file is still refused.
 		{name: "user ignored over http", raw: testKubeconfig("http://east.example", "", "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"),
-			want: ca.KubeconfigTokenFile},
+			want: kube.KubeconfigTokenFile},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ca.SanitizeKubeconfig(tt.raw, nil)
-			var ke *ca.KubeconfigError
+			_, err := kube.SanitizeKubeconfig(tt.raw, nil)
+			var ke *kube.KubeconfigError
 			if !errors.As(err, &ke) || ke.Feature != tt.want {
 				t.Fatalf("got %v, want %s refused", err, tt.want)
 			}
@@ -147,7 +147,7 @@ func TestSanitizeKubeconfigJudgesEveryEntry(t *testing.T) {
 func TestSanitizeKubeconfigPlain(t *testing.T) {
 	raw := testKubeconfig("https://east.example:6443", "    certificate-authority-data: eA==\n    extensions:\n    - name: client.authentication.k8s.io/exec\n      extension: {a: b}",
 		"    token: "+kcSecretToken)
-	cfg, err := ca.SanitizeKubeconfig(raw, nil)
+	cfg, err := kube.SanitizeKubeconfig(raw, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +174,8 @@ func TestSanitizeKubeconfigInvalid(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ca.SanitizeKubeconfig(tt.raw, nil)
-			var ke *ca.KubeconfigError
+			_, err := kube.SanitizeKubeconfig(tt.raw, nil)
+			var ke *kube.KubeconfigError
 			switch {
 			case !errors.As(err, &ke):
 				t.Fatalf("got %v, want a *KubeconfigError", err)
@@ -189,15 +189,15 @@ func TestSanitizeKubeconfigInvalid(t *testing.T) {
 }
 
 func TestParseKubeconfigAllow(t *testing.T) {
-	allow, err := ca.ParseKubeconfigAllow([]string{"exec", " tokenFile", "certificate-authority"})
+	allow, err := kube.ParseKubeconfigAllow([]string{"exec", " tokenFile", "certificate-authority"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ca.KubeconfigAllow{ca.KubeconfigExec: true, ca.KubeconfigTokenFile: true, ca.KubeconfigCertificateAuthority: true}
+	want := kube.KubeconfigAllow{kube.KubeconfigExec: true, kube.KubeconfigTokenFile: true, kube.KubeconfigCertificateAuthority: true}
 	if fmt.Sprint(allow) != fmt.Sprint(want) {
 		t.Errorf("got %v, want %v", allow, want)
 	}
-	if _, err := ca.ParseKubeconfigAllow([]string{"exec", "token-file"}); err == nil || !strings.Contains(err.Error(), `"token-file"`) {
+	if _, err := kube.ParseKubeconfigAllow([]string{"exec", "token-file"}); err == nil || !strings.Contains(err.Error(), `"token-file"`) {
 		t.Errorf("unknown value: got %v", err)
 	}
 }

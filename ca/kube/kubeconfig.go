@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"fmt"
@@ -57,7 +57,7 @@ func ParseKubeconfigAllow(values []string) (KubeconfigAllow, error) {
 	for _, v := range values {
 		f := KubeconfigFeature(strings.TrimSpace(v))
 		if !slices.Contains(KubeconfigFeatures, f) {
-			return nil, fmt.Errorf("ca: unknown kubeconfig feature %q, want some of %v", v, KubeconfigFeatures)
+			return nil, fmt.Errorf("kube: unknown kubeconfig feature %q, want some of %v", v, KubeconfigFeatures)
 		}
 		allow[f] = true
 	}
@@ -77,9 +77,9 @@ type KubeconfigError struct {
 
 func (e *KubeconfigError) Error() string {
 	if e.Feature == "" {
-		return "ca: kubeconfig: " + e.Detail
+		return "kube: kubeconfig: " + e.Detail
 	}
-	return fmt.Sprintf("ca: kubeconfig: %s uses %s, refused unless --%s includes %s",
+	return fmt.Sprintf("kube: kubeconfig: %s uses %s, refused unless --%s includes %s",
 		e.Entry, e.Feature, KubeconfigAllowFlag, e.Feature)
 }
 

@@ -1,4 +1,4 @@
-package ca
+package kube
 
 import (
 	"container/list"
@@ -30,7 +30,7 @@ const (
 // TokenCacheConfig configures a CachedTokenReviewer.
 type TokenCacheConfig struct {
 	// Reviewer authenticates a token on a miss (a *TokenReviewer).
-	Reviewer Authenticator
+	Reviewer Reviewer
 	// Audiences are part of the cache key: a token reviewed for other
 	// audiences is another entry.
 	Audiences []string
@@ -83,7 +83,7 @@ type invalidation struct {
 
 type tokenEntry struct {
 	key     string
-	caller  Caller
+	id      Identity
 	expires time.Time
 }
 
@@ -108,15 +108,12 @@ func NewCachedTokenReviewer(c TokenCacheConfig) *CachedTokenReviewer {
 		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]invalidation{}}
 }
 
-// Authenticate implements Authenticator.
-func (r *CachedTokenReviewer) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
-	if c.Token == "" {
-		return nil, ErrNoCredentials
-	}
-	key := r.key(c.Token)
-	if caller, err, ok := r.get(key); ok {
+// Review implements Reviewer.
+func (r *CachedTokenReviewer) Review(ctx context.Context, token string) (*Identity, error) {
+	key := r.key(token)
+	if id, err, ok := r.get(key); ok {
 		r.c.Metrics.hit(r.c.Cluster)
-		return caller, err
+		return id, err
 	}
 	r.c.Metrics.miss(r.c.Cluster)
 	v, err, _ := r.flight.Do(key, func() (any, error) {
@@ -126,26 +123,28 @@ func (r *CachedTokenReviewer) Authenticate(ctx context.Context, c *Credentials) 
 		// first caller's context; it gets its own bound instead.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
 		defer cancel()
-		caller, err := r.c.Reviewer.Authenticate(rctx, c)
+		id, err := r.c.Reviewer.Review(rctx, token)
 		r.c.Metrics.observe(r.c.Cluster, r.c.Now().Sub(start))
 		switch {
 		case err == nil:
-			r.put(key, caller, tokenExpiry(c.Token), epoch)
-		case isKind(err, KindUnauthenticated):
+			r.put(key, id, tokenExpiry(token), epoch)
+		case isRefusal(err):
 			r.putRefused(key, err)
 		}
-		return caller, err
+		return id, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	caller := *v.(*Caller)
-	return &caller, nil
+	id := *v.(*Identity)
+	return &id, nil
 }
 
-func isKind(err error, k Kind) bool {
-	var ce *Error
-	return errors.As(err, &ce) && ce.Kind == k
+// isRefusal reports whether err is a decided refusal, as opposed to an
+// apiserver that could not answer.
+func isRefusal(err error) bool {
+	var ke *Error
+	return errors.As(err, &ke) && !ke.Retry
 }
 
 // key hashes the token with the audiences it is reviewed for; the token
@@ -158,9 +157,9 @@ func (r *CachedTokenReviewer) key(token string) string {
 	return string(h.Sum(nil))
 }
 
-// get returns a cached answer: a caller, or the refusal of a token
+// get returns a cached answer: an identity, or the refusal of a token
 // refused less than NegativeTTL ago.
-func (r *CachedTokenReviewer) get(key string) (*Caller, error, bool) {
+func (r *CachedTokenReviewer) get(key string) (*Identity, error, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.c.Now()
@@ -180,8 +179,8 @@ func (r *CachedTokenReviewer) get(key string) (*Caller, error, bool) {
 		return nil, nil, false
 	}
 	r.lru.MoveToFront(el)
-	caller := e.caller
-	return &caller, nil, true
+	id := e.id
+	return &id, nil, true
 }
 
 // putRefused remembers a refusal for NegativeTTL, forgetting the oldest
@@ -214,7 +213,7 @@ func (r *CachedTokenReviewer) currentEpoch() uint64 {
 
 // put caches a positive review that started at epoch, unless the Pod its
 // token is bound to was invalidated since.
-func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time, epoch uint64) {
+func (r *CachedTokenReviewer) put(key string, c *Identity, tokenExp time.Time, epoch uint64) {
 	expires := r.c.Now().Add(r.c.TTL)
 	if !tokenExp.IsZero() && tokenExp.Before(expires) {
 		expires = tokenExp
@@ -230,7 +229,7 @@ func (r *CachedTokenReviewer) put(key string, c *Caller, tokenExp time.Time, epo
 	if el, ok := r.entries[key]; ok {
 		r.removeLocked(el)
 	}
-	r.entries[key] = r.lru.PushFront(&tokenEntry{key: key, caller: *c, expires: expires})
+	r.entries[key] = r.lru.PushFront(&tokenEntry{key: key, id: *c, expires: expires})
 	if c.PodUID != "" {
 		if r.byPod[c.PodUID] == nil {
 			r.byPod[c.PodUID] = map[string]struct{}{}
@@ -246,7 +245,7 @@ func (r *CachedTokenReviewer) removeLocked(el *list.Element) {
 	e := el.Value.(*tokenEntry)
 	r.lru.Remove(el)
 	delete(r.entries, e.key)
-	if uid := e.caller.PodUID; uid != "" {
+	if uid := e.id.PodUID; uid != "" {
 		delete(r.byPod[uid], e.key)
 		if len(r.byPod[uid]) == 0 {
 			delete(r.byPod, uid)
