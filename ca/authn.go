@@ -74,7 +74,7 @@ func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*
 	}
 	switch len(failures) {
 	case 0:
-		return nil, refuse(KindUnauthenticated, "no_credentials",
+		return nil, refuse(codes.Unauthenticated, "no_credentials",
 			"no credentials: send a service-account token with audience istio-ca as 'authorization: Bearer <token>', or a valid client certificate", nil)
 	case 1:
 		return nil, failures[0]

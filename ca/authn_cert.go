@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"google.golang.org/grpc/codes"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -24,14 +25,14 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	}
 	id, _, err := x509svid.Verify(c.PeerCerts, a.Bundles)
 	if err != nil {
-		return nil, refuse(KindUnauthenticated, "cert_invalid", "client certificate is not a valid SVID of this trust domain", err)
+		return nil, refuse(codes.Unauthenticated, "cert_invalid", "client certificate is not a valid SVID of this trust domain", err)
 	}
 	if !id.MemberOf(a.TrustDomain) {
-		return nil, refuse(KindUnauthenticated, "cert_foreign_trust_domain", "client certificate belongs to another trust domain", nil)
+		return nil, refuse(codes.Unauthenticated, "cert_foreign_trust_domain", "client certificate belongs to another trust domain", nil)
 	}
 	ns, sa, ok := parseWorkloadID(id)
 	if !ok {
-		return nil, refuse(KindUnauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
+		return nil, refuse(codes.Unauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
 	}
 	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
 	"slices"
 	"strings"
 
@@ -84,13 +85,13 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 	account := c.Namespace + "/" + c.ServiceAccount
 	switch {
 	case !a.TrustedNodeAccounts[account]:
-		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "untrusted_caller", denied,
+		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "untrusted_caller", denied,
 			fmt.Errorf("%s is not a trusted node account (trusted: %v)", account, keys(a.TrustedNodeAccounts))), "")
 	case a.Pods == nil:
-		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "impersonation_not_enabled", denied,
+		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "impersonation_not_enabled", denied,
 			errors.New("no cluster access to authorize node proxies")), "")
 	case c.PodName == "" || c.PodUID == "":
-		return spiffeid.ID{}, check("trusted node account", account, refuse(KindPermissionDenied, "caller_not_pod_bound", denied,
+		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "caller_not_pod_bound", denied,
 			errors.New("node proxy token is not bound to a Pod")), "")
 	}
 	_ = check("trusted node account", account, nil, "trusted")
@@ -103,7 +104,7 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 		node, source = pod.Node, "caller Pod's spec.nodeName"
 	}
 	if node == "" {
-		return spiffeid.ID{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(KindPermissionDenied, "caller_node_unknown", denied,
+		return spiffeid.ID{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(codes.PermissionDenied, "caller_node_unknown", denied,
 			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name)), "")
 	}
 	_ = check("caller node", pod.Namespace+"/"+pod.Name, nil, node+" (from the "+source+")")
@@ -114,7 +115,7 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 		return spiffeid.ID{}, check("workload on node", input, podLookupError(err), "")
 	}
 	if len(pods) == 0 {
-		return spiffeid.ID{}, check("workload on node", input, refuse(KindPermissionDenied, "not_on_node", denied,
+		return spiffeid.ID{}, check("workload on node", input, refuse(codes.PermissionDenied, "not_on_node", denied,
 			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node)), "")
 	}
 	return target, check("workload on node", input, nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
@@ -133,17 +134,17 @@ func keys(m map[string]bool) []string {
 func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
 	const msg = "ImpersonatedIdentity must be one SPIFFE ID spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
 	if strings.ContainsAny(requested, ", \t\n") {
-		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, fmt.Errorf("%q holds more than one value", requested))
+		return spiffeid.ID{}, refuse(codes.InvalidArgument, "malformed_identity", msg, fmt.Errorf("%q holds more than one value", requested))
 	}
 	id, err := spiffeid.FromString(requested)
 	if err != nil {
-		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, err)
+		return spiffeid.ID{}, refuse(codes.InvalidArgument, "malformed_identity", msg, err)
 	}
 	if _, _, ok := parseWorkloadID(id); !ok {
-		return spiffeid.ID{}, refuse(KindInvalidArgument, "malformed_identity", msg, fmt.Errorf("%s is not a workload identity", id))
+		return spiffeid.ID{}, refuse(codes.InvalidArgument, "malformed_identity", msg, fmt.Errorf("%s is not a workload identity", id))
 	}
 	if !id.MemberOf(a.TrustDomain) {
-		return spiffeid.ID{}, refuse(KindPermissionDenied, "foreign_trust_domain",
+		return spiffeid.ID{}, refuse(codes.PermissionDenied, "foreign_trust_domain",
 			"requested identity is not in this CA's trust domain", fmt.Errorf("%s is not in %s", id, a.TrustDomain))
 	}
 	return id, nil
@@ -168,15 +169,15 @@ func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*kube.
 	case err != nil:
 		return nil, podLookupError(err)
 	case pod == nil:
-		return nil, refuse(KindUnauthenticated, "caller_pod_missing", msg, fmt.Errorf("Pod %s/%s of the token does not exist", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_missing", msg, fmt.Errorf("Pod %s/%s of the token does not exist", c.Namespace, c.PodName))
 	case c.PodUID != "" && pod.UID != c.PodUID:
-		return nil, refuse(KindUnauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
+		return nil, refuse(codes.Unauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
 	case pod.ServiceAccount != c.ServiceAccount:
-		return nil, refuse(KindUnauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
+		return nil, refuse(codes.Unauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
 	case pod.Terminated:
-		return nil, refuse(KindUnauthenticated, "caller_pod_terminated", msg, fmt.Errorf("Pod %s/%s of the token has terminated", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_terminated", msg, fmt.Errorf("Pod %s/%s of the token has terminated", c.Namespace, c.PodName))
 	case pod.Deleting:
-		return nil, refuse(KindUnauthenticated, "caller_pod_deleting", msg, fmt.Errorf("Pod %s/%s of the token is being deleted", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_deleting", msg, fmt.Errorf("Pod %s/%s of the token is being deleted", c.Namespace, c.PodName))
 	}
 	return pod, nil
 }
@@ -191,7 +192,7 @@ func (a *NodeAuthorizer) accountPod(ctx context.Context, c *Caller, check func(n
 	case err != nil:
 		return check("renewing workload", input, podLookupError(err), "")
 	case len(pods) == 0:
-		return check("renewing workload", input, refuse(KindUnauthenticated, "cert_workload_gone",
+		return check("renewing workload", input, refuse(codes.Unauthenticated, "cert_workload_gone",
 			"no running Pod has this certificate's service account: authenticate with a service-account token",
 			fmt.Errorf("no live Pod of %s in this cluster", input)), "")
 	}
@@ -200,12 +201,12 @@ func (a *NodeAuthorizer) accountPod(ctx context.Context, c *Caller, check func(n
 
 func podLookupError(err error) error {
 	if errors.Is(err, kube.ErrNotSynced) {
-		return refuse(KindUnavailable, "pod_index_not_synced", "CA is starting, retry shortly", err)
+		return refuse(codes.Unavailable, "pod_index_not_synced", "CA is starting, retry shortly", err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return err
 	}
-	return refuse(KindUnavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
+	return refuse(codes.Unavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
 }
 
 // ParseNodeAccounts reads "ns/sa,ns/sa".

@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"errors"
+	"google.golang.org/grpc/codes"
 	"testing"
 
 	"github.com/meshca/meshca/ca/kube"
@@ -77,34 +78,34 @@ func TestNodeAuthorizer(t *testing.T) {
 		requested string
 		pods      PodSource
 		want      string
-		kind      Kind
+		kind      codes.Code
 		reason    string
 	}{
 		{name: "own identity", caller: web, want: web.ID.String()},
-		{name: "own identity, pod gone", caller: with(web, func(c *Caller) { c.PodName = "web-gone" }), kind: KindUnauthenticated, reason: "caller_pod_missing"},
-		{name: "own identity, pod replaced", caller: with(web, func(c *Caller) { c.PodUID = "old" }), kind: KindUnauthenticated, reason: "caller_uid_mismatch"},
+		{name: "own identity, pod gone", caller: with(web, func(c *Caller) { c.PodName = "web-gone" }), kind: codes.Unauthenticated, reason: "caller_pod_missing"},
+		{name: "own identity, pod replaced", caller: with(web, func(c *Caller) { c.PodUID = "old" }), kind: codes.Unauthenticated, reason: "caller_uid_mismatch"},
 		{name: "ztunnel for a workload on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", want: "spiffe://cluster.local/ns/prod/sa/web"},
 		{name: "node from the token extra", caller: with(ztunnel, func(c *Caller) { c.Node = "node-b" }), requested: "spiffe://cluster.local/ns/prod/sa/db", want: "spiffe://cluster.local/ns/prod/sa/db"},
-		{name: "workload on another node", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: KindPermissionDenied, reason: "not_on_node"},
-		{name: "failed pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/batch", kind: KindPermissionDenied, reason: "not_on_node"},
-		{name: "untrusted caller", caller: web, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: KindPermissionDenied, reason: "untrusted_caller"},
-		{name: "foreign trust domain", caller: ztunnel, requested: "spiffe://evil.example/ns/prod/sa/web", kind: KindPermissionDenied, reason: "foreign_trust_domain"},
-		{name: "malformed", caller: ztunnel, requested: "spiffe://cluster.local/web", kind: KindInvalidArgument, reason: "malformed_identity"},
-		{name: "not a spiffe id", caller: ztunnel, requested: "web.prod", kind: KindInvalidArgument, reason: "malformed_identity"},
-		{name: "two ids", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web,spiffe://cluster.local/ns/prod/sa/db", kind: KindInvalidArgument, reason: "malformed_identity"},
-		{name: "token not bound to a pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "", "" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindPermissionDenied, reason: "caller_not_pod_bound"},
-		{name: "ztunnel pod deleted", caller: with(ztunnel, func(c *Caller) { c.PodName = "ztunnel-old" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_missing"},
-		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: kube.ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
-		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: KindUnavailable, reason: "pod_lookup_failed"},
+		{name: "workload on another node", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: codes.PermissionDenied, reason: "not_on_node"},
+		{name: "failed pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/batch", kind: codes.PermissionDenied, reason: "not_on_node"},
+		{name: "untrusted caller", caller: web, requested: "spiffe://cluster.local/ns/prod/sa/db", kind: codes.PermissionDenied, reason: "untrusted_caller"},
+		{name: "foreign trust domain", caller: ztunnel, requested: "spiffe://evil.example/ns/prod/sa/web", kind: codes.PermissionDenied, reason: "foreign_trust_domain"},
+		{name: "malformed", caller: ztunnel, requested: "spiffe://cluster.local/web", kind: codes.InvalidArgument, reason: "malformed_identity"},
+		{name: "not a spiffe id", caller: ztunnel, requested: "web.prod", kind: codes.InvalidArgument, reason: "malformed_identity"},
+		{name: "two ids", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web,spiffe://cluster.local/ns/prod/sa/db", kind: codes.InvalidArgument, reason: "malformed_identity"},
+		{name: "token not bound to a pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "", "" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.PermissionDenied, reason: "caller_not_pod_bound"},
+		{name: "ztunnel pod deleted", caller: with(ztunnel, func(c *Caller) { c.PodName = "ztunnel-old" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_missing"},
+		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: kube.ErrNotSynced}, kind: codes.Unavailable, reason: "pod_index_not_synced"},
+		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
 		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
-		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_terminated"},
-		{name: "ztunnel pod being deleted", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-del", "zx" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: KindUnauthenticated, reason: "caller_pod_deleting"},
-		{name: "succeeded pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/job", kind: KindPermissionDenied, reason: "not_on_node"},
+		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_terminated"},
+		{name: "ztunnel pod being deleted", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-del", "zx" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_deleting"},
+		{name: "succeeded pod does not count", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/job", kind: codes.PermissionDenied, reason: "not_on_node"},
 		{name: "draining pod still counts", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/drain", want: "spiffe://cluster.local/ns/prod/sa/drain"},
 		{name: "certificate renewal with a live pod", caller: renewing("prod", "web"), want: "spiffe://cluster.local/ns/prod/sa/web"},
-		{name: "certificate renewal, workload gone", caller: renewing("prod", "gone"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
-		{name: "certificate renewal, only a terminated pod", caller: renewing("prod", "batch"), kind: KindUnauthenticated, reason: "cert_workload_gone"},
-		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: kube.ErrNotSynced}, kind: KindUnavailable, reason: "pod_index_not_synced"},
+		{name: "certificate renewal, workload gone", caller: renewing("prod", "gone"), kind: codes.Unauthenticated, reason: "cert_workload_gone"},
+		{name: "certificate renewal, only a terminated pod", caller: renewing("prod", "batch"), kind: codes.Unauthenticated, reason: "cert_workload_gone"},
+		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: kube.ErrNotSynced}, kind: codes.Unavailable, reason: "pod_index_not_synced"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,8 +123,8 @@ func TestNodeAuthorizer(t *testing.T) {
 				return
 			}
 			var ce *Error
-			if !errors.As(err, &ce) || ce.Kind != tt.kind || ce.Reason != tt.reason {
-				t.Fatalf("err = %v, want kind %d reason %s", err, tt.kind, tt.reason)
+			if !errors.As(err, &ce) || ce.Code != tt.kind || ce.Reason != tt.reason {
+				t.Fatalf("err = %v, want code %v reason %s", err, tt.kind, tt.reason)
 			}
 		})
 	}

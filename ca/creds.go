@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"fmt"
+	"google.golang.org/grpc/codes"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
@@ -30,22 +31,22 @@ func credentialsFrom(ctx context.Context, maxToken int) (Credentials, string, er
 	case 1:
 		v := strings.TrimSpace(auth[0])
 		if len(v) < len(bearerPrefix) || !strings.EqualFold(v[:len(bearerPrefix)], bearerPrefix) {
-			return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "authorization header must be 'Bearer <token>'", nil)
+			return c, "", refuse(codes.Unauthenticated, "bad_authorization_header", "authorization header must be 'Bearer <token>'", nil)
 		}
 		c.Token = strings.TrimSpace(v[len(bearerPrefix):])
 		if len(c.Token) > maxToken {
-			return Credentials{}, "", refuse(KindUnauthenticated, "token_too_large",
+			return Credentials{}, "", refuse(codes.Unauthenticated, "token_too_large",
 				fmt.Sprintf("bearer token is %d bytes, longer than the %d this CA accepts: send a service-account token", len(c.Token), maxToken), nil)
 		}
 	default:
-		return c, "", refuse(KindUnauthenticated, "bad_authorization_header", "send exactly one authorization header", nil)
+		return c, "", refuse(codes.Unauthenticated, "bad_authorization_header", "send exactly one authorization header", nil)
 	}
 	switch ids := md.Get(headerClusterID); len(ids) {
 	case 0:
 	case 1:
 		c.ClusterID = ids[0]
 	default:
-		return c, "", refuse(KindUnauthenticated, "bad_cluster_header", "send at most one clusterid header", nil)
+		return c, "", refuse(codes.Unauthenticated, "bad_cluster_header", "send at most one clusterid header", nil)
 	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {

@@ -12,34 +12,14 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Kind is the class of a refusal; it decides the gRPC code, and with it
-// whether clients retry.
-type Kind int
-
-// Kinds of refusal.
-const (
-	KindInternal           Kind = iota // a bug or a backend answer that breaks the rules
-	KindUnauthenticated                // who are you?
-	KindPermissionDenied               // you may not have that identity
-	KindInvalidArgument                // bad CSR, TTL or metadata
-	KindUnavailable                    // apiserver or backend down: retry
-	KindResourceExhausted              // limits: retry later
-	KindFailedPrecondition             // the backend's configuration refuses: an operator must act
-)
-
-var kindCodes = map[Kind]codes.Code{
-	KindInternal:           codes.Internal,
-	KindUnauthenticated:    codes.Unauthenticated,
-	KindPermissionDenied:   codes.PermissionDenied,
-	KindInvalidArgument:    codes.InvalidArgument,
-	KindUnavailable:        codes.Unavailable,
-	KindResourceExhausted:  codes.ResourceExhausted,
-	KindFailedPrecondition: codes.FailedPrecondition,
-}
-
-// Error is a refusal decided in this package.
+// Error is a refusal decided in this package. Its Code is the gRPC code
+// the client receives, and with it whether the client retries:
+// Unauthenticated (who are you?), PermissionDenied (you may not have that
+// identity), InvalidArgument (bad CSR, TTL or metadata), Unavailable
+// (apiserver or backend down: retry), ResourceExhausted (limits: retry
+// later), Internal (a bug, or a backend answer that breaks the rules).
 type Error struct {
-	Kind Kind
+	Code codes.Code
 	// Reason is a stable metric label, e.g. "audience_mismatch".
 	Reason string
 	// Msg is safe to send to the client and says what it can do.
@@ -57,8 +37,8 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-func refuse(k Kind, reason, msg string, err error) *Error {
-	return &Error{Kind: k, Reason: reason, Msg: msg, Err: err}
+func refuse(code codes.Code, reason, msg string, err error) *Error {
+	return &Error{Code: code, Reason: reason, Msg: msg, Err: err}
 }
 
 // Outcome is how a request ended, for the wire, the log and the metrics.
@@ -102,10 +82,10 @@ func classify(err error) Outcome {
 	)
 	switch {
 	case errors.As(err, &ce):
-		o := Outcome{Code: kindCodes[ce.Kind], Reason: ce.Reason, Msg: ce.Msg, Detail: err.Error()}
+		o := Outcome{Code: ce.Code, Reason: ce.Reason, Msg: ce.Msg, Detail: err.Error()}
 		if ce.Reason == reasonTTL {
 			o.SignErr = signErrTTL
-		} else if ce.Kind == KindInternal {
+		} else if ce.Code == codes.Internal {
 			o.SignErr = signErrCertGen
 		}
 		return o

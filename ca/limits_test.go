@@ -48,7 +48,7 @@ func (g *gate) Authenticate(ctx context.Context, c *ca.Credentials) (*ca.Caller,
 	case <-g.release:
 	case <-ctx.Done():
 	}
-	return nil, &ca.Error{Kind: ca.KindUnauthenticated, Reason: "test_bad_token", Msg: "bad token"}
+	return nil, &ca.Error{Code: codes.Unauthenticated, Reason: "test_bad_token", Msg: "bad token"}
 }
 
 // inProcess returns a context that looks like a request from addr with

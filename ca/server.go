@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
 	"log/slog"
 	"slices"
 	"time"
@@ -182,7 +183,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	}
 	cluster, ok := s.c.Clusters.Cluster(r.creds.ClusterID)
 	if !ok {
-		return nil, refuse(KindUnauthenticated, "unknown_cluster",
+		return nil, refuse(codes.Unauthenticated, "unknown_cluster",
 			fmt.Sprintf("unknown cluster %q: this CA does not serve it", r.creds.ClusterID), nil)
 	}
 	if r.caller, err = s.authenticate(ctx, cluster, r); err != nil {
@@ -192,7 +193,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		return nil, refuse(KindResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
+		return nil, refuse(codes.ResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
 	}
 	s.c.Metrics.inFlight.Inc()
 	defer s.c.Metrics.inFlight.Dec()
@@ -229,7 +230,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
 	release, err := s.authn.acquire(ctx, peerKey(r.peer))
 	if err != nil {
-		return nil, refuse(KindResourceExhausted, "too_many_authentications",
+		return nil, refuse(codes.ResourceExhausted, "too_many_authentications",
 			"too many requests from this address are authenticating at once, retry later", err)
 	}
 	defer release()
@@ -245,7 +246,7 @@ func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
 		return "", nil
 	}
 	if _, isString := v.GetKind().(*structpb.Value_StringValue); !isString {
-		return "", refuse(KindInvalidArgument, "malformed_identity", metaImpersonate+" must be one SPIFFE ID string", nil)
+		return "", refuse(codes.InvalidArgument, "malformed_identity", metaImpersonate+" must be one SPIFFE ID string", nil)
 	}
 	return v.GetStringValue(), nil
 }
@@ -256,7 +257,7 @@ func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
 // stretch itself to the maximum by renewing itself.
 func (s *Server) ttl(seconds int64, c *Caller) (time.Duration, error) {
 	if seconds > int64(s.c.MaxTTL/time.Second) {
-		return 0, refuse(KindInvalidArgument, reasonTTL,
+		return 0, refuse(codes.InvalidArgument, reasonTTL,
 			fmt.Sprintf("requested TTL %ds is above the maximum %ds", seconds, int64(s.c.MaxTTL/time.Second)), nil)
 	}
 	ttl := s.c.DefaultTTL
@@ -277,15 +278,15 @@ const reasonTTL = "ttl_too_long"
 func (s *Server) respond(id spiffeid.ID, res *signer.Response) (*authpb.IstioCertificateResponse, error) {
 	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
 	if err != nil {
-		return nil, refuse(KindUnavailable, "no_trust_bundle", "CA has no trust bundle yet, retry later", err)
+		return nil, refuse(codes.Unavailable, "no_trust_bundle", "CA has no trust bundle yet, retry later", err)
 	}
 	chain := append([]*x509.Certificate{res.Leaf}, res.Intermediates...)
 	got, _, err := x509svid.Verify(chain, bundle)
 	if err != nil {
-		return nil, refuse(KindInternal, "issued_chain_invalid", "issued certificate failed verification", err)
+		return nil, refuse(codes.Internal, "issued_chain_invalid", "issued certificate failed verification", err)
 	}
 	if got != id {
-		return nil, refuse(KindInternal, "issued_wrong_identity", "issued certificate failed verification", fmt.Errorf("issued %s, authorized %s", got, id))
+		return nil, refuse(codes.Internal, "issued_wrong_identity", "issued certificate failed verification", fmt.Errorf("issued %s, authorized %s", got, id))
 	}
 	out := make([]string, 0, len(chain)+1)
 	for _, c := range chain {

@@ -44,7 +44,7 @@ func (m tokens) Authenticate(_ context.Context, c *ca.Credentials) (*ca.Caller, 
 	if caller, ok := m[c.Token]; ok {
 		return caller, nil
 	}
-	return nil, &ca.Error{Kind: ca.KindUnauthenticated, Reason: "test_bad_token", Msg: "bad token"}
+	return nil, &ca.Error{Code: codes.Unauthenticated, Reason: "test_bad_token", Msg: "bad token"}
 }
 
 type fixture struct {
