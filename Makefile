@@ -60,9 +60,12 @@ bench: tools
 demo: k8s
 	cd integration && $(GO) run ./cmd/demo $(DEMO_FLAGS)
 
-## check: gofmt and go vet (part of test); lint adds staticcheck.
+## check: gofmt, the budgets (hack/budgets: file size, direct requires,
+## grpc/status, package layering), go vet, go mod tidy (part of test); lint
+## adds staticcheck.
 check:
 	@out=$$(gofmt -l . ) && [ -z "$$out" ] || { echo "gofmt needed:" $$out >&2; exit 1; }
+	$(GO) run ./hack/budgets
 	$(GO) vet ./...
 	cd integration && $(GO) vet ./...
 	$(GO) mod tidy -diff && cd integration && $(GO) mod tidy -diff && cd istioclient && $(GO) mod tidy -diff

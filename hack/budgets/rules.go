@@ -1,0 +1,94 @@
+package main
+
+// The budgets, as data, taken from meshca's design notes: the package table
+// (what each folder owns and must not do) and the size practice. Change the
+// design first, then these.
+
+// maxLines is the most lines a Go file not marked generated may have.
+const maxLines = 500
+
+// maxDirectRequires is one more than the direct requires the product
+// go.mod may list.
+const maxDirectRequires = 20
+
+// statusImport is the package that turns errors into gRPC status.
+const statusImport = "google.golang.org/grpc/status"
+
+// statusImporters are the packages whose non-test, non-generated code may
+// import statusImport: ca maps errors to codes in one place (ca/errors.go),
+// and ca/caclient reads the codes of the answers it gets. Other ca/ parts
+// (ca/kube, ca/trust, ca/podcert) return errors and leave the mapping to ca.
+var statusImporters = []string{"ca", "ca/caclient"}
+
+// A layer is a set of packages of the product module and the layers their
+// non-test code may import. Pkgs are paths relative to the module: "csr"
+// names one package, "ca/..." names ca and everything under it. A package
+// belongs to the layer of its most specific pattern (an exact path beats a
+// "/..." pattern, a longer pattern beats a shorter one). A package that is
+// in no layer, or imports one that is in no layer, is a violation: place it
+// here.
+type layer struct {
+	Name string
+	Pkgs []string
+	May  []string // names of the layers this one may import
+	Why  string
+}
+
+var layers = []layer{
+	{
+		Name: "proto", Pkgs: []string{"proto/..."},
+		Why: "proto/ holds generated code and imports nothing of ours",
+	},
+	{
+		Name: "internal", Pkgs: []string{"internal/..."}, May: []string{"internal"},
+		Why: "internal/ helpers are the bottom layer",
+	},
+	{
+		Name: "internal/testca", Pkgs: []string{"internal/testca"}, May: []string{"internal", "keymgr"},
+		Why: "the test CA builder makes keymgr material; it is the one internal package above keymgr",
+	},
+	{
+		Name: "csr", Pkgs: []string{"csr/..."}, May: []string{"internal", "csr"},
+		Why: "csr is the bottom of the domain and must not import signer, keymgr or ca",
+	},
+	{
+		Name: "keymgr", Pkgs: []string{"keymgr/..."}, May: []string{"internal", "csr", "keymgr"},
+		Why: "keymgr owns key material and must not import signer, its backends, ca or cmd",
+	},
+	{
+		Name: "signer", Pkgs: []string{"signer"}, May: []string{"internal", "csr"},
+		Why: "the Signer interface rests on csr alone; backends import it, never the reverse, and it must not import ca",
+	},
+	{
+		Name: "signer backend", Pkgs: []string{"signer/..."}, May: []string{"internal", "csr", "keymgr", "signer"},
+		Why: "a backend implements signer; it must not import another backend, ca or cmd",
+	},
+	{
+		Name: "signertest", Pkgs: []string{"signer/signertest"},
+		May: []string{"internal", "internal/testca", "csr", "keymgr", "signer"},
+		Why: "the contract suite tests backends through signer and must not import one",
+	},
+	{
+		Name: "ca part", Pkgs: []string{"ca/..."},
+		May: []string{"internal", "proto", "csr", "keymgr", "signer", "ca part"},
+		Why: "ca/<part> (kube, caclient, trust, podcert) is a part ca assembles; it must not import ca, its parent, or cmd",
+	},
+	{
+		Name: "ca", Pkgs: []string{"ca"},
+		May: []string{"internal", "proto", "csr", "keymgr", "signer", "ca part"},
+		Why: "ca is the server; it uses the domain packages and its own parts, and must not import a signer backend or cmd",
+	},
+	{
+		Name: "cmd", Pkgs: []string{"cmd/..."},
+		May: []string{"internal", "proto", "csr", "keymgr", "signer", "signer backend", "ca part", "ca"},
+		Why: "cmd assembles the parts; nothing imports cmd",
+	},
+	{
+		Name: "hack", Pkgs: []string{"hack/..."},
+		Why: "hack/ tools stand alone",
+	},
+}
+
+// testMayNotImport lists the layers that test code, too, must not import
+// (a package's tests may import the package itself).
+var testMayNotImport = []string{"cmd"}
