@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"net/http"
 
+	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,13 +31,10 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), td 
 	base.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		c := base.Clone()
 		c.GetConfigForClient = nil
-		pool := x509.NewCertPool()
+		c.ClientCAs = x509.NewCertPool()
 		if b, err := bundles.GetX509BundleForTrustDomain(td); err == nil {
-			for _, r := range b.X509Authorities() {
-				pool.AddCert(r)
-			}
+			c.ClientCAs = keymgr.Pool(b.X509Authorities()...)
 		}
-		c.ClientCAs = pool
 		return c, nil
 	}
 	return base

@@ -1,6 +1,7 @@
 package csr
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -113,4 +114,10 @@ func curveName(c elliptic.Curve) string {
 		return "unknown"
 	}
 	return c.Params().Name
+}
+
+// SamePublicKey reports whether a and b are the same public key.
+func SamePublicKey(a, b crypto.PublicKey) bool {
+	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && k.Equal(b)
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshca/meshca/csr"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -48,7 +49,7 @@ func (a *Authority) Validate(now time.Time) error {
 	if err := checkSigningCert(a.Cert, now); err != nil {
 		return err
 	}
-	if !publicKeysEqual(a.Key.Public(), a.Cert.PublicKey) {
+	if !csr.SamePublicKey(a.Key.Public(), a.Cert.PublicKey) {
 		return errors.New("keymgr: private key does not match the signing certificate's public key")
 	}
 	for i, r := range a.Roots {
@@ -63,14 +64,7 @@ func (a *Authority) Validate(now time.Time) error {
 }
 
 func (a *Authority) verifyChain(now time.Time) error {
-	roots := x509.NewCertPool()
-	for _, r := range a.Roots {
-		roots.AddCert(r)
-	}
-	inter := x509.NewCertPool()
-	for _, c := range a.Chain {
-		inter.AddCert(c)
-	}
+	roots, inter := Pool(a.Roots...), Pool(a.Chain...)
 	_, err := a.Cert.Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
@@ -137,20 +131,5 @@ func (a *Authority) Bundle(td spiffeid.TrustDomain) *x509bundle.Bundle {
 // NotAfter is the time the first certificate in the signing path expires:
 // nothing a signs may outlive it.
 func (a *Authority) NotAfter() time.Time {
-	t := a.Cert.NotAfter
-	for _, c := range a.Chain {
-		if c.NotAfter.Before(t) {
-			t = c.NotAfter
-		}
-	}
-	return t
-}
-
-type equalKey interface {
-	Equal(crypto.PublicKey) bool
-}
-
-func publicKeysEqual(a, b crypto.PublicKey) bool {
-	k, ok := a.(equalKey)
-	return ok && k.Equal(b)
+	return EarliestExpiry(append([]*x509.Certificate{a.Cert}, a.Chain...)...)
 }

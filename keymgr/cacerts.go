@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 )
 
@@ -70,7 +71,7 @@ func (l layout) load(dir string, now time.Time) (*Authority, error) {
 	if a.Key, err = readKey(path(l.key)); err != nil {
 		return nil, err
 	}
-	if !publicKeysEqual(a.Key.Public(), a.Cert.PublicKey) {
+	if !csr.SamePublicKey(a.Key.Public(), a.Cert.PublicKey) {
 		return nil, &FileError{Path: path(l.key), Err: fmt.Errorf("does not match the public key of the certificate in %s", l.cert)}
 	}
 	if a.Roots, err = readCerts(path(l.roots), true); err != nil {

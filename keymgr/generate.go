@@ -96,10 +96,6 @@ func NewRoot(o RootOptions) (*Authority, error) {
 	return &Authority{Cert: cert, Key: key, Roots: []*x509.Certificate{cert}}, nil
 }
 
-// Backdate is how far before "now" issued certificates start, to tolerate
-// clock skew between meshca and its clients (Istio uses two minutes).
-const Backdate = 2 * time.Minute
-
 var serialLimit = new(big.Int).Lsh(big.NewInt(1), 128)
 
 // NewSerial returns a random positive serial number of up to 128 bits.

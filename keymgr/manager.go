@@ -40,13 +40,7 @@ func (m *Manager) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bun
 
 // RootNotAfter is when the earliest trusted root expires.
 func (m *Manager) RootNotAfter() time.Time {
-	var t time.Time
-	for _, r := range m.Authority().Roots {
-		if t.IsZero() || r.NotAfter.Before(t) {
-			t = r.NotAfter
-		}
-	}
-	return t
+	return EarliestExpiry(m.Authority().Roots...)
 }
 
 // ChainNotAfter is when the signing path expires.

@@ -40,11 +40,12 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
+	notBefore, notAfter := Window(o.Now, o.TTL, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: o.Names[0]},
-		NotBefore:             o.Now.Add(-Backdate),
-		NotAfter:              capTime(o.Now.Add(o.TTL), a.NotAfter()),
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
@@ -70,13 +71,6 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 		chain = append(chain, c.Raw)
 	}
 	return &tls.Certificate{Certificate: chain, PrivateKey: key, Leaf: leaf}, nil
-}
-
-func capTime(t, limit time.Time) time.Time {
-	if t.After(limit) {
-		return limit
-	}
-	return t
 }
 
 // ServingRotator keeps a serving certificate fresh: it re-issues it from the

@@ -2,7 +2,6 @@ package signer
 
 import (
 	"bytes"
-	"crypto"
 	"crypto/x509"
 	"encoding/asn1"
 	"fmt"
@@ -31,10 +30,9 @@ const tagURI = 6
 // violation is KindRefused: the backend's configuration must change.
 func CheckIssued(backend string, req *Request, leaf *x509.Certificate, notAfterLimit time.Time) error {
 	refused := func(format string, args ...any) error { return Errorf(backend, KindRefused, format, args...) }
-	pub, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool })
 	extraKU, missingKU := leaf.KeyUsage&^req.Usages.Key, req.Usages.Key&^leaf.KeyUsage
 	switch {
-	case !ok || !pub.Equal(req.CSR.PublicKey):
+	case !csr.SamePublicKey(leaf.PublicKey, req.CSR.PublicKey):
 		return refused("issued certificate does not certify the CSR's key")
 	case !bytes.Equal(leaf.RawSubject, emptySubject):
 		return refused("issued certificate has the subject %q, want an empty subject: the backend must not copy the CSR's subject or add its own", leaf.Subject.String())

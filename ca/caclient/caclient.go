@@ -170,7 +170,7 @@ func Check(chain []string, id spiffeid.ID, key crypto.Signer) (*SVID, error) {
 	if len(leaf.URIs) == 0 || leaf.URIs[0].String() != id.String() {
 		return nil, fmt.Errorf("caclient: leaf identity %v does not match the requested %s", leaf.URIs, id)
 	}
-	if k, ok := leaf.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(key.Public()) {
+	if !csr.SamePublicKey(leaf.PublicKey, key.Public()) {
 		return nil, errors.New("caclient: leaf does not certify our key")
 	}
 	got, _, err := x509svid.Verify(certs, x509bundle.FromX509Authorities(id.TrustDomain(), roots))

@@ -4,8 +4,6 @@ import (
 	"container/list"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -279,26 +277,6 @@ func (r *CachedTokenReviewer) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lru.Len()
-}
-
-// tokenExpiry reads the exp claim of a JWT whose signature the apiserver
-// has just verified; zero when absent.
-func tokenExpiry(token string) time.Time {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}
-	}
-	var claims struct {
-		Exp int64 `json:"exp"`
-	}
-	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
-		return time.Time{}
-	}
-	return time.Unix(claims.Exp, 0)
 }
 
 // TokenCacheMetrics count cache hits and misses and time the reviews, by

@@ -2,9 +2,6 @@ package main
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,7 +10,9 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -108,27 +107,11 @@ func tokenSubject(path string) (ns, sa string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("--token-file: %w", err)
 	}
-	parts := strings.Split(strings.TrimSpace(string(raw)), ".")
-	if len(parts) != 3 {
-		return "", "", errors.New("--token-file: not a JWT")
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	claims, err := kube.ReadClaims(strings.TrimSpace(string(raw)))
 	if err != nil {
-		return "", "", fmt.Errorf("--token-file: JWT payload: %w", err)
+		return "", "", fmt.Errorf("--token-file: %w", err)
 	}
-	var claims struct {
-		Sub string `json:"sub"`
-		K8s struct {
-			Namespace      string `json:"namespace"`
-			ServiceAccount struct {
-				Name string `json:"name"`
-			} `json:"serviceaccount"`
-		} `json:"kubernetes.io"`
-	}
-	if err := json.Unmarshal(payload, &claims); err != nil {
-		return "", "", fmt.Errorf("--token-file: JWT claims: %w", err)
-	}
-	return claims.K8s.Namespace, claims.K8s.ServiceAccount.Name, nil
+	return claims.Namespace, claims.ServiceAccount, nil
 }
 
 func (f *issueFlags) run(cmd *cobra.Command) error {
@@ -143,10 +126,7 @@ func (f *issueFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return fmt.Errorf("--ca-roots: %w", err)
 	}
-	pool := x509.NewCertPool()
-	for _, r := range roots {
-		pool.AddCert(r)
-	}
+	pool := keymgr.Pool(roots...)
 	id, impersonate, err := f.identity()
 	if err != nil {
 		return err

@@ -66,21 +66,8 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
-	limit := issuer.NotAfter
-	for _, c := range s.chain {
-		if c.NotAfter.Before(limit) {
-			limit = c.NotAfter
-		}
-	}
-	now := s.now()
-	notBefore := now.Add(-keymgr.Backdate)
-	if notBefore.Before(issuer.NotBefore) {
-		notBefore = issuer.NotBefore
-	}
-	notAfter := now.Add(req.TTL)
-	if notAfter.After(limit) {
-		notAfter = limit
-	}
+	limit := keymgr.EarliestExpiry(append([]*x509.Certificate{issuer}, s.chain...)...)
+	notBefore, notAfter := keymgr.Window(s.now(), req.TTL, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     []string{req.ID.String()},
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
@@ -136,7 +123,7 @@ func withHint(err error, leaf *x509.Certificate) error {
 // intermediates is the issuer (unless it is a root) and the configured
 // chain above it.
 func (s *Signer) intermediates(issuer *x509.Certificate) []*x509.Certificate {
-	if isSelfSigned(issuer) {
+	if keymgr.IsSelfSigned(issuer) {
 		return s.chain
 	}
 	for _, c := range s.chain {
@@ -145,10 +132,6 @@ func (s *Signer) intermediates(issuer *x509.Certificate) []*x509.Certificate {
 		}
 	}
 	return append([]*x509.Certificate{issuer}, s.chain...)
-}
-
-func isSelfSigned(c *x509.Certificate) bool {
-	return string(c.RawIssuer) == string(c.RawSubject) && c.CheckSignatureFrom(c) == nil
 }
 
 func nowOr(f func() time.Time) func() time.Time {

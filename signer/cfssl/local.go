@@ -15,6 +15,7 @@ import (
 	cfsigner "github.com/cloudflare/cfssl/signer"
 	cflocal "github.com/cloudflare/cfssl/signer/local"
 	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -81,7 +82,7 @@ func NewLocal(c LocalConfig) (*Signer, error) {
 		return nil, fmt.Errorf("cfssl: %w", err)
 	}
 	chain := c.Chain
-	if !isSelfSigned(c.CACert) {
+	if !keymgr.IsSelfSigned(c.CACert) {
 		chain = append([]*x509.Certificate{c.CACert}, c.Chain...)
 	}
 	return &Signer{backend: b, chain: chain, profile: c.Profile, now: nowOr(c.Now)}, nil

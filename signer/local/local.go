@@ -64,14 +64,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
 	}
-	notBefore := now.Add(-keymgr.Backdate)
-	if notBefore.Before(a.Cert.NotBefore) {
-		notBefore = a.Cert.NotBefore
-	}
-	notAfter := now.Add(req.TTL)
-	if limit := a.NotAfter(); notAfter.After(limit) {
-		notAfter = limit
-	}
+	notBefore, notAfter := keymgr.Window(now, req.TTL, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             notBefore,

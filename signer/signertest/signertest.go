@@ -130,7 +130,7 @@ func sign(t *testing.T, s signer.Signer, a *keymgr.Authority, id spiffeid.ID, ke
 			t.Fatalf("root %s sent among the intermediates", c.Subject)
 		}
 	}
-	if !publicKeyEqual(res.Leaf.PublicKey, key.Public()) {
+	if !csr.SamePublicKey(res.Leaf.PublicKey, key.Public()) {
 		t.Fatal("leaf does not certify the CSR's key")
 	}
 	return res
@@ -327,11 +327,6 @@ func newKey(t *testing.T, kind string) crypto.Signer {
 		t.Fatal(err)
 	}
 	return k
-}
-
-func publicKeyEqual(a, b crypto.PublicKey) bool {
-	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
-	return ok && k.Equal(b)
 }
 
 func workload(ns, sa string) spiffeid.ID {

@@ -1,0 +1,59 @@
+package kube
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Claims are the claims of a service-account token that meshca reads.
+type Claims struct {
+	// Exp is the token's expiry; zero when absent.
+	Exp time.Time
+	// Namespace and ServiceAccount are the kubernetes.io claims.
+	Namespace, ServiceAccount string
+}
+
+// ReadClaims decodes the payload of a JWT WITHOUT verifying it: use it
+// only on a token the apiserver has just accepted, or to describe a token
+// that the CA will verify.
+func ReadClaims(token string) (*Claims, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return nil, errors.New("kube: not a JWT")
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return nil, fmt.Errorf("kube: JWT payload: %w", err)
+	}
+	var raw struct {
+		Exp int64 `json:"exp"`
+		K8s struct {
+			Namespace      string `json:"namespace"`
+			ServiceAccount struct {
+				Name string `json:"name"`
+			} `json:"serviceaccount"`
+		} `json:"kubernetes.io"`
+	}
+	if err := json.Unmarshal(payload, &raw); err != nil {
+		return nil, fmt.Errorf("kube: JWT claims: %w", err)
+	}
+	c := &Claims{Namespace: raw.K8s.Namespace, ServiceAccount: raw.K8s.ServiceAccount.Name}
+	if raw.Exp > 0 {
+		c.Exp = time.Unix(raw.Exp, 0)
+	}
+	return c, nil
+}
+
+// tokenExpiry is the exp claim of a token the apiserver has just
+// accepted; zero when absent or unreadable.
+func tokenExpiry(token string) time.Time {
+	c, err := ReadClaims(token)
+	if err != nil {
+		return time.Time{}
+	}
+	return c.Exp
+}
