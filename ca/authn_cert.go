@@ -2,11 +2,11 @@ package ca
 
 import (
 	"context"
-	"google.golang.org/grpc/codes"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
 )
 
 // CertAuthenticator authenticates a renewal by the caller's still-valid

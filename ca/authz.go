@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/codes"
 	"slices"
 	"strings"
 
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
 )
 
 // PodSource answers the Pod questions authorization asks. *PodIndex is

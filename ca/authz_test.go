@@ -3,11 +3,11 @@ package ca
 import (
 	"context"
 	"errors"
-	"google.golang.org/grpc/codes"
 	"testing"
 
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
 )
 
 // pods is a pure in-memory PodSource.

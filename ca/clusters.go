@@ -2,9 +2,10 @@ package ca
 
 import (
 	"fmt"
-	"github.com/meshca/meshca/ca/kube"
 	"sort"
 	"sync"
+
+	"github.com/meshca/meshca/ca/kube"
 )
 
 // Cluster is one Kubernetes cluster whose workloads this CA serves: the

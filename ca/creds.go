@@ -3,9 +3,10 @@ package ca
 import (
 	"context"
 	"fmt"
-	"google.golang.org/grpc/codes"
 	"strings"
 
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -13,10 +14,10 @@ import (
 
 // Request headers and metadata fields of the Istio CA protocol.
 const (
-	headerAuthorization = "authorization"
-	headerClusterID     = "clusterid"
-	bearerPrefix        = "bearer "
-	metaImpersonate     = "ImpersonatedIdentity"
+	headerAuthorization = authpb.HeaderAuthorization
+	headerClusterID     = authpb.HeaderClusterID
+	bearerPrefix        = "bearer " // compared without case
+	metaImpersonate     = authpb.MetaImpersonatedIdentity
 )
 
 // credentialsFrom reads the bearer token, cluster id and verified client

@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"google.golang.org/grpc/codes"
 	"log/slog"
 	"slices"
 	"time"
@@ -21,14 +20,20 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Defaults of Config.
 const (
-	DefaultTTL            = 24 * time.Hour
-	DefaultMaxTTL         = 90 * 24 * time.Hour
-	DefaultClusterID      = "Kubernetes"
+	DefaultTTL       = 24 * time.Hour
+	DefaultMaxTTL    = 90 * 24 * time.Hour
+	DefaultClusterID = authpb.DefaultClusterID
+	// DefaultTrustDomain is Istio's default trust domain.
+	DefaultTrustDomain = "cluster.local"
+	// DefaultNodeAccount is ztunnel's namespace/service account in a
+	// default Istio ambient install.
+	DefaultNodeAccount    = "istio-system/ztunnel"
 	DefaultMaxInFlight    = 1024
 	DefaultRequestTimeout = 30 * time.Second
 	// DefaultMaxAuthnPerPeer bounds the authentications one peer address

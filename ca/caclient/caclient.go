@@ -125,10 +125,10 @@ func (c *Client) Call(ctx context.Context, csrPEM string, id spiffeid.ID, o Opti
 		if err != nil {
 			return nil, fmt.Errorf("caclient: read token: %w", err)
 		}
-		md.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		md.Set(authpb.HeaderAuthorization, authpb.BearerPrefix+strings.TrimSpace(string(tok)))
 	}
 	if c.cfg.ClusterID != "" {
-		md.Set("clusterid", c.cfg.ClusterID)
+		md.Set(authpb.HeaderClusterID, c.cfg.ClusterID)
 	}
 	req := &authpb.IstioCertificateRequest{Csr: csrPEM, ValidityDuration: int64(o.TTL / time.Second)}
 	if o.Impersonate {
@@ -137,7 +137,7 @@ func (c *Client) Call(ctx context.Context, csrPEM string, id spiffeid.ID, o Opti
 			v = o.ImpersonatedIdentity
 		}
 		req.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			"ImpersonatedIdentity": structpb.NewStringValue(v),
+			authpb.MetaImpersonatedIdentity: structpb.NewStringValue(v),
 		}}
 	}
 	resp, err := c.api.CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,7 +15,7 @@ import (
 )
 
 // DefaultAudience is the audience Istio's clients request for their tokens.
-const DefaultAudience = "istio-ca"
+const DefaultAudience = authpb.DefaultAudience
 
 // TokenReview user extras of bound service-account tokens.
 const (

@@ -48,9 +48,9 @@ a real request would get.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
-	fl.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "SPIFFE trust domain")
+	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a token must carry (one of)")
-	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{"istio-system/ztunnel"}, "trusted node proxy accounts, as the server has them")
+	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "trusted node proxy accounts, as the server has them")
 	fl.StringVar(&f.tokenFile, "token-file", "", "the caller's service-account token")
 	fl.StringVar(&f.namespace, "namespace", "", "the caller's namespace (without --token-file)")
 	fl.StringVar(&f.serviceAccount, "service-account", "", "the caller's service account (without --token-file)")

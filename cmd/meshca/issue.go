@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/internal/pemutil"
@@ -53,9 +54,9 @@ root-cert.pem to --out.`,
 	fl.StringVar(&f.serverName, "server-name", "istiod.istio-system.svc", "name expected in the CA's serving certificate")
 	fl.StringVar(&f.caRoots, "ca-roots", "", "PEM roots that verify the CA's serving certificate (required)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "service-account token (audience istio-ca), re-read on every request")
-	fl.StringVar(&f.clusterID, "cluster-id", "Kubernetes", "clusterid header")
+	fl.StringVar(&f.clusterID, "cluster-id", ca.DefaultClusterID, "clusterid header")
 	fl.StringVar(&f.impersonate, "impersonate", "", "ask for this workload SPIFFE ID on its behalf (node proxy mode)")
-	fl.StringVar(&f.trustDomain, "trust-domain", "cluster.local", "trust domain of the caller's own identity")
+	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "trust domain of the caller's own identity")
 	fl.StringVar(&f.namespace, "namespace", "", "caller's namespace; read from the token when empty")
 	fl.StringVar(&f.serviceAccount, "service-account", "", "caller's service account; read from the token when empty")
 	fl.DurationVar(&f.ttl, "ttl", 24*time.Hour, "requested validity")
