@@ -41,6 +41,7 @@ type backendFlags struct {
 	servingKey    string
 	cfsslURL      string
 	cfsslProfile  string
+	cfsslKEProf   string
 	cfsslLabel    string
 	cfsslAuthFile string
 	cfsslTLSCA    string
@@ -57,7 +58,8 @@ func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
 	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
-	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile")
+	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile; a remote profile grants exactly digital signature, server auth and client auth")
+	fl.StringVar(&b.cfsslKEProf, "cfssl-key-encipherment-profile", "", "remote cfssl: profile for RSA workload keys, granting digital signature, key encipherment, server auth and client auth; without it --cfssl-profile serves RSA keys too")
 	fl.StringVar(&b.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
 	fl.StringVar(&b.cfsslAuthFile, "cfssl-auth-key-file", "", "file holding the hex auth key for authsign (or set "+envCfsslAuthKey+")")
 	fl.StringVar(&b.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
@@ -95,6 +97,11 @@ func (b *backendFlags) validate() error {
 		return fmt.Errorf("%s and %s apply to a remote cfssl only", name("cfssl-auth-key-file"), name("cfssl-tls-ca-file"))
 	case inProcess && b.cfsslLabel != "":
 		return fmt.Errorf("%s applies to a remote cfssl only", name("cfssl-label"))
+	case inProcess && b.cfsslKEProf != "":
+		return fmt.Errorf("%s applies to a remote cfssl only: in process, certificates carry the usages meshca derives from the key", name("cfssl-key-encipherment-profile"))
+	case b.cfsslKEProf != "" && b.cfsslKEProf == b.cfsslProfile:
+		return fmt.Errorf("%s names the same profile as %s: a remote cfssl takes a certificate's usages from its profile, and RSA keys need key encipherment that other keys must not have",
+			name("cfssl-key-encipherment-profile"), name("cfssl-profile"))
 	}
 	return nil
 }
@@ -140,20 +147,9 @@ func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backen
 		}
 	}
 	if f.b.cfsslURL != "" {
-		rc := cfssl.RemoteConfig{URL: f.b.cfsslURL, Profile: f.b.cfsslProfile, Label: f.b.cfsslLabel, Chain: chain}
-		if rc.AuthKey, err = secret(name("cfssl-auth-key-file"), f.b.cfsslAuthFile, envCfsslAuthKey); err != nil {
+		rc, err := f.b.cfsslRemoteConfig(chain)
+		if err != nil {
 			return nil, err
-		}
-		if f.b.cfsslTLSCA != "" {
-			roots, err := readCerts(name("cfssl-tls-ca-file"), f.b.cfsslTLSCA)
-			if err != nil {
-				return nil, err
-			}
-			pool := x509.NewCertPool()
-			for _, r := range roots {
-				pool.AddCert(r)
-			}
-			rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 		}
 		if be.signer, err = cfssl.NewRemote(rc); err != nil {
 			return nil, fmt.Errorf("%s: %w", name("cfssl-url"), err)
@@ -194,6 +190,30 @@ func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backen
 		return nil, fmt.Errorf("%s with %s: %w", name("cfssl-ca-cert"), name("trust-anchors"), err)
 	}
 	return withServingRotator(be, keymgr.NewManager(td, authority), f.servingNames)
+}
+
+// cfsslRemoteConfig is the remote cfssl backend's configuration from the
+// flags, with chain above the server's signing CA.
+func (b *backendFlags) cfsslRemoteConfig(chain []*x509.Certificate) (cfssl.RemoteConfig, error) {
+	rc := cfssl.RemoteConfig{
+		URL: b.cfsslURL, Profile: b.cfsslProfile, KeyEnciphermentProfile: b.cfsslKEProf, Label: b.cfsslLabel, Chain: chain,
+	}
+	var err error
+	if rc.AuthKey, err = secret(name("cfssl-auth-key-file"), b.cfsslAuthFile, envCfsslAuthKey); err != nil {
+		return rc, err
+	}
+	if b.cfsslTLSCA != "" {
+		roots, err := readCerts(name("cfssl-tls-ca-file"), b.cfsslTLSCA)
+		if err != nil {
+			return rc, err
+		}
+		pool := x509.NewCertPool()
+		for _, r := range roots {
+			pool.AddCert(r)
+		}
+		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	}
+	return rc, nil
 }
 
 // withServingRotator issues meshca's serving certificate from the CA.

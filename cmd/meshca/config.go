@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
@@ -25,6 +26,8 @@ type vaultConfig struct {
 	CAFile              string `json:"caFile"`
 	PKIMount            string `json:"pkiMount"`
 	Role                string `json:"role"`
+	RSARole             string `json:"rsaRole"`
+	ReloginBackoff      string `json:"reloginBackoff"`
 	TokenFile           string `json:"tokenFile"`
 	AppRoleRoleID       string `json:"appRoleRoleID"`
 	AppRoleSecretIDFile string `json:"appRoleSecretIDFile"`
@@ -37,6 +40,7 @@ type vaultConfig struct {
 type cfsslConfig struct {
 	URL         string `json:"url"`
 	Profile     string `json:"profile"`
+	KEProfile   string `json:"keyEnciphermentProfile"`
 	Label       string `json:"label"`
 	AuthKeyFile string `json:"authKeyFile"`
 	TLSCAFile   string `json:"tlsCAFile"`
@@ -49,10 +53,12 @@ type cfsslConfig struct {
 // field names a setting as a flag and as a config file key, for errors.
 var field = map[string]string{
 	"signer": "signer", "trust-anchors": "trustAnchors", "serving-cert-file": "servingCertFile", "serving-key-file": "servingKeyFile",
-	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
+	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-key-encipherment-profile": "cfssl.keyEnciphermentProfile",
+	"cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
 	"cfssl-tls-ca-file": "cfssl.tlsCAFile", "cfssl-ca-cert": "cfssl.caCert", "cfssl-ca-key": "cfssl.caKey", "cfssl-chain": "cfssl.chain",
 	"cfssl-config": "cfssl.config",
 	"vault-addr":   "vault.addr", "vault-ca-file": "vault.caFile", "vault-pki-mount": "vault.pkiMount", "vault-role": "vault.role",
+	"vault-rsa-role": "vault.rsaRole", "vault-relogin-backoff": "vault.reloginBackoff",
 	"vault-token-file": "vault.tokenFile", "vault-approle-role-id": "vault.appRoleRoleID", "vault-approle-secret-id-file": "vault.appRoleSecretIDFile",
 	"vault-approle-mount": "vault.appRoleMount", "vault-kubernetes-role": "vault.kubernetesRole",
 	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",
@@ -81,6 +87,7 @@ func (b *backendFlags) loadConfigFile(path string, fl *pflag.FlagSet) error {
 	if s := c.Cfssl; s != nil {
 		set("cfssl-url", &b.cfsslURL, s.URL)
 		set("cfssl-profile", &b.cfsslProfile, s.Profile)
+		set("cfssl-key-encipherment-profile", &b.cfsslKEProf, s.KEProfile)
 		set("cfssl-label", &b.cfsslLabel, s.Label)
 		set("cfssl-auth-key-file", &b.cfsslAuthFile, s.AuthKeyFile)
 		set("cfssl-tls-ca-file", &b.cfsslTLSCA, s.TLSCAFile)
@@ -95,6 +102,14 @@ func (b *backendFlags) loadConfigFile(path string, fl *pflag.FlagSet) error {
 		set("vault-ca-file", &w.caFile, v.CAFile)
 		set("vault-pki-mount", &w.mount, v.PKIMount)
 		set("vault-role", &w.role, v.Role)
+		set("vault-rsa-role", &w.rsaRole, v.RSARole)
+		if v.ReloginBackoff != "" && !fl.Changed("vault-relogin-backoff") {
+			d, err := time.ParseDuration(v.ReloginBackoff)
+			if err != nil {
+				return fmt.Errorf("--config %s: %s: %w", path, name("vault-relogin-backoff"), err)
+			}
+			w.reloginBackoff = d
+		}
 		set("vault-token-file", &w.tokenFile, v.TokenFile)
 		set("vault-approle-role-id", &w.approleRoleID, v.AppRoleRoleID)
 		set("vault-approle-secret-id-file", &w.approleSecretIDFile, v.AppRoleSecretIDFile)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/signer/vault"
@@ -17,6 +18,8 @@ const defaultSATokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 type vaultFlags struct {
 	addr, caFile, mount, role string
+	rsaRole                   string
+	reloginBackoff            time.Duration
 	tokenFile                 string
 	approleRoleID             string
 	approleSecretIDFile       string
@@ -29,7 +32,9 @@ func (v *vaultFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&v.addr, "vault-addr", "", "Vault address, e.g. https://vault.vault.svc:8200")
 	fl.StringVar(&v.caFile, "vault-ca-file", "", "PEM roots verifying Vault's own TLS certificate")
 	fl.StringVar(&v.mount, "vault-pki-mount", "pki", "mount path of Vault's PKI secrets engine")
-	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with (docs/signers/vault.md)")
+	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with, key_usage=DigitalSignature (docs/signers/vault.md)")
+	fl.StringVar(&v.rsaRole, "vault-rsa-role", "", "PKI role for RSA workload keys, key_usage=DigitalSignature,KeyEncipherment; without it RSA requests are refused")
+	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vault.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
 	fl.StringVar(&v.tokenFile, "vault-token-file", "", "log in with the Vault token in this file (re-read at every login)")
 	fl.StringVar(&v.approleRoleID, "vault-approle-role-id", "", "log in with AppRole: the role id (not a secret)")
 	fl.StringVar(&v.approleSecretIDFile, "vault-approle-secret-id-file", "", "AppRole secret id file (or set "+envVaultSecretID+")")
@@ -54,6 +59,10 @@ func (b *backendFlags) validateVault() error {
 		return fmt.Errorf("%s is required with the vault signer", name("vault-addr"))
 	case v.role == "":
 		return fmt.Errorf("%s is required with the vault signer", name("vault-role"))
+	case v.rsaRole != "" && v.rsaRole == v.role:
+		return fmt.Errorf("%s names the same role as %s: a Vault role fixes its key usages, and RSA keys need key encipherment that other keys must not have", name("vault-rsa-role"), name("vault-role"))
+	case v.reloginBackoff < 0:
+		return fmt.Errorf("%s must not be negative", name("vault-relogin-backoff"))
 	case v.mount == "":
 		return fmt.Errorf("%s must not be empty", name("vault-pki-mount"))
 	case methods != 1:
@@ -69,6 +78,20 @@ func (b *backendFlags) validateVault() error {
 }
 
 func (b *backendFlags) vaultSigner(be *backend, log *slog.Logger) error {
+	c, err := b.vaultConfig(log)
+	if err != nil {
+		return err
+	}
+	s, err := vault.New(c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name("vault-addr"), err)
+	}
+	be.signer, be.runSigner = s, s.Run
+	return nil
+}
+
+// vaultConfig is the Vault backend's configuration from the flags.
+func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 	v := b.vault
 	var (
 		auth api.AuthMethod
@@ -87,15 +110,11 @@ func (b *backendFlags) vaultSigner(be *backend, log *slog.Logger) error {
 		auth, err = vault.Kubernetes(v.k8sMount, v.k8sRole, v.k8sTokenFile)
 	}
 	if err != nil {
-		return fmt.Errorf("vault login: %w", err)
+		return vault.Config{}, fmt.Errorf("vault login: %w", err)
 	}
-	s, err := vault.New(vault.Config{
-		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, Auth: auth,
+	return vault.Config{
+		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole,
+		Auth: auth, ReloginBackoff: v.reloginBackoff,
 		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", "error", err) },
-	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", name("vault-addr"), err)
-	}
-	be.signer, be.runSigner = s, s.Run
-	return nil
+	}, nil
 }

@@ -33,14 +33,24 @@ type Cfssl struct {
 	log string
 }
 
-// CfsslOptions shape the server's signing policy.
+// CfsslRSAProfile is the profile for RSA workload keys that StartCfssl
+// configures next to the default profile, the one
+// cfssl.RemoteConfig.KeyEnciphermentProfile names.
+const CfsslRSAProfile = "rsa"
+
+// CfsslOptions shape the server's signing policy: a default profile and
+// CfsslRSAProfile, both taking only the key from a CSR (docs/signers/cfssl.md).
 type CfsslOptions struct {
-	// AuthKey (hex) makes the default profile require authsign.
+	// AuthKey (hex) makes both profiles require authsign.
 	AuthKey string
-	// Usages of the default profile; workload usages when nil.
+	// Usages of the default profile; workload usages of EC keys when nil.
+	// CfsslRSAProfile has those of RSA keys.
 	Usages []string
-	// Expiry of the default profile (cfssl's duration syntax); "24h" when empty.
+	// Expiry of both profiles (cfssl's duration syntax); "24h" when empty.
 	Expiry string
+	// CopySubject leaves the CSR whitelist out, so that cfssl copies a
+	// CSR's subject (a misconfiguration meshca refuses).
+	CopySubject bool
 }
 
 // StartCfssl runs `cfssl serve` on 127.0.0.1 signing with a, and stops it
@@ -58,10 +68,21 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 	if o.Expiry == "" {
 		o.Expiry = "24h"
 	}
-	profile := map[string]any{"usages": o.Usages, "expiry": o.Expiry, "backdate": "2m"}
-	cfg := map[string]any{"signing": map[string]any{"default": profile}}
+	profile := func(usages []string) map[string]any {
+		p := map[string]any{"usages": usages, "expiry": o.Expiry, "backdate": "2m"}
+		if !o.CopySubject {
+			p["CSRWhitelist"] = map[string]bool{"PublicKey": true, "PublicKeyAlgorithm": true, "SignatureAlgorithm": true}
+		}
+		if o.AuthKey != "" {
+			p["auth_key"] = "meshca"
+		}
+		return p
+	}
+	cfg := map[string]any{"signing": map[string]any{
+		"default":  profile(o.Usages),
+		"profiles": map[string]any{CfsslRSAProfile: profile([]string{"digital signature", "key encipherment", "server auth", "client auth"})},
+	}}
 	if o.AuthKey != "" {
-		profile["auth_key"] = "meshca"
 		cfg["auth_keys"] = map[string]any{"meshca": map[string]string{"type": "standard", "key": o.AuthKey}}
 	}
 	cfgJSON, _ := json.Marshal(cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,15 +114,23 @@ func (v *Vault) Stop() {
 	v.cmd = nil
 }
 
+// The roles ConfigurePKI creates: VaultMainRole for EC and Ed25519 keys,
+// VaultRSARole for RSA keys (vault.Config.Role and KeyEnciphermentRole).
+const (
+	VaultMainRole = "mesh"
+	VaultRSARole  = "mesh-rsa"
+)
+
 // VaultRole holds the role settings a test varies.
 type VaultRole struct {
-	AllowedURISANs string // default spiffe://cluster.local/*
-	KeyUsage       string // default DigitalSignature
+	AllowedURISANs string // both roles; default spiffe://cluster.local/*
+	KeyUsage       string // VaultMainRole's; default DigitalSignature
 }
 
 // ConfigurePKI mounts a PKI engine at mount, imports a as its issuer
-// (truncating leaves at the issuer's expiry) and creates role "mesh", the
-// role docs/signers/vault.md documents.
+// (truncating leaves at the issuer's expiry) and creates the roles
+// docs/signers/vault.md documents: VaultMainRole and VaultRSARole, with
+// key_usage DigitalSignature and DigitalSignature,KeyEncipherment.
 func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r VaultRole) {
 	tb.Helper()
 	ctx := context.Background()
@@ -145,15 +154,21 @@ func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r
 	if r.KeyUsage == "" {
 		r.KeyUsage = "DigitalSignature"
 	}
-	_, err = v.Client.Logical().WriteWithContext(ctx, mount+"/roles/mesh", map[string]any{
-		"allowed_uri_sans": r.AllowedURISANs, "allow_any_name": false, "enforce_hostnames": false,
-		"require_cn": false, "use_csr_sans": true, "use_csr_common_name": false, "key_type": "any",
-		"key_usage": r.KeyUsage, "ext_key_usage": "ServerAuth,ClientAuth",
-		"basic_constraints_valid_for_non_ca": true, "no_store": true,
-		"ttl": "24h", "max_ttl": "24h", "not_before_duration": "120s",
-	})
-	if err != nil {
-		tb.Fatalf("role: %v", err)
+	roles := map[string]map[string]any{
+		VaultMainRole: {"key_type": "any", "key_usage": r.KeyUsage},
+		VaultRSARole:  {"key_type": "rsa", "key_bits": 2048, "key_usage": "DigitalSignature,KeyEncipherment"},
+	}
+	for role, settings := range roles {
+		// No subject fields (ou, organization, ...): the subject stays empty.
+		maps.Copy(settings, map[string]any{
+			"allowed_uri_sans": r.AllowedURISANs, "allow_any_name": false, "enforce_hostnames": false,
+			"require_cn": false, "use_csr_sans": true, "use_csr_common_name": false,
+			"ext_key_usage": "ServerAuth,ClientAuth", "basic_constraints_valid_for_non_ca": true, "no_store": true,
+			"ttl": "24h", "max_ttl": "24h", "not_before_duration": "120s",
+		})
+		if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/roles/"+role, settings); err != nil {
+			tb.Fatalf("role %s: %v", role, err)
+		}
 	}
 }
 

@@ -3,14 +3,20 @@ package signers
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
@@ -64,6 +70,34 @@ func (p *pki) issue(t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
 
 func (p *pki) issueCtx(ctx context.Context, t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
 	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.issueKey(ctx, t, m, key)
+}
+
+// issueRSA is issue with an RSA key, as istio-agent's default is; it
+// checks that the leaf carries exactly the usages of RSA keys.
+func (p *pki) issueRSA(t *testing.T, m *harness.Meshca) (*caclient.SVID, error) {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svid, err := p.issueKey(context.Background(), t, m, key)
+	if err != nil {
+		return nil, err
+	}
+	if ku := svid.Chain[0].KeyUsage; ku != x509.KeyUsageDigitalSignature|x509.KeyUsageKeyEncipherment {
+		t.Fatalf("RSA leaf key usage %v, want exactly digital signature and key encipherment", ku)
+	}
+	return svid, nil
+}
+
+// issueKey is issue with key.
+func (p *pki) issueKey(ctx context.Context, t *testing.T, m *harness.Meshca, key crypto.Signer) (*caclient.SVID, error) {
+	t.Helper()
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "ext"), "frontend", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
 	roots := x509.NewCertPool()
@@ -73,9 +107,17 @@ func (p *pki) issueCtx(ctx context.Context, t *testing.T, m *harness.Meshca) (*c
 		t.Fatal(err)
 	}
 	defer c.Close()
-	svid, err := c.Fetch(ctx, id, caclient.Options{})
+	csrPEM, err := csr.Build(key, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := c.Call(ctx, string(csrPEM), id, caclient.Options{})
 	if err != nil {
 		return nil, err
+	}
+	svid, err := caclient.Check(chain, id, key)
+	if err != nil {
+		t.Fatalf("caclient.Check: %v", err)
 	}
 	if len(svid.Chain) != 2 || !svid.Chain[1].Equal(p.inter.Cert) || len(svid.Roots) != 1 || !svid.Roots[0].Equal(p.root.Cert) {
 		t.Fatalf("chain of %d with %d roots, want leaf+intermediate and the pinned root", len(svid.Chain), len(svid.Roots))
@@ -91,18 +133,32 @@ func TestMeshcaWithCfssl(t *testing.T) {
 	srv := harness.StartCfssl(t, cfsslBin, p.inter.Authority(), harness.CfsslOptions{AuthKey: authKey})
 	common := []string{"--signer", "cfssl", "--kubeconfig", cluster.Kubeconfig, "--trust-anchors", p.path("anchors.pem")}
 	remote := append(common, "--cfssl-url", srv.URL, "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem"))
+	authed := slices.Concat(remote, []string{"--cfssl-auth-key-file", p.path("auth.key")})
 
 	t.Run("remote authsign", func(t *testing.T) {
-		m := harness.StartMeshca(t, bin, append(remote, "--cfssl-auth-key-file", p.path("auth.key"))...)
+		m := harness.StartMeshca(t, bin, slices.Concat(authed, []string{"--cfssl-key-encipherment-profile", harness.CfsslRSAProfile})...)
 		if _, err := p.issue(t, m); err != nil {
 			t.Fatal(err)
 		}
 		if !m.WaitForLog(5*time.Second, `"backend":"cfssl"`, `"code":"OK"`) {
 			t.Error("audit event does not name the cfssl backend")
 		}
+		if _, err := p.issueRSA(t, m); err != nil {
+			t.Fatalf("RSA key: %v", err)
+		}
+	})
+	t.Run("remote without an RSA profile", func(t *testing.T) {
+		m := harness.StartMeshca(t, bin, authed...)
+		_, err := p.issueRSA(t, m)
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("RSA key: %v, want FailedPrecondition", err)
+		}
+		if !m.WaitForLog(5*time.Second, `"reason":"signer_refused"`, `lacks key usage`) {
+			t.Errorf("log lacks the reason:\n%s", m.Logs())
+		}
 	})
 	t.Run("remote with a wrong auth key", func(t *testing.T) {
-		m := harness.StartMeshca(t, bin, append(remote, "--cfssl-auth-key-file", p.path("wrong.key"))...)
+		m := harness.StartMeshca(t, bin, slices.Concat(remote, []string{"--cfssl-auth-key-file", p.path("wrong.key")})...)
 		_, err := p.issue(t, m)
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "refused") {
 			t.Fatalf("got %v, want FailedPrecondition", err)
@@ -124,11 +180,26 @@ func TestMeshcaWithVault(t *testing.T) {
 	v := harness.StartVault(t, vaultBin)
 	v.ConfigurePKI(t, "pki", p.inter.Authority(), harness.VaultRole{})
 	p.write(t, "vault.token", []byte(harness.VaultRootToken))
-	m := harness.StartMeshca(t, bin, "--signer", "vault", "--kubeconfig", cluster.Kubeconfig,
-		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", "mesh", "--vault-token-file", p.path("vault.token"),
-		"--trust-anchors", p.path("anchors.pem"), "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem"))
+	args := []string{"--signer", "vault", "--kubeconfig", cluster.Kubeconfig,
+		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", harness.VaultMainRole, "--vault-token-file", p.path("vault.token"),
+		"--trust-anchors", p.path("anchors.pem"), "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem")}
+
+	// Without an RSA role, an RSA key is refused, and the log says what to set.
+	noRSA := harness.StartMeshca(t, bin, args...)
+	if _, err := p.issueRSA(t, noRSA); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("RSA key without --vault-rsa-role: %v, want FailedPrecondition", err)
+	}
+	if !noRSA.WaitForLog(5*time.Second, `"reason":"signer_refused"`, "--vault-rsa-role") {
+		t.Errorf("log does not name --vault-rsa-role:\n%s", noRSA.Logs())
+	}
+	noRSA.Stop()
+
+	m := harness.StartMeshca(t, bin, slices.Concat(args, []string{"--vault-rsa-role", harness.VaultRSARole, "--vault-relogin-backoff", "10s"})...)
 	if _, err := p.issue(t, m); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := p.issueRSA(t, m); err != nil {
+		t.Fatalf("RSA key: %v", err)
 	}
 	if strings.Contains(m.Logs(), harness.VaultRootToken+`"`) {
 		t.Fatal("the Vault token reached the log")

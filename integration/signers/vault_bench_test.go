@@ -26,7 +26,7 @@ func BenchmarkVaultOverhead(b *testing.B) {
 	v.ConfigurePKI(b, "pki", p.inter.Authority(), harness.VaultRole{})
 	p.write(b, "vault.token", []byte(harness.VaultRootToken))
 	m := harness.StartMeshca(b, bin, "--signer", "vault", "--kubeconfig", cluster.Kubeconfig,
-		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", "mesh", "--vault-token-file", p.path("vault.token"),
+		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", harness.VaultMainRole, "--vault-rsa-role", harness.VaultRSARole, "--vault-token-file", p.path("vault.token"),
 		"--trust-anchors", p.path("anchors.pem"), "--serving-cert-file", p.path("serving.pem"), "--serving-key-file", p.path("serving-key.pem"))
 	w := cluster.NewWorkload(b, cluster.Namespace(b, "bench"), "frontend", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)

@@ -22,7 +22,10 @@ func TestVaultTokenExpiryAndSeal(t *testing.T) {
 	ctx := context.Background()
 	// Tokens that live three seconds and cannot be renewed past that.
 	auth := appRoleLogin(t, v, map[string]any{"token_ttl": "3s", "token_max_ttl": "3s"})
-	s, err := vault.New(vault.Config{Address: v.Addr, Mount: "pki", Role: "mesh", Auth: auth, Timeout: 3 * time.Second})
+	s, err := vault.New(vault.Config{
+		Address: v.Addr, Mount: "pki", Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole,
+		Auth: auth, Timeout: 3 * time.Second,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,8 @@ package signers
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,7 +19,8 @@ import (
 
 // TestVaultLogins: AppRole and the Kubernetes auth method (Vault reviewing
 // meshca's own service-account token against the real apiserver) log in,
-// sign, and keep working after the first token is revoked.
+// sign with both roles under the documented policy, and keep working after
+// the first token is revoked.
 func TestVaultLogins(t *testing.T) {
 	v := harness.StartVault(t, vaultBin)
 	root := testca.NewRoot(t, "root", testca.Options{})
@@ -56,9 +59,16 @@ func TestVaultLogins(t *testing.T) {
 	}
 
 	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/a/sa/b")
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, auth := range map[string]api.AuthMethod{"approle": approle, "kubernetes": k8s} {
 		t.Run(name, func(t *testing.T) {
-			s, err := vault.New(vault.Config{Address: v.Addr, Mount: "pki", Role: "mesh", Auth: auth, Timeout: 3 * time.Second})
+			s, err := vault.New(vault.Config{
+				Address: v.Addr, Mount: "pki", Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole,
+				Auth: auth, Timeout: 3 * time.Second,
+			})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,6 +77,10 @@ func TestVaultLogins(t *testing.T) {
 			go func() { _ = s.Run(rctx) }()
 			if _, err := s.Sign(ctx, vaultRequest(t, id)); err != nil {
 				t.Fatalf("first sign: %v", err)
+			}
+			// The documented policy lets the login sign with the RSA role too.
+			if _, err := s.Sign(ctx, vaultRequestFor(t, id, rsaKey)); err != nil {
+				t.Fatalf("RSA sign: %v", err)
 			}
 			// Revoke every token this login method issued: the next sign logs in again.
 			accessors, err := logical.List("auth/token/accessors")

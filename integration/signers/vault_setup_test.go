@@ -11,8 +11,10 @@ import (
 	"github.com/meshca/meshca/signer/vault"
 )
 
-// meshcaPolicy is the Vault policy docs/signers/vault.md gives meshca.
-const meshcaPolicy = `path "pki/sign/mesh" { capabilities = ["create", "update"] }`
+// meshcaPolicy is the Vault policy docs/signers/vault.md gives meshca:
+// signing with its two roles.
+const meshcaPolicy = `path "pki/sign/mesh" { capabilities = ["create", "update"] }
+path "pki/sign/mesh-rsa" { capabilities = ["create", "update"] }`
 
 // appRoleLogin writes meshca's policy, enables AppRole with a role whose
 // tokens carry roleSettings (token_ttl, ...), and returns meshca's AppRole

@@ -2,9 +2,11 @@ package signers
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +30,9 @@ import (
 var mounts atomic.Int64
 
 // newVaultSigner configures a fresh PKI mount for a and returns a signer
-// logged in with a token file, its Run loop going.
+// with its two roles, logged in with a token file, its Run loop going. Its
+// re-login backoff is short, so that a test's second forced login (after a
+// Vault restart, say) comes within seconds, not DefaultReloginBackoff.
 func newVaultSigner(tb testing.TB, v *harness.Vault, a *keymgr.Authority, role harness.VaultRole, token string) (*vault.Signer, string, string) {
 	tb.Helper()
 	mount := fmt.Sprintf("pki%d", mounts.Add(1))
@@ -37,7 +41,10 @@ func newVaultSigner(tb testing.TB, v *harness.Vault, a *keymgr.Authority, role h
 	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	s, err := vault.New(vault.Config{Address: v.Addr, Mount: mount, Role: "mesh", Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second})
+	s, err := vault.New(vault.Config{
+		Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole,
+		Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second, ReloginBackoff: 2 * time.Second,
+	})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -57,9 +64,16 @@ func TestVaultContract(t *testing.T) {
 	})
 }
 
+// vaultRequest is a request for id with a fresh P-256 key.
 func vaultRequest(t *testing.T, id spiffeid.ID) *signer.Request {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return vaultRequestFor(t, id, key)
+}
+
+// vaultRequestFor is a request for id with key.
+func vaultRequestFor(t *testing.T, id spiffeid.ID, key crypto.Signer) *signer.Request {
+	t.Helper()
 	p, _ := csr.Build(key, id)
 	parsed, err := csr.Parse(p)
 	if err != nil {
@@ -89,6 +103,20 @@ func TestVaultRefusals(t *testing.T) {
 		s, _, _ := newVaultSigner(t, v, root.Authority(), harness.VaultRole{KeyUsage: "DigitalSignature,KeyEncipherment"}, harness.VaultRootToken)
 		_, err := s.Sign(context.Background(), vaultRequest(t, id))
 		wantKind(t, err, signer.KindRefused, "goes beyond the allowed")
+	})
+	t.Run("RSA key without an RSA role", func(t *testing.T) {
+		_, tokenFile, mount := newVaultSigner(t, v, root.Authority(), harness.VaultRole{}, harness.VaultRootToken)
+		s, err := vault.New(vault.Config{Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Sign(context.Background(), vaultRequestFor(t, id, key))
+		wantKind(t, err, signer.KindRefused, `lacks key usage ["key encipherment"]`)
+		wantKind(t, err, signer.KindRefused, "--vault-rsa-role")
 	})
 	t.Run("bad token", func(t *testing.T) {
 		s, _, _ := newVaultSigner(t, v, root.Authority(), harness.VaultRole{}, "not-a-token")

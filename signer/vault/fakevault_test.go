@@ -1,6 +1,7 @@
 package vault_test
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,18 +17,24 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/vault"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // fakeVault stands in for Vault. AppRole logins hand out tok-1, tok-2, ...
-// (lookup-self, a TokenFile login, counts as a login too); pki/sign/mesh answers 403 to the tokens deny refuses and issues a leaf
-// to the others; auth/token/revoke-self records the token that asked.
+// (lookup-self, a TokenFile login, counts as a login too); pki/sign/<role>
+// answers 403 to the tokens deny refuses and issues a leaf to the others,
+// with the key usages of the role whatever the key (as Vault does): role
+// "mesh" grants digital signature, "mesh-rsa" digital signature and key
+// encipherment, other roles are unknown; auth/token/revoke-self records
+// the token that asked.
 type fakeVault struct {
 	srv  *httptest.Server
 	ca   *x509.Certificate
@@ -37,6 +44,13 @@ type fakeVault struct {
 	mu      sync.Mutex
 	logins  int
 	revoked []string
+	signed  []string // the roles that signed, in order
+}
+
+// fakeRoles are the roles of fakeVault and the key usages they grant.
+var fakeRoles = map[string]x509.KeyUsage{
+	"mesh":     x509.KeyUsageDigitalSignature,
+	"mesh-rsa": x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 }
 
 func newFakeVault(t *testing.T, deny func(token string) bool) *fakeVault {
@@ -66,6 +80,21 @@ func newFakeVault(t *testing.T, deny func(token string) bool) *fakeVault {
 
 func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token := r.Header.Get("X-Vault-Token")
+	if role, ok := strings.CutPrefix(r.URL.Path, "/v1/pki/sign/"); ok {
+		ku, known := fakeRoles[role]
+		switch {
+		case !known:
+			writeJSON(w, http.StatusBadRequest, map[string]any{"errors": []string{"unknown role: " + role}})
+		case token == "" || f.deny(token):
+			writeJSON(w, http.StatusForbidden, map[string]any{"errors": []string{"permission denied"}})
+		default:
+			f.mu.Lock()
+			f.signed = append(f.signed, role)
+			f.mu.Unlock()
+			f.sign(w, r, ku)
+		}
+		return
+	}
 	switch r.URL.Path {
 	case "/v1/auth/approle/login":
 		f.mu.Lock()
@@ -85,19 +114,14 @@ func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.revoked = append(f.revoked, token)
 		f.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
-	case "/v1/pki/sign/mesh":
-		if token == "" || f.deny(token) {
-			writeJSON(w, http.StatusForbidden, map[string]any{"errors": []string{"permission denied"}})
-			return
-		}
-		f.sign(w, r)
 	default:
 		writeJSON(w, http.StatusNotFound, map[string]any{"errors": []string{"no handler for " + r.URL.Path}})
 	}
 }
 
-// sign issues a leaf for the CSR and URI SAN in the request body.
-func (f *fakeVault) sign(w http.ResponseWriter, r *http.Request) {
+// sign issues a leaf with key usages ku, server auth and client auth for
+// the CSR and URI SAN in the request body.
+func (f *fakeVault) sign(w http.ResponseWriter, r *http.Request, ku x509.KeyUsage) {
 	var body struct {
 		CSR     string `json:"csr"`
 		URISANs string `json:"uri_sans"`
@@ -127,7 +151,7 @@ func (f *fakeVault) sign(w http.ResponseWriter, r *http.Request) {
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), URIs: []*url.URL{uri},
 		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature,
+		KeyUsage: ku, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, f.ca, req.PublicKey, f.key)
 	if err != nil {
@@ -144,6 +168,13 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// roles returns the roles that signed so far, in order.
+func (f *fakeVault) roles() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.signed)
 }
 
 // counts returns the number of logins and the tokens revoked so far.
@@ -167,8 +198,9 @@ func (f *fakeVault) waitRevoked(t *testing.T, want int) []string {
 	}
 }
 
-// newSigner returns a Vault signer for f with c's clock, backoff, login
-// error report and login method (AppRole when c.Auth is nil).
+// newSigner returns a Vault signer for f with c's roles ("mesh" when
+// c.Role is empty), clock, backoff, login error report and login method
+// (AppRole when c.Auth is nil).
 func (f *fakeVault) newSigner(t *testing.T, c vault.Config) *vault.Signer {
 	t.Helper()
 	if c.Auth == nil {
@@ -182,7 +214,10 @@ func (f *fakeVault) newSigner(t *testing.T, c vault.Config) *vault.Signer {
 		}
 		c.Auth = auth
 	}
-	c.Address, c.Role, c.Timeout = f.srv.URL, "mesh", 5*time.Second
+	c.Address, c.Timeout = f.srv.URL, 5*time.Second
+	if c.Role == "" {
+		c.Role = "mesh"
+	}
 	s, err := vault.New(c)
 	if err != nil {
 		t.Fatal(err)
@@ -217,15 +252,20 @@ func newRequest(t *testing.T, id spiffeid.ID) *signer.Request {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newRequestFor(t, id, key)
+}
+
+// newRequestFor returns a signing request for id with key and the usages
+// meshca derives from it.
+func newRequestFor(t *testing.T, id spiffeid.ID, key crypto.Signer) *signer.Request {
+	t.Helper()
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{id.URL()}}, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	csr, err := x509.ParseCertificateRequest(der)
+	req, err := x509.ParseCertificateRequest(der)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &signer.Request{CSR: csr, ID: id, TTL: time.Hour}
-	req.Usages.Key = x509.KeyUsageDigitalSignature
-	return req
+	return &signer.Request{CSR: req, ID: id, TTL: time.Hour, Usages: csr.WorkloadUsages(req.PublicKey)}
 }

@@ -9,8 +9,9 @@ import (
 	"github.com/meshca/meshca/signer"
 )
 
-// reloginDenied answers Vault refusing (403) to sign with the login used:
-// nil when the caller should retry with a newer login, an error when not.
+// reloginDenied answers Vault refusing (403) to sign at path with the
+// login used: nil when the caller should retry with a newer login, an
+// error when not.
 //
 // A token that expired or was revoked is cured by a fresh login, but a
 // role or policy that refuses meshca is not, and logging in for every
@@ -18,7 +19,7 @@ import (
 // a 403 forces at most one login per ReloginBackoff; requests refused
 // meanwhile share that login while it is under way, retry with its token
 // once it is in place, and fail as refused after that.
-func (s *Signer) reloginDenied(ctx context.Context, used *api.Secret, denied error) error {
+func (s *Signer) reloginDenied(ctx context.Context, used *api.Secret, path string, denied error) error {
 	s.mu.Lock()
 	now := s.c.Now()
 	var call *loginCall
@@ -35,8 +36,8 @@ func (s *Signer) reloginDenied(ctx context.Context, used *api.Secret, denied err
 		last, next := now.Sub(s.deniedAt), s.deniedAt.Add(s.c.ReloginBackoff).Sub(now)
 		s.mu.Unlock()
 		return &signer.Error{Backend: name, Kind: signer.KindRefused, Err: fmt.Errorf(
-			"%s/sign/%s refused although meshca logged in again %s ago (check the role and the login's policies); next login in %s at the earliest: %w",
-			s.c.Mount, s.c.Role, last.Round(timeRound), next.Round(timeRound), denied)}
+			"%s refused although meshca logged in again %s ago (check the role and the login's policies); next login in %s at the earliest: %w",
+			path, last.Round(timeRound), next.Round(timeRound), denied)}
 	default:
 		s.deniedAt = now
 		call = s.startLoginLocked(used)

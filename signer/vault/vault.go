@@ -2,6 +2,11 @@
 // secrets engine (<mount>/sign/<role>), logged in with a token file,
 // AppRole or the Kubernetes auth method, and keeps that login alive.
 //
+// A Vault role fixes the key usages of what it signs, and keeps
+// KeyEncipherment for EC keys too (RFC 8813 forbids it there), while
+// meshca wants it on RSA keys only (signer.CheckIssued). So RSA keys get a
+// role of their own (Config.KeyEnciphermentRole).
+//
 // The trust bundle is never learned from Vault: Vault answers with its
 // issuing CA, often an intermediate. The chain Vault returns only shapes
 // the reply; meshca verifies it against its pinned anchors.
@@ -9,6 +14,7 @@ package vault
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -19,6 +25,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/signer"
 )
@@ -31,8 +38,16 @@ type Config struct {
 	Address string
 	// CACertFile verifies Vault's own TLS certificate.
 	CACertFile string
-	// Mount of the PKI engine ("pki") and the role to sign with.
+	// Mount of the PKI engine ("pki") and the role to sign with. Role
+	// must grant exactly key_usage=DigitalSignature and
+	// ext_key_usage=ServerAuth,ClientAuth.
 	Mount, Role string
+	// KeyEnciphermentRole, when set, replaces Role for requests whose
+	// certificate must also carry key encipherment (RSA keys): a role with
+	// key_usage=DigitalSignature,KeyEncipherment. When empty, Role signs
+	// every request, and an RSA request is refused (FailedPrecondition)
+	// because its certificate lacks key encipherment.
+	KeyEnciphermentRole string
 	// Auth logs in. Its token is renewed while it can be, and a fresh
 	// login replaces it when it can no longer be renewed or is refused.
 	Auth api.AuthMethod
@@ -68,14 +83,6 @@ type Signer struct {
 	// deniedAt is when the last login forced by a 403 started; zero
 	// before the first.
 	deniedAt time.Time
-}
-
-type loginCall struct {
-	done chan struct{}
-	err  error
-	// replaces is the login a 403 condemned, revoked once this one
-	// succeeds; nil for other logins.
-	replaces *api.Secret
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -119,7 +126,8 @@ func New(c Config) (*Signer, error) {
 	return &Signer{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
 }
 
-// Sign implements signer.Signer with <mount>/sign/<role>. When Vault
+// Sign implements signer.Signer with <mount>/sign/<role>, the role
+// being the one for req's key usages (roleFor). When Vault
 // refuses the token (403), Sign logs in again and retries once, but forces
 // at most one such login per Config.ReloginBackoff (see reloginDenied).
 func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
@@ -137,12 +145,13 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		"format":               "pem",
 		"exclude_cn_from_sans": true,
 	}
-	path := s.c.Mount + "/sign/" + s.c.Role
+	role := s.roleFor(req.Usages)
+	path := s.c.Mount + "/sign/" + role
 	secret, err := s.client.Logical().WriteWithContext(ctx, path, data)
 	if isPermissionDenied(err) {
 		// The token expired or was revoked, or the role's policy refuses:
 		// log in again (at most once per ReloginBackoff), then retry once.
-		if lerr := s.reloginDenied(ctx, used, err); lerr != nil {
+		if lerr := s.reloginDenied(ctx, used, path, err); lerr != nil {
 			return nil, lerr
 		}
 		secret, err = s.client.Logical().WriteWithContext(ctx, path, data)
@@ -150,13 +159,21 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, classify(err)
 	}
-	return s.response(req, secret)
+	return s.response(req, secret, role)
 }
 
-// response assembles and checks what Vault issued.
-func (s *Signer) response(req *signer.Request, secret *api.Secret) (*signer.Response, error) {
+// roleFor names the role that signs a request for usages u.
+func (s *Signer) roleFor(u csr.Usages) string {
+	if s.c.KeyEnciphermentRole != "" && u.Key&x509.KeyUsageKeyEncipherment != 0 {
+		return s.c.KeyEnciphermentRole
+	}
+	return s.c.Role
+}
+
+// response assembles and checks what role issued.
+func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) (*signer.Response, error) {
 	if secret == nil || secret.Data == nil {
-		return nil, signer.Errorf(name, signer.KindInternal, "empty answer from %s/sign/%s", s.c.Mount, s.c.Role)
+		return nil, signer.Errorf(name, signer.KindInternal, "empty answer from %s/sign/%s", s.c.Mount, role)
 	}
 	certPEM, _ := secret.Data["certificate"].(string)
 	certs, err := pemutil.ParseCertificates([]byte(certPEM))
@@ -195,178 +212,40 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret) (*signer.Resp
 		}
 	}
 	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
-		return nil, err
+		return nil, s.withRoleHint(err, req, leaf, role)
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
 }
 
-func (s *Signer) loggedIn() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.login != nil
-}
-
-// session returns the current login, logging in first if there is none.
-// The result may be nil if Run forgot the new login meanwhile.
-func (s *Signer) session(ctx context.Context) (*api.Secret, error) {
-	s.mu.Lock()
-	cur := s.login
-	s.mu.Unlock()
-	if cur != nil {
-		return cur, nil
+// withRoleHint tells the operator which role to change when role issued
+// other key usages than req's.
+func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certificate, role string) error {
+	var se *signer.Error
+	if leaf.KeyUsage == req.Usages.Key || !errors.As(err, &se) {
+		return err
 	}
-	if err := s.doLogin(ctx); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.login, nil
-}
-
-// doLogin logs in now. Concurrent callers share one login, and each stops
-// waiting when its own context ends.
-func (s *Signer) doLogin(ctx context.Context) error {
-	s.mu.Lock()
-	call := s.startLoginLocked(nil)
-	s.mu.Unlock()
-	return waitLogin(ctx, call)
-}
-
-// startLoginLocked returns the login under way, starting one that replaces
-// the given login if none is. s.mu must be held.
-func (s *Signer) startLoginLocked(replaces *api.Secret) *loginCall {
-	if s.inflight == nil {
-		s.inflight = &loginCall{done: make(chan struct{}), replaces: replaces}
-		go s.runLogin(s.inflight)
-	}
-	return s.inflight
-}
-
-// waitLogin waits for call or the end of ctx, whichever comes first.
-func waitLogin(ctx context.Context, call *loginCall) error {
-	select {
-	case <-ctx.Done():
-		return &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
-	case <-call.done:
-		return call.err
-	}
-}
-
-func (s *Signer) runLogin(call *loginCall) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
-	defer cancel()
-	secret, err := s.c.Auth.Login(ctx, s.client)
+	const ke = x509.KeyUsageKeyEncipherment
+	var hint string
 	switch {
-	case err != nil:
-		call.err = classifyLogin(err)
-	case secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "":
-		call.err = signer.Errorf(name, signer.KindRefused, "login returned no token")
+	case req.Usages.Key&ke != 0 && s.c.KeyEnciphermentRole == "":
+		hint = fmt.Sprintf("role %s/roles/%s signs every key type; RSA keys need a role of their own with key_usage=%s: name it with --vault-rsa-role (vault.Config.KeyEnciphermentRole)",
+			s.c.Mount, role, keyUsageParam(req.Usages.Key))
+	case req.Usages.Key&ke == 0 && leaf.KeyUsage&ke != 0 && s.c.KeyEnciphermentRole == "":
+		hint = fmt.Sprintf("set key_usage=%s on role %s/roles/%s, and sign RSA keys with a role of their own with key_usage=%s (meshca serve --vault-rsa-role)",
+			keyUsageParam(req.Usages.Key), s.c.Mount, role, keyUsageParam(req.Usages.Key|ke))
+	default:
+		hint = fmt.Sprintf("set key_usage=%s on role %s/roles/%s", keyUsageParam(req.Usages.Key), s.c.Mount, role)
 	}
-	s.mu.Lock()
-	if call.err == nil {
-		s.client.SetToken(secret.Auth.ClientToken)
-		s.login = secret
-	} else {
-		s.login = nil
-	}
-	s.inflight = nil
-	s.mu.Unlock()
-	close(call.done)
-	if call.err == nil {
-		select {
-		case s.relogin <- struct{}{}: // let Run watch the new token
-		default:
-		}
-		s.revoke(call.replaces, secret)
-	}
+	return &signer.Error{Backend: se.Backend, Kind: se.Kind, Err: fmt.Errorf("%w; %s", se.Err, hint)}
 }
 
-// Run keeps the login alive until ctx ends: it renews the token while
-// Vault allows and logs in afresh when it no longer does.
-func (s *Signer) Run(ctx context.Context) error {
-	backoff := time.Second
-	for ctx.Err() == nil {
-		if !s.loggedIn() {
-			if err := s.doLogin(ctx); err != nil {
-				s.report(err)
-				if !sleep(ctx, backoff) {
-					return nil
-				}
-				backoff = min(2*backoff, time.Minute)
-				continue
-			}
-		}
-		backoff = time.Second
-		s.mu.Lock()
-		secret := s.login
-		s.mu.Unlock()
-		select {
-		case <-s.relogin:
-		default:
-		}
-		if !secret.Auth.Renewable || secret.Auth.LeaseDuration <= 0 {
-			// Not renewable: log in again when two thirds have passed, or
-			// on demand.
-			wait := time.Duration(secret.Auth.LeaseDuration) * time.Second * 2 / 3
-			if wait <= 0 {
-				wait = time.Hour
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-s.relogin:
-			case <-time.After(wait):
-				s.forget(secret)
-			}
-			continue
-		}
-		w, err := s.client.NewLifetimeWatcher(&api.LifetimeWatcherInput{Secret: secret})
-		if err != nil {
-			s.report(err)
-			s.forget(secret)
-			continue
-		}
-		go w.Start()
-		select {
-		case <-ctx.Done():
-			w.Stop()
-			return nil
-		case <-s.relogin:
-			w.Stop()
-		case err := <-w.DoneCh():
-			s.report(err)
-			w.Stop()
-			s.forget(secret)
-		}
+// keyUsageParam renders workload key usages (digital signature, and key
+// encipherment for RSA keys) as a Vault role's key_usage parameter.
+func keyUsageParam(ku x509.KeyUsage) string {
+	if ku&x509.KeyUsageKeyEncipherment != 0 {
+		return "DigitalSignature,KeyEncipherment"
 	}
-	return nil
-}
-
-// report passes a login failure to Config.OnLoginError.
-func (s *Signer) report(err error) {
-	if s.c.OnLoginError != nil && err != nil {
-		s.c.OnLoginError(err)
-	}
-}
-
-// forget drops the login if it is still secret, so the next use logs in.
-func (s *Signer) forget(secret *api.Secret) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.login == secret {
-		s.login = nil
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return "DigitalSignature"
 }
 
 func isPermissionDenied(err error) bool {

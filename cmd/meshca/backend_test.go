@@ -1,0 +1,133 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/signer/vault"
+	"github.com/spf13/pflag"
+)
+
+// TestKeyTypeSettingsValidate: the RSA profile and role, and the Vault
+// re-login backoff.
+func TestKeyTypeSettingsValidate(t *testing.T) {
+	withVault := func(mutate func(*vaultFlags)) backendFlags {
+		v := vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", reloginBackoff: vault.DefaultReloginBackoff}
+		if mutate != nil {
+			mutate(&v)
+		}
+		return backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", vault: v}
+	}
+	remote := func(profile, keProfile string) backendFlags {
+		return backendFlags{signer: "cfssl", trustAnchors: "r", servingCert: "c", servingKey: "k", cfsslURL: "http://x", cfsslProfile: profile, cfsslKEProf: keProfile}
+	}
+	tests := []struct {
+		name string
+		b    backendFlags
+		want string
+	}{
+		{"vault with an RSA role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh-rsa" }), ""},
+		{"vault RSA role is the main role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh" }), "--vault-rsa-role (vault.rsaRole) names the same role as --vault-role (vault.role)"},
+		{"vault zero backoff", withVault(func(v *vaultFlags) { v.reloginBackoff = 0 }), ""},
+		{"vault negative backoff", withVault(func(v *vaultFlags) { v.reloginBackoff = -time.Second }), "--vault-relogin-backoff (vault.reloginBackoff) must not be negative"},
+		{"cfssl remote with an RSA profile", remote("mesh", "rsa"), ""},
+		{"cfssl remote, RSA profile only", remote("", "rsa"), ""},
+		{"cfssl RSA profile is the main profile", remote("mesh", "mesh"), "names the same profile as --cfssl-profile (cfssl.profile)"},
+		{"cfssl in process with an RSA profile", backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k", cfsslKEProf: "rsa"},
+			"--cfssl-key-encipherment-profile (cfssl.keyEnciphermentProfile) applies to a remote cfssl only"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.b.validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestKeyTypeSettingsReachBackends: flags and config file keys end up in
+// the backends' configurations; a flag given on the command line wins.
+func TestKeyTypeSettingsReachBackends(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	token := write("token", "s.token")
+	file := write("meshca.yaml", "cfssl:\n  url: http://cfssl:8888\n  profile: mesh\n  keyEnciphermentProfile: rsa\n"+
+		"vault:\n  addr: http://vault:8200\n  role: mesh\n  rsaRole: mesh-rsa\n  reloginBackoff: 2m\n  tokenFile: "+token+"\n")
+	type want struct {
+		keProfile, rsaRole string
+		backoff            time.Duration
+	}
+	tests := []struct {
+		name  string
+		file  string
+		flags []string
+		want  want
+		err   string
+	}{
+		{name: "defaults", flags: []string{"--vault-addr", "http://v", "--vault-role", "mesh", "--vault-token-file", token},
+			want: want{backoff: vault.DefaultReloginBackoff}},
+		{name: "flags", flags: []string{"--cfssl-url", "http://c", "--cfssl-key-encipherment-profile", "rsa", "--vault-addr", "http://v",
+			"--vault-role", "mesh", "--vault-rsa-role", "mesh-rsa", "--vault-relogin-backoff", "90s", "--vault-token-file", token},
+			want: want{keProfile: "rsa", rsaRole: "mesh-rsa", backoff: 90 * time.Second}},
+		{name: "config file", file: file, want: want{keProfile: "rsa", rsaRole: "mesh-rsa", backoff: 2 * time.Minute}},
+		{name: "flags win over the file", file: file,
+			flags: []string{"--cfssl-key-encipherment-profile", "rsa4096", "--vault-rsa-role", "rsa-only", "--vault-relogin-backoff", "5s"},
+			want:  want{keProfile: "rsa4096", rsaRole: "rsa-only", backoff: 5 * time.Second}},
+		{name: "bad backoff in the file", file: write("bad.yaml", "vault:\n  reloginBackoff: soon\n"), err: "--vault-relogin-backoff (vault.reloginBackoff)"},
+		{name: "unknown key", file: write("typo.yaml", "vault:\n  rsa_role: x\n"), err: `unknown field "rsa_role"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b backendFlags
+			fl := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			b.register(fl)
+			if err := fl.Parse(tt.flags); err != nil {
+				t.Fatal(err)
+			}
+			if tt.file != "" {
+				err := b.loadConfigFile(tt.file, fl)
+				if tt.err != "" {
+					if err == nil || !strings.Contains(err.Error(), tt.err) {
+						t.Fatalf("err = %v, want %q", err, tt.err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			rc, err := b.cfsslRemoteConfig(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			vc, err := b.vaultConfig(slog.Default())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := want{keProfile: rc.KeyEnciphermentProfile, rsaRole: vc.KeyEnciphermentRole, backoff: vc.ReloginBackoff}
+			if got != tt.want {
+				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+			if vc.Role != b.vault.role || rc.Profile != b.cfsslProfile {
+				t.Fatalf("role %q and profile %q, want the flags' %q and %q", vc.Role, rc.Profile, b.vault.role, b.cfsslProfile)
+			}
+		})
+	}
+}

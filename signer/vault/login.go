@@ -1,0 +1,189 @@
+package vault
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/signer"
+)
+
+// loginCall is one login under way, shared by every request waiting for
+// it.
+type loginCall struct {
+	done chan struct{}
+	err  error
+	// replaces is the login a 403 condemned, revoked once this one
+	// succeeds; nil for other logins.
+	replaces *api.Secret
+}
+
+func (s *Signer) loggedIn() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.login != nil
+}
+
+// session returns the current login, logging in first if there is none.
+// The result may be nil if Run forgot the new login meanwhile.
+func (s *Signer) session(ctx context.Context) (*api.Secret, error) {
+	s.mu.Lock()
+	cur := s.login
+	s.mu.Unlock()
+	if cur != nil {
+		return cur, nil
+	}
+	if err := s.doLogin(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.login, nil
+}
+
+// doLogin logs in now. Concurrent callers share one login, and each stops
+// waiting when its own context ends.
+func (s *Signer) doLogin(ctx context.Context) error {
+	s.mu.Lock()
+	call := s.startLoginLocked(nil)
+	s.mu.Unlock()
+	return waitLogin(ctx, call)
+}
+
+// startLoginLocked returns the login under way, starting one that replaces
+// the given login if none is. s.mu must be held.
+func (s *Signer) startLoginLocked(replaces *api.Secret) *loginCall {
+	if s.inflight == nil {
+		s.inflight = &loginCall{done: make(chan struct{}), replaces: replaces}
+		go s.runLogin(s.inflight)
+	}
+	return s.inflight
+}
+
+// waitLogin waits for call or the end of ctx, whichever comes first.
+func waitLogin(ctx context.Context, call *loginCall) error {
+	select {
+	case <-ctx.Done():
+		return &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
+	case <-call.done:
+		return call.err
+	}
+}
+
+func (s *Signer) runLogin(call *loginCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
+	defer cancel()
+	secret, err := s.c.Auth.Login(ctx, s.client)
+	switch {
+	case err != nil:
+		call.err = classifyLogin(err)
+	case secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "":
+		call.err = signer.Errorf(name, signer.KindRefused, "login returned no token")
+	}
+	s.mu.Lock()
+	if call.err == nil {
+		s.client.SetToken(secret.Auth.ClientToken)
+		s.login = secret
+	} else {
+		s.login = nil
+	}
+	s.inflight = nil
+	s.mu.Unlock()
+	close(call.done)
+	if call.err == nil {
+		select {
+		case s.relogin <- struct{}{}: // let Run watch the new token
+		default:
+		}
+		s.revoke(call.replaces, secret)
+	}
+}
+
+// Run keeps the login alive until ctx ends: it renews the token while
+// Vault allows and logs in afresh when it no longer does.
+func (s *Signer) Run(ctx context.Context) error {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		if !s.loggedIn() {
+			if err := s.doLogin(ctx); err != nil {
+				s.report(err)
+				if !sleep(ctx, backoff) {
+					return nil
+				}
+				backoff = min(2*backoff, time.Minute)
+				continue
+			}
+		}
+		backoff = time.Second
+		s.mu.Lock()
+		secret := s.login
+		s.mu.Unlock()
+		select {
+		case <-s.relogin:
+		default:
+		}
+		if !secret.Auth.Renewable || secret.Auth.LeaseDuration <= 0 {
+			// Not renewable: log in again when two thirds have passed, or
+			// on demand.
+			wait := time.Duration(secret.Auth.LeaseDuration) * time.Second * 2 / 3
+			if wait <= 0 {
+				wait = time.Hour
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.relogin:
+			case <-time.After(wait):
+				s.forget(secret)
+			}
+			continue
+		}
+		w, err := s.client.NewLifetimeWatcher(&api.LifetimeWatcherInput{Secret: secret})
+		if err != nil {
+			s.report(err)
+			s.forget(secret)
+			continue
+		}
+		go w.Start()
+		select {
+		case <-ctx.Done():
+			w.Stop()
+			return nil
+		case <-s.relogin:
+			w.Stop()
+		case err := <-w.DoneCh():
+			s.report(err)
+			w.Stop()
+			s.forget(secret)
+		}
+	}
+	return nil
+}
+
+// report passes a login failure to Config.OnLoginError.
+func (s *Signer) report(err error) {
+	if s.c.OnLoginError != nil && err != nil {
+		s.c.OnLoginError(err)
+	}
+}
+
+// forget drops the login if it is still secret, so the next use logs in.
+func (s *Signer) forget(secret *api.Secret) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.login == secret {
+		s.login = nil
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
