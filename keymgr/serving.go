@@ -76,6 +76,9 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 // ServingRotator keeps a serving certificate fresh: it re-issues it from the
 // current authority once two thirds of its lifetime have passed.
 type ServingRotator struct {
+	// OnError, when set before Run, hears of every failed renewal (each
+	// is retried a minute later); the package itself does not log.
+	OnError func(error)
 	src     interface{ Authority() *Authority }
 	opts    ServingOptions
 	now     func() time.Time
@@ -116,23 +119,26 @@ func (r *ServingRotator) renewAt() time.Time {
 	return leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
 }
 
-// Run re-issues the certificate on time until ctx ends; a failure is
-// retried a minute later and reported to onError.
-func (r *ServingRotator) Run(ctx context.Context, onError func(error)) {
+// Run re-issues the certificate on time until ctx ends, and returns nil
+// then; a failure is reported to OnError and retried a minute later, the
+// current certificate serving meanwhile.
+func (r *ServingRotator) Run(ctx context.Context) error {
 	for {
 		wait := r.renewAt().Sub(r.now())
 		t := time.NewTimer(max(wait, 0))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return
+			return nil
 		case <-t.C:
 		}
 		if err := r.rotate(); err != nil {
-			onError(err)
+			if r.OnError != nil {
+				r.OnError(err)
+			}
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-time.After(time.Minute):
 			}
 		}

@@ -1,33 +1,26 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
 	"strings"
-	"time"
 
 	cfconfig "github.com/cloudflare/cfssl/config"
-	cflog "github.com/cloudflare/cfssl/log"
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
-	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/cfssl"
-	"github.com/meshca/meshca/signer/local"
 	"github.com/spf13/pflag"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Signer backends.
 const (
-	signerLocal = "local"
-	signerCfssl = "cfssl"
-	signerVault = "vault"
+	signerLocal = serve.BackendLocal
+	signerCfssl = serve.BackendCfssl
+	signerVault = serve.BackendVault
 )
 
 // envCfsslAuthKey may carry the cfssl auth key instead of a file.
@@ -106,90 +99,80 @@ func (b *backendFlags) validate() error {
 	return nil
 }
 
-// backend is the signer with its trust bundle and serving certificate.
-type backend struct {
-	name    string
-	signer  signer.Signer
-	bundles x509bundle.Source
-	expiry  ca.ExpirySource
-	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	// run keeps the serving certificate fresh, when meshca issues it.
-	run func(ctx context.Context, onError func(error))
-	// runSigner keeps the backend's login alive, when it has one.
-	runSigner func(ctx context.Context) error
+// load reads the files the backend flags name into c, the backend's
+// configuration; the local backend reads its own directories.
+func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
+	if b.signer == signerLocal {
+		return nil
+	}
+	var err error
+	if c.TrustAnchors, err = readCerts(name("trust-anchors"), b.trustAnchors); err != nil {
+		return err
+	}
+	if b.servingCert != "" {
+		cert, err := tls.LoadX509KeyPair(b.servingCert, b.servingKey)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name("serving-cert-file"), err)
+		}
+		c.Serving = &cert
+	}
+	if b.signer == signerVault {
+		vc, err := b.vaultConfig(log)
+		if err != nil {
+			return err
+		}
+		c.Vault = &vc
+		return nil
+	}
+	var chain []*x509.Certificate
+	if b.cfsslChain != "" {
+		if chain, err = readCerts(name("cfssl-chain"), b.cfsslChain); err != nil {
+			return err
+		}
+	}
+	if b.cfsslURL != "" {
+		rc, err := b.cfsslRemoteConfig(chain)
+		if err != nil {
+			return err
+		}
+		c.CfsslRemote = &rc
+		return nil
+	}
+	lc, err := b.cfsslLocalConfig(chain)
+	if err != nil {
+		return err
+	}
+	c.CfsslLocal = &lc
+	return nil
 }
 
-func (f *serveFlags) backend(log *slog.Logger, td spiffeid.TrustDomain) (*backend, error) {
-	if f.b.signer == signerLocal {
-		authority, err := f.loadAuthority(log, td)
-		if err != nil {
-			return nil, err
-		}
-		mgr := keymgr.NewManager(td, authority)
-		return withServingRotator(&backend{name: signerLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}, mgr, f.servingNames)
-	}
-	anchors, err := readCerts(name("trust-anchors"), f.b.trustAnchors)
+// cfsslLocalConfig is the in-process cfssl backend's configuration from
+// the flags, with chain above its CA.
+func (b *backendFlags) cfsslLocalConfig(chain []*x509.Certificate) (cfssl.LocalConfig, error) {
+	caCerts, err := readCerts(name("cfssl-ca-cert"), b.cfsslCACert)
 	if err != nil {
-		return nil, err
+		return cfssl.LocalConfig{}, err
 	}
-	be := &backend{name: f.b.signer, bundles: x509bundle.FromX509Authorities(td, anchors), expiry: anchorExpiry(anchors)}
-	if f.b.signer == signerVault {
-		if err := f.b.vaultSigner(be, log); err != nil {
-			return nil, err
-		}
-		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
-	}
-	cflog.Level = cflog.LevelCritical // meshca logs what matters; cfssl's own lines would duplicate it
-	var chain []*x509.Certificate
-	if f.b.cfsslChain != "" {
-		if chain, err = readCerts(name("cfssl-chain"), f.b.cfsslChain); err != nil {
-			return nil, err
-		}
-	}
-	if f.b.cfsslURL != "" {
-		rc, err := f.b.cfsslRemoteConfig(chain)
-		if err != nil {
-			return nil, err
-		}
-		if be.signer, err = cfssl.NewRemote(rc); err != nil {
-			return nil, fmt.Errorf("%s: %w", name("cfssl-url"), err)
-		}
-		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
-	}
-	caCerts, err := readCerts(name("cfssl-ca-cert"), f.b.cfsslCACert)
+	keyPEM, err := os.ReadFile(b.cfsslCAKey)
 	if err != nil {
-		return nil, err
-	}
-	keyPEM, err := os.ReadFile(f.b.cfsslCAKey)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
+		return cfssl.LocalConfig{}, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
 	}
 	key, err := pemutil.ParsePrivateKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
+		return cfssl.LocalConfig{}, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
 	}
-	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: f.b.cfsslProfile}
-	if f.b.cfsslConfig != "" {
-		cfg, err := cfconfig.LoadFile(f.b.cfsslConfig)
+	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: b.cfsslProfile}
+	if b.cfsslConfig != "" {
+		cfg, err := cfconfig.LoadFile(b.cfsslConfig)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name("cfssl-config"), err)
+			return lc, fmt.Errorf("%s: %w", name("cfssl-config"), err)
 		}
 		if cfg.Signing == nil {
-			return nil, fmt.Errorf("%s: the file has no signing section", name("cfssl-config"))
+			return lc, fmt.Errorf("%s: the file has no signing section", name("cfssl-config"))
 		}
 		lc.Policy = cfg.Signing
 	}
-	if be.signer, err = cfssl.NewLocal(lc); err != nil {
-		return nil, fmt.Errorf("%s: %w", name("cfssl-ca-cert"), err)
-	}
-	if f.b.servingCert != "" {
-		return withServingFiles(be, f.b.servingCert, f.b.servingKey)
-	}
-	authority := &keymgr.Authority{Cert: caCerts[0], Key: key, Chain: chain, Roots: anchors}
-	if err := authority.Validate(time.Now()); err != nil {
-		return nil, fmt.Errorf("%s with %s: %w", name("cfssl-ca-cert"), name("trust-anchors"), err)
-	}
-	return withServingRotator(be, keymgr.NewManager(td, authority), f.servingNames)
+	return lc, nil
 }
 
 // cfsslRemoteConfig is the remote cfssl backend's configuration from the
@@ -207,33 +190,9 @@ func (b *backendFlags) cfsslRemoteConfig(chain []*x509.Certificate) (cfssl.Remot
 		if err != nil {
 			return rc, err
 		}
-		pool := x509.NewCertPool()
-		for _, r := range roots {
-			pool.AddCert(r)
-		}
-		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: keymgr.Pool(roots...)}
 	}
 	return rc, nil
-}
-
-// withServingRotator issues meshca's serving certificate from the CA.
-func withServingRotator(be *backend, mgr *keymgr.Manager, names []string) (*backend, error) {
-	rot, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: names}, nil)
-	if err != nil {
-		return nil, err
-	}
-	be.getCert, be.run = rot.GetCertificate, rot.Run
-	return be, nil
-}
-
-// withServingFiles serves a certificate the operator provides.
-func withServingFiles(be *backend, certFile, keyFile string) (*backend, error) {
-	c, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name("serving-cert-file"), err)
-	}
-	be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &c, nil }
-	return be, nil
 }
 
 func readCerts(flag, path string) ([]*x509.Certificate, error) {
@@ -260,20 +219,3 @@ func secret(flag, file, env string) (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
-
-// anchorExpiry reports the pinned anchors' expiry for the citadel gauges.
-type anchorExpiry []*x509.Certificate
-
-func (a anchorExpiry) RootNotAfter() time.Time {
-	var t time.Time
-	for _, c := range a {
-		if t.IsZero() || c.NotAfter.Before(t) {
-			t = c.NotAfter
-		}
-	}
-	return t
-}
-
-// ChainNotAfter is the anchors' too: an external backend's issuing chain is
-// not known before it signs.
-func (a anchorExpiry) ChainNotAfter() time.Time { return a.RootNotAfter() }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,21 +9,22 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-func TestServeFlagsValidate(t *testing.T) {
-	good := func() serveFlags {
-		return serveFlags{
-			stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
-			audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
-			clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
-			requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
-			maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
-		}
+// validServeFlags are flags that validate.
+func validServeFlags() serveFlags {
+	return serveFlags{
+		stateDir: "/tmp/x", trustDomain: "cluster.local", defaultTTL: 24 * time.Hour, maxTTL: 90 * 24 * time.Hour,
+		audiences: []string{"istio-ca"}, servingNames: []string{"istiod.istio-system.svc"}, keyPolicy: "ecdsa-p256",
+		clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
+		requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
+		maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
 	}
+}
+
+func TestServeFlagsValidate(t *testing.T) {
+	good := validServeFlags
 	tests := []struct {
 		name   string
 		mutate func(*serveFlags)
@@ -90,7 +90,7 @@ func TestServeFlagsValidate(t *testing.T) {
 			if tt.mutate != nil {
 				tt.mutate(&f)
 			}
-			_, _, err := f.validate()
+			_, err := f.validate()
 			if tt.want == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -162,12 +162,6 @@ func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
 	if newServeCommand().Flags().Lookup(kube.KubeconfigAllowFlag) == nil {
 		t.Fatalf("--%s is not registered", kube.KubeconfigAllowFlag)
 	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	local := "apiVersion: v1\nkind: Config\nclusters: [{name: l, cluster: {server: https://127.0.0.1:1}}]\n" +
-		"users: [{name: l, user: {token: t}}]\ncontexts: [{name: l, context: {cluster: l, user: l}}]\ncurrent-context: l\n"
-	if err := os.WriteFile(kubeconfig, []byte(local), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	tests := []struct {
 		name  string
 		allow []string
@@ -179,11 +173,12 @@ func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := serveFlags{clusterID: "Kubernetes", kubeconfig: kubeconfig, secretNS: "istio-system", remoteAllow: tt.allow}
-			_, _, secrets, err := f.clusters(spiffeid.RequireTrustDomainFromString("cluster.local"), prometheus.NewRegistry(), slog.Default())
+			f := validServeFlags()
+			f.secretNS, f.remoteAllow = "istio-system", tt.allow
+			c, err := f.validate()
 			if tt.want == "" {
-				if err != nil || secrets == nil {
-					t.Fatalf("secrets %v, err %v", secrets, err)
+				if err != nil || len(c.Clusters.KubeconfigAllow) != len(tt.allow) {
+					t.Fatalf("allow %v, err %v", c.Clusters.KubeconfigAllow, err)
 				}
 				return
 			}
@@ -194,21 +189,24 @@ func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
 	}
 }
 
-// TestServeCertRenewalSwitch: --cert-renewal=false leaves no client
-// certificate authenticator, so a renewal needs a token again.
-func TestServeCertRenewalSwitch(t *testing.T) {
-	td := spiffeid.RequireTrustDomainFromString("cluster.local")
-	for _, on := range []bool{true, false} {
-		f := serveFlags{certRenewal: on}
-		auths := f.authenticators(td, nil)
-		has := false
-		for _, a := range auths {
-			if _, ok := a.(*ca.CertAuthenticator); ok {
-				has = true
-			}
-		}
-		if has != on {
-			t.Errorf("--cert-renewal=%v: certificate authenticator present = %v", on, has)
-		}
+// TestServeValidateReturnsWhatItParsed: the node accounts, remote clusters
+// and switches validate checks reach the assembly's configuration.
+func TestServeValidateReturnsWhatItParsed(t *testing.T) {
+	f := validServeFlags()
+	f.remotes = []string{"east=/etc/east.kubeconfig"}
+	f.certRenewal = false
+	c, err := f.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case !c.Clusters.NodeAccounts["istio-system/ztunnel"]:
+		t.Errorf("node accounts %v", c.Clusters.NodeAccounts)
+	case c.Clusters.Remotes["east"] != "/etc/east.kubeconfig":
+		t.Errorf("remotes %v", c.Clusters.Remotes)
+	case c.CertRenewal:
+		t.Error("--cert-renewal=false did not reach the configuration")
+	case c.TrustDomain.Name() != "cluster.local" || c.Backend.StateDir != "/tmp/x":
+		t.Errorf("config %+v", c)
 	}
 }

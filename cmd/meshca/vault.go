@@ -77,19 +77,6 @@ func (b *backendFlags) validateVault() error {
 	return nil
 }
 
-func (b *backendFlags) vaultSigner(be *backend, log *slog.Logger) error {
-	c, err := b.vaultConfig(log)
-	if err != nil {
-		return err
-	}
-	s, err := vault.New(c)
-	if err != nil {
-		return fmt.Errorf("%s: %w", name("vault-addr"), err)
-	}
-	be.signer, be.runSigner = s, s.Run
-	return nil
-}
-
 // vaultConfig is the Vault backend's configuration from the flags.
 func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 	v := b.vault

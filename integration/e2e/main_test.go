@@ -3,10 +3,8 @@
 package e2e
 
 import (
-	"context"
 	"crypto/x509"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/meshca/meshca/ca/caclient"
@@ -38,19 +36,8 @@ func startServer(t testing.TB, extra ...string) *server {
 // startServerAs runs meshca with the given kubeconfig's credentials.
 func startServerAs(t testing.TB, kubeconfig string, extra ...string) *server {
 	t.Helper()
-	state := filepath.Join(t.TempDir(), "state")
-	args := append([]string{"--state-dir", state, "--kubeconfig", kubeconfig}, extra...)
-	m := harness.StartMeshca(t, bin, args...)
-	t.Logf("meshca serving after %v", m.Started)
-	certs, raw, err := harness.RootBundle(context.Background(), bin, "--state-dir", state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	for _, c := range certs {
-		pool.AddCert(c)
-	}
-	return &server{Meshca: m, stateDir: state, roots: pool, rootsPEM: raw}
+	m := harness.StartSelfSigned(t, bin, kubeconfig, extra...)
+	return &server{Meshca: m.Meshca, stateDir: m.StateDir, roots: m.Roots, rootsPEM: m.RootsPEM}
 }
 
 func (s *server) client(t testing.TB, token string) *caclient.Client {

@@ -93,13 +93,12 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 			tb.Fatal(err)
 		}
 	}
-	port := FreePort(tb)
-	c := &Cfssl{URL: "http://127.0.0.1:" + strconv.Itoa(port), log: filepath.Join(dir, "cfssl.log")}
+	c := &Cfssl{log: filepath.Join(dir, "cfssl.log")}
 	logf, err := os.Create(c.log)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c.cmd = exec.Command(bin, "serve", "-address", "127.0.0.1", "-port", strconv.Itoa(port),
+	c.cmd = exec.Command(bin, "serve", "-address", "127.0.0.1", "-port", "0",
 		"-ca", filepath.Join(dir, "ca.pem"), "-ca-key", filepath.Join(dir, "ca-key.pem"), "-config", filepath.Join(dir, "config.json"))
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {
@@ -114,22 +113,13 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 			tb.Logf("cfssl serve log:\n%s", b)
 		}
 	})
-	if err := waitTCP(fmt.Sprintf("127.0.0.1:%d", port), 15*time.Second); err != nil {
+	ports, err := waitListening(c.cmd.Process.Pid, 1, 15*time.Second)
+	if err != nil {
 		b, _ := os.ReadFile(c.log)
 		tb.Fatalf("cfssl serve did not listen: %v\n%s", err, b)
 	}
+	c.URL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	return c
-}
-
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort(tb testing.TB) int {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func waitTCP(addr string, timeout time.Duration) error {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
 )
 
 // BuildMeshca builds the meshca binary into dir and returns its path.
@@ -36,7 +39,7 @@ func BuildMeshca(dir string) (string, error) {
 type Meshca struct {
 	Addr      string // gRPC host:port
 	AdminAddr string // HTTP host:port
-	// Started is how long the process took from exec to serving.
+	// Started is how long the process took from exec to ready.
 	Started time.Duration
 	cmd     *exec.Cmd
 	logs    *lockedBuffer
@@ -61,9 +64,17 @@ func StartMeshca(tb testing.TB, bin string, args ...string) *Meshca {
 }
 
 // StartMeshcaProcess is StartMeshca for callers without a testing.TB; the
-// caller stops the process.
+// caller stops the process. The kernel picks the ports: meshca reports
+// them in its --address-file, and it is ready when its /readyz says so.
 func StartMeshcaProcess(bin string, args ...string) (*Meshca, error) {
-	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"}, args...)
+	dir, err := os.MkdirTemp("", "meshca-addr-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	addrFile := filepath.Join(dir, "addresses.json")
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json",
+		"--address-file", addrFile}, args...)
 	m := &Meshca{cmd: exec.Command(bin, full...), logs: &lockedBuffer{}, done: make(chan struct{})}
 	stderr, err := m.cmd.StderrPipe()
 	if err != nil {
@@ -73,40 +84,47 @@ func StartMeshcaProcess(bin string, args ...string) (*Meshca, error) {
 	if err := m.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("harness: start meshca: %w", err)
 	}
-	ready := make(chan struct{})
-	go m.readLogs(stderr, ready)
-	select {
-	case <-ready:
-		m.Started = time.Since(start)
-		return m, nil
-	case <-m.done:
-		return nil, fmt.Errorf("harness: meshca exited before serving: %v\n%s", m.cmd.ProcessState, m.Logs())
-	case <-time.After(30 * time.Second):
+	go m.readLogs(stderr)
+	if err := m.waitReady(addrFile, 30*time.Second); err != nil {
 		m.Stop()
-		return nil, fmt.Errorf("harness: meshca did not serve within 30s\n%s", m.Logs())
+		return nil, fmt.Errorf("harness: %w\n%s", err, m.Logs())
 	}
+	m.Started = time.Since(start)
+	return m, nil
 }
 
-func (m *Meshca) readLogs(r io.Reader, ready chan struct{}) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	signalled := false
-	for sc.Scan() {
-		line := sc.Text()
-		m.logs.WriteString(line + "\n")
-		if signalled {
+// waitReady waits for the addresses meshca reports, then for its /readyz.
+func (m *Meshca) waitReady(addrFile string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: time.Second}
+	for ; time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if st := m.Exited(); st != nil {
+			return fmt.Errorf("meshca exited before it was ready: %v", st)
+		}
+		if m.Addr == "" {
+			var a ca.Addresses
+			if data, err := os.ReadFile(addrFile); err != nil || json.Unmarshal(data, &a) != nil {
+				continue
+			}
+			m.Addr, m.AdminAddr = a.GRPC, a.Admin
+		}
+		r, err := client.Get("http://" + m.AdminAddr + "/readyz")
+		if err != nil {
 			continue
 		}
-		var ev struct {
-			Msg   string `json:"msg"`
-			GRPC  string `json:"grpc"`
-			Admin string `json:"admin"`
+		r.Body.Close()
+		if r.StatusCode == http.StatusOK {
+			return nil
 		}
-		if json.Unmarshal([]byte(line), &ev) == nil && ev.Msg == "serving" {
-			m.Addr, m.AdminAddr = ev.GRPC, ev.Admin
-			signalled = true
-			close(ready)
-		}
+	}
+	return fmt.Errorf("meshca was not ready within %v", timeout)
+}
+
+func (m *Meshca) readLogs(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		m.logs.WriteString(sc.Text() + "\n")
 	}
 	_ = m.cmd.Wait()
 	close(m.done)
@@ -137,6 +155,29 @@ func (m *Meshca) Exited() *os.ProcessState {
 	default:
 		return nil
 	}
+}
+
+// SelfSigned is a meshca serving a self-signed root from a fresh state
+// directory, with that root at hand for clients.
+type SelfSigned struct {
+	*Meshca
+	StateDir string
+	Roots    *x509.CertPool
+	RootsPEM []byte
+}
+
+// StartSelfSigned runs meshca with a new state directory against the
+// cluster of kubeconfig, with extra flags, and reads its root bundle.
+func StartSelfSigned(tb testing.TB, bin, kubeconfig string, extra ...string) *SelfSigned {
+	tb.Helper()
+	state := filepath.Join(tb.TempDir(), "state")
+	m := StartMeshca(tb, bin, append([]string{"--state-dir", state, "--kubeconfig", kubeconfig}, extra...)...)
+	tb.Logf("meshca ready after %v", m.Started)
+	certs, raw, err := RootBundle(context.Background(), bin, "--state-dir", state)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &SelfSigned{Meshca: m, StateDir: state, Roots: keymgr.Pool(certs...), RootsPEM: raw}
 }
 
 // RootBundle runs `meshca root bundle` for a state or CA directory.

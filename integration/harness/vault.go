@@ -3,8 +3,10 @@ package harness
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,16 +50,7 @@ type Vault struct {
 // StartVault runs a Vault dev server and stops it at cleanup.
 func StartVault(tb testing.TB, bin string) *Vault {
 	tb.Helper()
-	v := &Vault{bin: bin, port: FreePort(tb), log: filepath.Join(tb.TempDir(), "vault.log")}
-	v.Addr = "http://127.0.0.1:" + strconv.Itoa(v.port)
-	cfg := api.DefaultConfig()
-	cfg.Address = v.Addr
-	c, err := api.NewClient(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c.SetToken(VaultRootToken)
-	v.Client = c
+	v := &Vault{bin: bin, log: filepath.Join(tb.TempDir(), "vault.log")}
 	v.Start(tb)
 	tb.Cleanup(func() {
 		v.Stop()
@@ -76,6 +69,8 @@ func (v *Vault) Start(tb testing.TB) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// The first start lets the kernel pick the port; restarts keep it,
+	// since meshca and the tests know Vault by its address.
 	v.cmd = exec.Command(v.bin, "server", "-dev", "-dev-root-token-id="+VaultRootToken, "-dev-no-store-token",
 		"-dev-listen-address=127.0.0.1:"+strconv.Itoa(v.port))
 	v.cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + os.TempDir()}
@@ -83,18 +78,64 @@ func (v *Vault) Start(tb testing.TB) {
 	if err := v.cmd.Start(); err != nil {
 		tb.Fatalf("start vault: %v", err)
 	}
+	fail := func(err error) {
+		b, _ := os.ReadFile(v.log)
+		tb.Fatalf("vault did not become ready: %v\n%s", err, tail(string(b), 30))
+	}
 	deadline := time.Now().Add(30 * time.Second)
+	if v.port == 0 {
+		// Vault listens twice: its API and its cluster port. The API is
+		// the one that answers HTTP.
+		ports, err := waitListening(v.cmd.Process.Pid, 2, 30*time.Second)
+		if err != nil {
+			fail(err)
+		}
+		for v.port, err = apiPort(ports); err != nil; v.port, err = apiPort(ports) {
+			if time.Now().After(deadline) {
+				fail(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		v.Addr = "http://127.0.0.1:" + strconv.Itoa(v.port)
+		cfg := api.DefaultConfig()
+		cfg.Address = v.Addr
+		c, err := api.NewClient(cfg)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c.SetToken(VaultRootToken)
+		v.Client = c
+	}
 	for {
 		h, err := v.Client.Sys().HealthWithContext(context.Background())
 		if err == nil && h.Initialized && !h.Sealed {
 			return
 		}
 		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(v.log)
-			tb.Fatalf("vault did not become ready: %v\n%s", err, tail(string(b), 30))
+			fail(err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// apiPort is the one of ports that answers Vault's HTTP health endpoint.
+func apiPort(ports []int) (int, error) {
+	client := &http.Client{Timeout: 2 * time.Second}
+	for _, p := range ports {
+		r, err := client.Get("http://127.0.0.1:" + strconv.Itoa(p) + "/v1/sys/health")
+		if err != nil {
+			continue
+		}
+		var h struct {
+			Initialized *bool `json:"initialized"`
+		}
+		err = json.NewDecoder(r.Body).Decode(&h)
+		r.Body.Close()
+		if err == nil && h.Initialized != nil {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("none of Vault's ports %v answers HTTP", ports)
 }
 
 // Stop stops the server and waits for it to exit.

@@ -1,7 +1,6 @@
 package istioclient
 
 import (
-	"context"
 	"crypto/x509"
 	"os"
 	"path/filepath"
@@ -39,17 +38,12 @@ type server struct {
 
 func startServer(t *testing.T) *server {
 	t.Helper()
-	state := filepath.Join(t.TempDir(), "state")
-	m := harness.StartMeshca(t, bin, "--state-dir", state, "--kubeconfig", cluster.Kubeconfig)
-	_, raw, err := harness.RootBundle(context.Background(), bin, "--state-dir", state)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := harness.StartSelfSigned(t, bin, cluster.Kubeconfig)
 	rootsFile := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootsFile, raw, 0o644); err != nil {
+	if err := os.WriteFile(rootsFile, m.RootsPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &server{Meshca: m, rootsPEM: raw, rootsFile: rootsFile}
+	return &server{Meshca: m.Meshca, rootsPEM: m.RootsPEM, rootsFile: rootsFile}
 }
 
 // istioClient builds Istio's citadel client the way pilot-agent does: a

@@ -19,8 +19,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	cflog "github.com/cloudflare/cfssl/log"
 	cfsigner "github.com/cloudflare/cfssl/signer"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
@@ -139,4 +141,13 @@ func nowOr(f func() time.Time) func() time.Time {
 		return time.Now
 	}
 	return f
+}
+
+var quietOnce sync.Once
+
+// quiet turns cfssl's own logging down to critical: cfssl's library logs
+// through its global logger, and what it would say meshca already returns
+// as errors, which ca logs once with the request.
+func quiet() {
+	quietOnce.Do(func() { cflog.Level = cflog.LevelCritical })
 }

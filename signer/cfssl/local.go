@@ -58,6 +58,7 @@ func DefaultPolicy() *config.Signing {
 
 // NewLocal returns an in-process cfssl signer.
 func NewLocal(c LocalConfig) (*Signer, error) {
+	quiet()
 	if c.CACert == nil || c.CAKey == nil {
 		return nil, errors.New("cfssl: CA certificate and key are required")
 	}

@@ -61,6 +61,7 @@ type RemoteConfig struct {
 
 // NewRemote returns a signer that calls a cfssl server. It does no I/O.
 func NewRemote(c RemoteConfig) (*Signer, error) {
+	quiet()
 	base, err := serverURL(c.URL)
 	if err != nil {
 		return nil, err

@@ -27,6 +27,7 @@ import (
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -195,22 +196,20 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) 
 		}
 	}
 	intermediates := certs[1:]
-	limit := time.Time{}
+	var path []*x509.Certificate
 	for _, p := range chain {
 		cs, err := pemutil.ParseCertificates([]byte(p))
 		if err != nil {
 			return nil, signer.Errorf(name, signer.KindInternal, "answer's CA chain: %w", err)
 		}
+		path = append(path, cs...)
 		for _, c := range cs {
-			if limit.IsZero() || c.NotAfter.Before(limit) {
-				limit = c.NotAfter
+			if !keymgr.IsSelfSigned(c) { // a root travels only in meshca's own bundle
+				intermediates = append(intermediates, c)
 			}
-			if string(c.RawIssuer) == string(c.RawSubject) && c.CheckSignatureFrom(c) == nil {
-				continue // a root travels only in meshca's own bundle
-			}
-			intermediates = append(intermediates, c)
 		}
 	}
+	limit := keymgr.EarliestExpiry(path...)
 	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}

@@ -1,0 +1,105 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/kube"
+)
+
+// Clusters says which Kubernetes clusters meshca serves and how it talks
+// to them.
+type Clusters struct {
+	// LocalID names the local cluster (the clusterid header's default).
+	LocalID string
+	// LocalKubeconfig is the local cluster's kubeconfig file; empty uses
+	// the in-cluster configuration.
+	LocalKubeconfig string
+	// Remotes maps cluster ids to the kubeconfig files the operator gave.
+	Remotes map[string]string
+	// SecretNamespace is where Secrets labelled kube.RemoteSecretLabel
+	// are watched for remote clusters; empty disables the watch.
+	SecretNamespace string
+	// KubeconfigAllow is what a Secret's kubeconfig may use.
+	KubeconfigAllow kube.KubeconfigAllow
+	// Audiences, node accounts and the token cache, as in
+	// ca.KubeClusterConfig.
+	Audiences             []string
+	NodeAccounts          map[string]bool
+	CacheTTL, NegativeTTL time.Duration
+	CacheSize             int
+	// NewClient makes a cluster's client from its configuration;
+	// kubernetes.NewForConfig when nil.
+	NewClient func(*rest.Config) (kubernetes.Interface, error)
+}
+
+// clusterParts are the assembled clusters and the loops that feed them.
+type clusterParts struct {
+	set     *ca.ClusterSet
+	runners []func(context.Context) error
+}
+
+func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) (*clusterParts, error) {
+	if c.NewClient == nil {
+		c.NewClient = func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }
+	}
+	metrics := kube.NewTokenCacheMetrics(reg)
+	build := func(id string, cfg *rest.Config) (*ca.KubeCluster, error) {
+		cfg.QPS, cfg.Burst = 200, 400
+		client, err := c.NewClient(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
+		}
+		return ca.NewKubeCluster(ca.KubeClusterConfig{
+			ID: id, Client: client, TrustDomain: td, Audiences: c.Audiences, TrustedNodeAccounts: c.NodeAccounts,
+			CacheTTL: c.CacheTTL, CacheSize: c.CacheSize, NegativeTTL: c.NegativeTTL, CacheMetrics: metrics,
+		})
+	}
+	fromFile := func(id, kubeconfig string) (*ca.KubeCluster, error) {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: kubernetes client configuration: %w", id, err)
+		}
+		return build(id, cfg)
+	}
+	local, err := fromFile(c.LocalID, c.LocalKubeconfig)
+	if err != nil {
+		return nil, &FieldError{Field: "kubeconfig", Err: err}
+	}
+	p := &clusterParts{set: ca.NewClusterSet(local.Cluster), runners: []func(context.Context) error{local.Run}}
+	ids := make([]string, 0, len(c.Remotes))
+	for id := range c.Remotes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		rc, err := fromFile(id, c.Remotes[id])
+		if err != nil {
+			return nil, &FieldError{Field: "remote-cluster", Err: err}
+		}
+		if err := p.set.Add(rc.Cluster, nil); err != nil {
+			return nil, &FieldError{Field: "remote-cluster", Err: err}
+		}
+		p.runners = append(p.runners, rc.Run)
+	}
+	if c.SecretNamespace == "" {
+		return p, nil
+	}
+	secrets := kube.NewRemoteSecrets(kube.RemoteSecretsConfig{
+		Client: local.Client, Namespace: c.SecretNamespace, Logger: log,
+		Clusters: &ca.RemoteClusters{Set: p.set, Build: build, Logger: log},
+		Allow:    c.KubeconfigAllow, Metrics: kube.NewRemoteSecretsMetrics(reg),
+	})
+	p.runners = append(p.runners, secrets.Run)
+	return p, nil
+}

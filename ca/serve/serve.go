@@ -1,0 +1,168 @@
+// Package serve assembles `meshca serve`: from a validated Config it
+// builds the signing backend, the clusters, the CA server and its
+// listeners, and runs them. cmd/meshca turns flags into a Config and
+// nothing else; everything that decides how the parts fit is here, where
+// a test reaches it without a process.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/csr"
+)
+
+// Config is a validated serve configuration. Zero limits take ca's
+// defaults.
+type Config struct {
+	TrustDomain spiffeid.TrustDomain
+	// Listen is the gRPC (TLS) address; AdminListen serves /metrics,
+	// /healthz and /readyz, and is off when empty. Port 0 lets the kernel
+	// pick: Parts.Addresses reports what was bound.
+	Listen, AdminListen string
+	// ServingNames are the DNS names (or IPs) of a serving certificate
+	// meshca issues itself.
+	ServingNames []string
+	// Limits and lifetimes of the CA server (see ca.Config).
+	DefaultTTL, MaxTTL, CertRenewalTTL time.Duration
+	RequestTimeout                     time.Duration
+	MaxInFlight, MaxAuthnPerPeer       int
+	MaxTokenBytes, MaxHeaderBytes      int
+	KeyPolicy                          csr.KeyPolicy
+	// CertRenewal lets a workload renew with its still-valid SVID.
+	CertRenewal bool
+	Clusters    Clusters
+	Backend     Backend
+	Logger      *slog.Logger
+}
+
+// Parts is an assembled meshca: listeners bound, nothing running yet.
+type Parts struct {
+	log      *slog.Logger
+	grpc     *grpc.Server
+	lis      net.Listener
+	admin    *http.Server
+	adminLis net.Listener
+	runners  []func(context.Context) error
+	summary  []any
+}
+
+// Assemble builds every part from c: it loads or generates the CA, builds
+// the backend and the clusters, and binds the listeners. It starts no
+// goroutine; Run does.
+func Assemble(c Config) (_ *Parts, err error) {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	be, err := newBackend(c.Backend, c.TrustDomain, c.ServingNames, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cl, err := newClusters(c.Clusters, c.TrustDomain, reg, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	var auths []ca.Authenticator
+	if c.CertRenewal {
+		auths = append(auths, &ca.CertAuthenticator{TrustDomain: c.TrustDomain, Bundles: be.bundles})
+	}
+	srv, err := ca.New(ca.Config{
+		TrustDomain: c.TrustDomain, Authenticators: auths, Clusters: cl.set,
+		Signer: be.signer, SignerName: be.name, Bundles: be.bundles, Policy: csr.Policy{Keys: c.KeyPolicy},
+		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, CertRenewalTTL: c.CertRenewalTTL,
+		MaxInFlight: c.MaxInFlight, MaxAuthnPerPeer: c.MaxAuthnPerPeer, RequestTimeout: c.RequestTimeout,
+		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes,
+		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles))}
+	if p.lis, err = net.Listen("tcp", c.Listen); err != nil {
+		return nil, &FieldError{Field: "listen", Err: err}
+	}
+	if c.AdminListen != "" {
+		if p.adminLis, err = net.Listen("tcp", c.AdminListen); err != nil {
+			p.lis.Close()
+			return nil, &FieldError{Field: "admin-listen", Err: err}
+		}
+		p.admin = &http.Server{Handler: ca.AdminHandler(reg, cl.set.Ready), ReadHeaderTimeout: 5 * time.Second}
+	}
+	p.runners = append(append(p.runners, cl.runners...), be.runners...)
+	a := p.Addresses()
+	p.summary = []any{"grpc", a.GRPC, "admin", a.Admin, "trust_domain", c.TrustDomain.Name(),
+		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ",")}
+	return p, nil
+}
+
+// Addresses reports what the listeners bound.
+func (p *Parts) Addresses() ca.Addresses {
+	a := ca.Addresses{GRPC: p.lis.Addr().String()}
+	if p.adminLis != nil {
+		a.Admin = p.adminLis.Addr().String()
+	}
+	return a
+}
+
+// Run serves until ctx ends or a part fails, then stops every part: the
+// gRPC server gracefully, within 10 s.
+func (p *Parts) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, run := range p.runners {
+		g.Go(func() error { return run(ctx) })
+	}
+	g.Go(func() error { return p.grpc.Serve(p.lis) })
+	if p.admin != nil {
+		g.Go(func() error {
+			if err := p.admin.Serve(p.adminLis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		stopped := make(chan struct{})
+		go func() { p.grpc.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			p.grpc.Stop()
+		}
+		if p.admin == nil {
+			return nil
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return p.admin.Shutdown(sctx)
+	})
+	p.log.Info("serving", p.summary...)
+	err := g.Wait()
+	p.log.Info("stopped")
+	return err
+}
+
+// FieldError is a setting that cannot be used; Field is its flag name.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("serve: %s: %v", e.Field, e.Err) }
+
+func (e *FieldError) Unwrap() error { return e.Err }

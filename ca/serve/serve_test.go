@@ -1,0 +1,227 @@
+package serve_test
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/serve"
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/keymgr"
+)
+
+var (
+	td  = spiffeid.RequireTrustDomainFromString("cluster.local")
+	web = spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/web")
+)
+
+// token is what the fake apiserver's TokenReview accepts, as a bound
+// token of Pod shop/web-1.
+const token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ3ZWIifQ.c2ln"
+
+// fakeCluster is a pure in-memory apiserver for the assembly's unit tests
+// (the real one runs in integration/): one Pod, and a TokenReview that
+// accepts token as that Pod's.
+func fakeCluster(*rest.Config) (kubernetes.Interface, error) {
+	c := fake.NewClientset(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", UID: "uid-1"},
+		Spec:       corev1.PodSpec{ServiceAccountName: "web", NodeName: "node-a"},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	})
+	c.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview)
+		if tr.Spec.Token == token {
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences, User: authnv1.UserInfo{
+				Username: "system:serviceaccount:shop:web", Groups: []string{"system:serviceaccounts"},
+				Extra: map[string]authnv1.ExtraValue{
+					"authentication.kubernetes.io/pod-name": {"web-1"}, "authentication.kubernetes.io/pod-uid": {"uid-1"},
+				},
+			}}
+		} else {
+			tr.Status = authnv1.TokenReviewStatus{Error: "invalid bearer token"}
+		}
+		return true, tr, nil
+	})
+	return c, nil
+}
+
+// config is a local-backend configuration over the fake cluster, on
+// kernel-picked loopback ports.
+func config(t *testing.T) serve.Config {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	kc := "apiVersion: v1\nkind: Config\nclusters: [{name: l, cluster: {server: https://127.0.0.1:1}}]\n" +
+		"users: [{name: l, user: {token: t}}]\ncontexts: [{name: l, context: {cluster: l, user: l}}]\ncurrent-context: l\n"
+	if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return serve.Config{
+		TrustDomain: td, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", ServingNames: []string{"istiod.istio-system.svc"},
+		DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour, KeyPolicy: csr.DefaultKeyPolicy(), CertRenewal: true,
+		Clusters: serve.Clusters{LocalID: ca.DefaultClusterID, LocalKubeconfig: kubeconfig, Audiences: []string{"istio-ca"},
+			NodeAccounts: map[string]bool{ca.DefaultNodeAccount: true}, NewClient: fakeCluster},
+		Backend: serve.Backend{Kind: serve.BackendLocal, StateDir: filepath.Join(dir, "state")},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// start assembles c and runs it until the test ends; Run must then return
+// nil.
+func start(t *testing.T, c serve.Config) *serve.Parts {
+	t.Helper()
+	p, err := serve.Assemble(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run after cancel: %v", err)
+		}
+	})
+	ready := "http://" + p.Addresses().Admin + "/readyz"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if r, err := http.Get(ready); err == nil {
+			r.Body.Close()
+			if r.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not ready within 10s")
+		}
+	}
+}
+
+func client(t *testing.T, p *serve.Parts, c serve.Config, tok string, svid *caclient.SVID) *caclient.Client {
+	t.Helper()
+	a, _, err := keymgr.LoadOrCreate(c.Backend.StateDir, keymgr.StateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := caclient.Config{Addr: p.Addresses().GRPC, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(a.Roots...)}
+	if tok != "" {
+		cfg.TokenFile = filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(cfg.TokenFile, []byte(tok), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if svid != nil {
+		cfg.Certificate = svid.TLSCertificate()
+	}
+	cl, err := caclient.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// TestAssembleServes: the assembled parts serve the whole request path
+// (TokenReview, the caller's Pod, CSR policy, the built-in CA) and the
+// admin endpoints, and renewal by certificate follows CertRenewal.
+func TestAssembleServes(t *testing.T) {
+	c := config(t)
+	p := start(t, c)
+	svid, err := client(t, p, c, token, nil).Fetch(context.Background(), web, caclient.Options{})
+	if err != nil {
+		t.Fatalf("SVID through the assembled server: %v", err)
+	}
+	if _, err := client(t, p, c, "", svid).Fetch(context.Background(), web, caclient.Options{}); err != nil {
+		t.Fatalf("renewal by certificate: %v", err)
+	}
+	_, err = client(t, p, c, "eyJhIjoxfQ.eyJiIjoxfQ.c2ln", nil).Fetch(context.Background(), web, caclient.Options{})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a token the apiserver refuses: %v", err)
+	}
+	r, err := http.Get("http://" + p.Addresses().Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, m := range []string{"citadel_server_success_cert_issuance_count 2", "meshca_tokenreview_cache_misses_total", "meshca_remote_cluster_refused_total"} {
+		if !strings.Contains(string(body), m) != (m == "meshca_remote_cluster_refused_total") {
+			t.Errorf("/metrics: %q present = %v", m, strings.Contains(string(body), m))
+		}
+	}
+
+	c2 := config(t)
+	c2.CertRenewal = false
+	c2.Backend.StateDir = c.Backend.StateDir
+	p2 := start(t, c2)
+	_, err = client(t, p2, c2, "", svid).Fetch(context.Background(), web, caclient.Options{})
+	if st := status.Convert(err); st.Code() != codes.Unauthenticated || !strings.Contains(st.Message(), "no credentials") {
+		t.Fatalf("renewal by certificate when turned off: %v", err)
+	}
+}
+
+// TestAssembleRefusals: a configuration the assembly cannot use names the
+// setting at fault.
+func TestAssembleRefusals(t *testing.T) {
+	anchors := func(t *testing.T) []*x509.Certificate {
+		a, _, err := keymgr.LoadOrCreate(t.TempDir(), keymgr.StateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Roots
+	}
+	tests := []struct {
+		name   string
+		mutate func(t *testing.T, c *serve.Config)
+		field  string
+	}{
+		{name: "two CA sources", mutate: func(t *testing.T, c *serve.Config) { c.Backend.CADir = t.TempDir() }, field: "state-dir"},
+		{name: "empty CA dir", mutate: func(t *testing.T, c *serve.Config) { c.Backend.StateDir, c.Backend.CADir = "", t.TempDir() }, field: "ca-dir"},
+		{name: "external without anchors", mutate: func(_ *testing.T, c *serve.Config) { c.Backend = serve.Backend{Kind: serve.BackendVault} }, field: "trust-anchors"},
+		{name: "external without its configuration", mutate: func(t *testing.T, c *serve.Config) {
+			c.Backend = serve.Backend{Kind: serve.BackendCfssl, TrustAnchors: anchors(t)}
+		}, field: ""},
+		{name: "listen address taken", mutate: func(_ *testing.T, c *serve.Config) { c.Listen = "127.0.0.1:-1" }, field: "listen"},
+		{name: "admin address bad", mutate: func(_ *testing.T, c *serve.Config) { c.AdminListen = "nowhere:x" }, field: "admin-listen"},
+		{name: "kubeconfig missing", mutate: func(_ *testing.T, c *serve.Config) { c.Clusters.LocalKubeconfig = "/nonexistent/kubeconfig" }, field: "kubeconfig"},
+		{name: "remote named like local", mutate: func(_ *testing.T, c *serve.Config) {
+			c.Clusters.Remotes = map[string]string{ca.DefaultClusterID: c.Clusters.LocalKubeconfig}
+		}, field: "remote-cluster"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config(t)
+			tt.mutate(t, &c)
+			_, err := serve.Assemble(c)
+			if err == nil {
+				t.Fatal("assembled")
+			}
+			var fe *serve.FieldError
+			if got := errors.As(err, &fe); got != (tt.field != "") || (got && fe.Field != tt.field) {
+				t.Fatalf("err = %v, want a FieldError for %q", err, tt.field)
+			}
+		})
+	}
+}
