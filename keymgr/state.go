@@ -1,0 +1,122 @@
+package keymgr
+
+import (
+	"context"
+	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"time"
+)
+
+// Phase is where an authority is in its life. An authority moves only
+// forward: prepared → active → previous → retired.
+type Phase string
+
+// Phases of an authority.
+const (
+	// PhasePrepared: trusted (its root is in the bundle), not signing.
+	PhasePrepared Phase = "prepared"
+	// PhaseActive: trusted and signing; exactly one authority is active.
+	PhaseActive Phase = "active"
+	// PhasePrevious: trusted, no longer signing; leaves it issued may
+	// still be live.
+	PhasePrevious Phase = "previous"
+	// PhaseRetired: no longer trusted; kept in the history, its private
+	// key destroyed.
+	PhaseRetired Phase = "retired"
+)
+
+// Transition is one step in an authority's history.
+type Transition struct {
+	To Phase     `json:"to"`
+	At time.Time `json:"at"`
+	// Reason says why: "generated on first start", an operator's
+	// --reason, an automatic threshold.
+	Reason string `json:"reason,omitempty"`
+	// Forced: a guard was overridden (--force).
+	Forced bool `json:"forced,omitempty"`
+}
+
+// AuthorityRecord is one authority of a CA state: a root, or a root with
+// the intermediate that signs under it.
+type AuthorityRecord struct {
+	Phase Phase
+	// Root is the self-signed certificate workloads trust.
+	Root *x509.Certificate
+	// Cert signs leaves: Root itself, or an intermediate under it whose
+	// path up to Root (without Root) is Chain.
+	Cert  *x509.Certificate
+	Chain []*x509.Certificate
+	// Key is Cert's private key; nil once retired (destroyed), and for an
+	// external authority whose key lives in the backend (Vault, cfssl).
+	Key crypto.Signer
+	// External: meshca manages this authority's trust, not its key.
+	External bool
+	// Generated: meshca generated the key (automatic rotation applies);
+	// false for an imported authority.
+	Generated bool
+	// LatestLeafNotAfter is the latest NotAfter a leaf issued under this
+	// authority may have: the server records it before it issues past it,
+	// so no leaf outlives it.
+	LatestLeafNotAfter time.Time
+	// LongestLeafTTL is the longest lifetime of a leaf issued under this
+	// authority, as recorded by the server.
+	LongestLeafTTL time.Duration
+	// History lists every transition, oldest first; the last one is the
+	// current Phase.
+	History []Transition
+}
+
+// ID names an authority: the hex SHA-256 fingerprint of its root.
+func (r *AuthorityRecord) ID() string { return Fingerprint(r.Root) }
+
+// Since is when the authority entered its current phase.
+func (r *AuthorityRecord) Since() time.Time {
+	if len(r.History) == 0 {
+		return time.Time{}
+	}
+	return r.History[len(r.History)-1].At
+}
+
+// Fingerprint is the hex SHA-256 of c's DER encoding.
+func Fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// State is a CA's whole lifecycle state: every authority it knows, in the
+// order they were added, and a sequence number that grows with every
+// change of the trust bundle.
+type State struct {
+	// Sequence only grows; it is the SPIFFE bundle's sequence number.
+	Sequence uint64
+	// Authorities, oldest first.
+	Authorities []*AuthorityRecord
+}
+
+// Version identifies one stored revision of a State, for compare-and-swap:
+// a resourceVersion, a file generation. The zero Version means "nothing
+// stored yet".
+type Version string
+
+// ErrConflict is returned by a StateStore's Save when the stored state is no
+// longer the version the caller read: load it again and redo the change
+// on what is there now.
+var ErrConflict = errors.New("keymgr: the stored CA state changed since it was read")
+
+// ErrNoState is returned by a StateStore's Load when nothing is stored yet.
+var ErrNoState = errors.New("keymgr: no CA state stored")
+
+// StateStore keeps a CA state. Implementations: the local state directory and a
+// Kubernetes Secret. Every StateStore passes the contract suite in
+// keymgr/storetest.
+type StateStore interface {
+	// Load returns the stored state and its version, or ErrNoState.
+	Load(ctx context.Context) (*State, Version, error)
+	// Save stores s if the stored version is still base (the zero
+	// Version: nothing stored), and returns the new version; otherwise it
+	// changes nothing and returns ErrConflict.
+	Save(ctx context.Context, s *State, base Version) (Version, error)
+}
