@@ -84,13 +84,15 @@ func (v *Vault) Start(tb testing.TB) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	if v.port == 0 {
-		// Vault listens twice: its API and its cluster port. The API is
+		// Vault may listen twice, its API and its cluster port; the API is
 		// the one that answers HTTP.
-		ports, err := waitListening(v.cmd.Process.Pid, 2, 30*time.Second)
-		if err != nil {
-			fail(err)
-		}
-		for v.port, err = apiPort(ports); err != nil; v.port, err = apiPort(ports) {
+		for {
+			ports, err := listeningPorts(v.cmd.Process.Pid)
+			if err == nil {
+				if v.port, err = apiPort(ports); err == nil {
+					break
+				}
+			}
 			if time.Now().After(deadline) {
 				fail(err)
 			}
