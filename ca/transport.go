@@ -55,13 +55,6 @@ func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.S
 	return g
 }
 
-// Addresses are the addresses a running CA serves on; `meshca serve
-// --address-file` writes them as JSON for whoever started it.
-type Addresses struct {
-	GRPC  string `json:"grpc"`
-	Admin string `json:"admin,omitempty"`
-}
-
 // AdminHandler serves /metrics from g, /healthz (the process is alive)
 // and /readyz (ready returns nil).
 func AdminHandler(g prometheus.Gatherer, ready func() error) http.Handler {

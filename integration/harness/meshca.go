@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
 )
@@ -102,8 +101,8 @@ func (m *Meshca) waitReady(addrFile string, timeout time.Duration) error {
 			return fmt.Errorf("meshca exited before it was ready: %v", st)
 		}
 		if m.Addr == "" {
-			var a ca.Addresses
-			if data, err := os.ReadFile(addrFile); err != nil || json.Unmarshal(data, &a) != nil {
+			a, err := addrfile.Read(addrFile)
+			if err != nil {
 				continue
 			}
 			m.Addr, m.AdminAddr = a.GRPC, a.Admin
