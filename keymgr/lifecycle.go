@@ -1,0 +1,233 @@
+package keymgr
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The verbs of the lifecycle, as they appear in errors and in Step.
+const (
+	VerbBootstrap = "bootstrap"
+	VerbPrepare   = "prepare"
+	VerbActivate  = "activate"
+	VerbRetire    = "retire"
+
+	verbLookup   = "lookup"
+	verbValidate = "validate"
+)
+
+// DefaultActivationMargin is what the activation guard adds, by default,
+// to half the longest leaf lifetime: time for every server to serve the new
+// bundle and for a workload whose renewal failed once to retry.
+const DefaultActivationMargin = 5 * time.Minute
+
+// Guards tune the guards of the lifecycle steps. The zero Guards has no
+// margin; DefaultGuards has the default one.
+type Guards struct {
+	// Margin is added to half the longest leaf lifetime before a prepared
+	// root may become active. A negative Margin counts as zero.
+	Margin time.Duration
+}
+
+// DefaultGuards returns the Guards meshca uses unless told otherwise.
+func DefaultGuards() Guards { return Guards{Margin: DefaultActivationMargin} }
+
+// GuardError is a step a guard refuses now, and that becomes safe at
+// SafeAt. The CLI exits 1 on it; --force with a reason overrides it.
+type GuardError struct {
+	Verb string
+	// ID is the full id of the authority the step was asked for.
+	ID     string
+	Reason string
+	SafeAt time.Time
+	// Now is when the guard refused; the message counts the wait from it.
+	Now time.Time
+}
+
+func (e *GuardError) Error() string {
+	msg := fmt.Sprintf("keymgr: %s %.16s refused: %s; safe at %s", e.Verb, e.ID, e.Reason, ceilSecond(e.SafeAt).UTC().Format(time.RFC3339))
+	if e.Now.IsZero() {
+		return msg
+	}
+	return fmt.Sprintf("%s (in %s)", msg, ceilDuration(e.SafeAt.Sub(e.Now)))
+}
+
+// ceilDuration rounds d up to a whole second.
+func ceilDuration(d time.Duration) time.Duration {
+	if r := d.Truncate(time.Second); r < d {
+		return r + time.Second
+	}
+	return d.Truncate(time.Second)
+}
+
+// ceilSecond rounds t up to a whole second, so that a "safe at" never
+// names a moment when the step is still refused.
+func ceilSecond(t time.Time) time.Time {
+	if c := t.Truncate(time.Second); c.Before(t) {
+		return c.Add(time.Second)
+	}
+	return t
+}
+
+// StateError is a step that can never apply to the state as it is: an
+// unknown id, an authority in the wrong phase, an invalid record, a force
+// without a reason. The CLI exits 2 on it.
+type StateError struct {
+	Verb string
+	// ID is the authority's full id, or what was asked for when no
+	// authority matched; empty when the step names none.
+	ID     string
+	Reason string
+}
+
+func (e *StateError) Error() string {
+	if e.ID == "" {
+		return fmt.Sprintf("keymgr: %s: %s", e.Verb, e.Reason)
+	}
+	return fmt.Sprintf("keymgr: %s %.16s: %s", e.Verb, e.ID, e.Reason)
+}
+
+// Bootstrap adds rec as the first authority of s, active at once: its
+// history shows it prepared and activated at now, both for reason. It is
+// refused once s has an active authority (use Prepare). On success s owns
+// rec; on error neither changes.
+func (s *State) Bootstrap(rec *AuthorityRecord, now time.Time, reason string) error {
+	if a := s.Active(); a != nil {
+		return &StateError{Verb: VerbBootstrap, Reason: fmt.Sprintf("the state already has an active authority (%.16s): prepare the next one instead", a.ID())}
+	}
+	if err := s.checkNew(VerbBootstrap, rec, now); err != nil {
+		return err
+	}
+	rec.enter(PhasePrepared, now, reason, false)
+	rec.enter(PhaseActive, now, reason, false)
+	s.Authorities = append(s.Authorities, rec)
+	s.Sequence++
+	return nil
+}
+
+// Prepare adds rec to s as prepared: its root joins the trust bundle, it
+// does not sign. rec must be new (no phase, no history, a root not in s)
+// and valid at now: Root a self-signed CA; Cert a CA allowed to sign
+// certificates, either Root itself (then no Chain) or chaining to Root
+// through Chain (which holds neither); Key matching Cert, or no Key when
+// External; every certificate within its validity. A state without an
+// active authority takes its first one by Bootstrap. On success s owns
+// rec; on error neither changes.
+func (s *State) Prepare(rec *AuthorityRecord, now time.Time, reason string) error {
+	if s.Active() == nil {
+		return &StateError{Verb: VerbPrepare, Reason: "the state has no active authority yet: bootstrap adds the first one"}
+	}
+	if err := s.checkNew(VerbPrepare, rec, now); err != nil {
+		return err
+	}
+	rec.enter(PhasePrepared, now, reason, false)
+	s.Authorities = append(s.Authorities, rec)
+	s.Sequence++
+	return nil
+}
+
+// Activate makes the prepared authority id (or a unique prefix of it) sign
+// from now on; the active one becomes previous at the same instant.
+//
+// The guard: workloads learn a root only from the bundle of their next
+// renewal, at half their leaf's life, so the prepared root must have been
+// in the bundle for half the longest leaf lifetime issued under the active
+// or a previous authority, plus g.Margin. force overrides the guard and
+// needs a non-empty reason; nothing makes an authority active outside its
+// validity period.
+func (s *State) Activate(id string, now time.Time, g Guards, force bool, reason string) error {
+	if err := checkForce(VerbActivate, id, force, reason); err != nil {
+		return err
+	}
+	rec, err := s.find(VerbActivate, id, PhasePrepared)
+	if err != nil {
+		return err
+	}
+	if why := validityAt(rec, now); why != "" {
+		return &StateError{Verb: VerbActivate, ID: rec.ID(), Reason: why}
+	}
+	if safeAt := s.activationSafeAt(rec, g); !force && now.Before(safeAt) {
+		return &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.activationWhy(rec, g)}
+	}
+	if old := s.Active(); old != nil {
+		old.enter(PhasePrevious, now, supersededReason(rec, reason), force)
+	}
+	rec.enter(PhaseActive, now, reason, force)
+	s.Sequence++
+	return nil
+}
+
+func supersededReason(by *AuthorityRecord, reason string) string {
+	if reason == "" {
+		return fmt.Sprintf("superseded by %.16s", by.ID())
+	}
+	return fmt.Sprintf("superseded by %.16s: %s", by.ID(), reason)
+}
+
+// Retire drops the previous authority id (or a unique prefix of it) from
+// the trust bundle and destroys its key (Key becomes nil). The guard: it is
+// refused while a leaf issued under it can still be valid, until its
+// LatestLeafNotAfter. force overrides the guard and needs a non-empty
+// reason.
+func (s *State) Retire(id string, now time.Time, force bool, reason string) error {
+	if err := checkForce(VerbRetire, id, force, reason); err != nil {
+		return err
+	}
+	rec, err := s.find(VerbRetire, id, PhasePrevious)
+	if err != nil {
+		return err
+	}
+	if !force && now.Before(rec.LatestLeafNotAfter) {
+		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: rec.LatestLeafNotAfter, Now: now, Reason: retireWhy(rec)}
+	}
+	rec.enter(PhaseRetired, now, reason, force)
+	rec.Key = nil
+	s.Sequence++
+	return nil
+}
+
+func retireWhy(rec *AuthorityRecord) string {
+	return fmt.Sprintf("leaves issued under it can be valid until %s, and workloads holding them need its root",
+		ceilSecond(rec.LatestLeafNotAfter).UTC().Format(time.RFC3339))
+}
+
+// activationSafeAt is when the prepared authority rec may become active:
+// when it entered the bundle, plus half the longest leaf lifetime issued
+// under an authority whose leaves may still be live (the active one and
+// every previous one), plus g.Margin.
+func (s *State) activationSafeAt(rec *AuthorityRecord, g Guards) time.Time {
+	return rec.Since().Add(s.liveLeafTTL()/2 + max(g.Margin, 0))
+}
+
+func (s *State) activationWhy(rec *AuthorityRecord, g Guards) string {
+	return fmt.Sprintf("its root entered the bundle at %s and workloads learn it only when they renew, at half their leaf's life: "+
+		"it must be served for half the longest leaf lifetime (%s) plus a margin (%s)",
+		rec.Since().UTC().Format(time.RFC3339), s.liveLeafTTL(), max(g.Margin, 0))
+}
+
+// liveLeafTTL is the longest leaf lifetime issued under the active
+// authority or a previous one: workloads holding such leaves renew, and
+// learn a new root, only half that long after their leaf was issued.
+func (s *State) liveLeafTTL() time.Duration {
+	var ttl time.Duration
+	for _, a := range s.Authorities {
+		if a.Phase == PhaseActive || a.Phase == PhasePrevious {
+			ttl = max(ttl, a.LongestLeafTTL)
+		}
+	}
+	return ttl
+}
+
+func checkForce(verb, id string, force bool, reason string) error {
+	if force && strings.TrimSpace(reason) == "" {
+		return &StateError{Verb: verb, ID: id, Reason: "a forced step needs a reason, recorded in the history"}
+	}
+	return nil
+}
+
+// enter appends the transition to phase to r's history.
+func (r *AuthorityRecord) enter(to Phase, now time.Time, reason string, forced bool) {
+	r.Phase = to
+	r.History = append(r.History, Transition{To: to, At: now.Round(0), Reason: reason, Forced: forced})
+}

@@ -1,0 +1,218 @@
+package keymgr
+
+import (
+	"crypto/x509"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// MinIDPrefix is the fewest hex digits of an id that Lookup accepts.
+const MinIDPrefix = 8
+
+// DefaultPrepareAt is the fraction of the active root's lifetime that is
+// left when automatic rotation prepares the next root.
+const DefaultPrepareAt = 1.0 / 3
+
+// AutoPolicy holds the thresholds of automatic rotation, which applies
+// only to authorities meshca generated.
+type AutoPolicy struct {
+	// PrepareAt is the fraction of the active authority's lifetime left
+	// when the next one is prepared. Zero or less means DefaultPrepareAt;
+	// more than 1 counts as 1.
+	PrepareAt float64
+}
+
+func (p AutoPolicy) prepareAt() float64 {
+	switch {
+	case p.PrepareAt <= 0:
+		return DefaultPrepareAt
+	case p.PrepareAt > 1:
+		return 1
+	}
+	return p.PrepareAt
+}
+
+// Step is a lifecycle step and when it becomes safe.
+type Step struct {
+	// Verb is VerbPrepare, VerbActivate or VerbRetire; empty when there is
+	// nothing to do.
+	Verb string
+	// ID is the authority to activate or retire; empty for prepare.
+	ID string
+	// SafeAt is when the step becomes safe (or, for prepare, due); a time
+	// at or before now means now.
+	SafeAt time.Time
+	// Why explains SafeAt to an operator.
+	Why string
+}
+
+// Active returns the active authority, or nil when there is none.
+func (s *State) Active() *AuthorityRecord {
+	for _, a := range s.Authorities {
+		if a.Phase == PhaseActive {
+			return a
+		}
+	}
+	return nil
+}
+
+// Lookup returns the authority whose id is idOrPrefix, or starts with it:
+// at least MinIDPrefix hex digits that only one id starts with.
+func (s *State) Lookup(idOrPrefix string) (*AuthorityRecord, error) {
+	return s.lookup(verbLookup, idOrPrefix)
+}
+
+func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
+	p := strings.ToLower(strings.TrimSpace(idOrPrefix))
+	switch {
+	case len(p) < MinIDPrefix:
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: fmt.Sprintf("an id needs at least %d hex digits", MinIDPrefix)}
+	case strings.Trim(p, "0123456789abcdef") != "":
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "an id is hex digits (the SHA-256 fingerprint of the root)"}
+	}
+	var found *AuthorityRecord
+	for _, a := range s.Authorities {
+		if !strings.HasPrefix(a.ID(), p) {
+			continue
+		}
+		if found != nil {
+			return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "more than one authority has an id starting so: give more digits"}
+		}
+		found = a
+	}
+	if found == nil {
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "no authority has this id"}
+	}
+	return found, nil
+}
+
+// find is lookup for a step that applies only to an authority in phase.
+func (s *State) find(verb, idOrPrefix string, phase Phase) (*AuthorityRecord, error) {
+	a, err := s.lookup(verb, idOrPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if a.Phase != phase {
+		return nil, &StateError{Verb: verb, ID: a.ID(), Reason: fmt.Sprintf("the authority is %s, not %s", a.Phase, phase)}
+	}
+	return a, nil
+}
+
+// Bundle returns the trust bundle: the roots of every prepared, active and
+// previous authority, in the order they were added.
+func (s *State) Bundle() []*x509.Certificate {
+	var roots []*x509.Certificate
+	for _, a := range s.Authorities {
+		switch a.Phase {
+		case PhasePrepared, PhaseActive, PhasePrevious:
+			roots = append(roots, a.Root)
+		}
+	}
+	return roots
+}
+
+// RecordIssued notes that a leaf valid until notAfter, with lifetime ttl,
+// is issued under the authority id (a full id): the authority's
+// LatestLeafNotAfter and LongestLeafTTL only grow. It reports whether
+// either changed, when the caller must save the state before issuing.
+func (s *State) RecordIssued(id string, notAfter time.Time, ttl time.Duration) bool {
+	for _, a := range s.Authorities {
+		if a.ID() != id {
+			continue
+		}
+		changed := false
+		if notAfter.After(a.LatestLeafNotAfter) {
+			a.LatestLeafNotAfter, changed = notAfter.Round(0), true
+		}
+		if ttl > a.LongestLeafTTL {
+			a.LongestLeafTTL, changed = ttl, true
+		}
+		return changed
+	}
+	return false
+}
+
+// NextStep is the next step of a rotation and when it becomes safe, for
+// an operator: activate the oldest prepared authority, else retire the
+// oldest previous one, else prepare the next authority when automatic
+// rotation would (DefaultPrepareAt of the active one's lifetime left).
+func (s *State) NextStep(now time.Time, g Guards) Step {
+	if a := s.first(PhasePrepared); a != nil {
+		return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}
+	}
+	if a := s.first(PhasePrevious); a != nil {
+		return retireStep(a, now)
+	}
+	a := s.Active()
+	if a == nil {
+		return Step{Why: "the state has no authority yet: the server bootstraps one on its first start"}
+	}
+	st := prepareStep(a, AutoPolicy{})
+	if !a.Generated {
+		st.Why += "; the active authority was imported, so this is up to an operator"
+	}
+	return st
+}
+
+// Due returns the step automatic rotation takes at now, if any: it drives
+// only authorities meshca generated. Activate a generated prepared
+// authority as soon as its guard allows; retire a generated previous one
+// as soon as its guard allows; prepare a new one when the active one is
+// generated, nothing is prepared, and no more than p.PrepareAt of its
+// lifetime is left.
+func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
+	prepared := false
+	for _, a := range s.Authorities {
+		switch {
+		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)):
+			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, true
+		case a.Phase == PhasePrevious && a.Generated && !now.Before(a.LatestLeafNotAfter):
+			return retireStep(a, now), true
+		case a.Phase == PhasePrepared:
+			prepared = true
+		}
+	}
+	a := s.Active()
+	if a == nil || !a.Generated || prepared {
+		return Step{}, false
+	}
+	if st := prepareStep(a, p); !now.Before(st.SafeAt) {
+		return st, true
+	}
+	return Step{}, false
+}
+
+func (s *State) first(phase Phase) *AuthorityRecord {
+	for _, a := range s.Authorities {
+		if a.Phase == phase {
+			return a
+		}
+	}
+	return nil
+}
+
+func retireStep(a *AuthorityRecord, now time.Time) Step {
+	var why string
+	switch {
+	case a.LatestLeafNotAfter.IsZero():
+		why = "no leaf was issued under it"
+	case !now.Before(a.LatestLeafNotAfter):
+		why = "every leaf issued under it has expired"
+	default:
+		why = retireWhy(a)
+	}
+	return Step{Verb: VerbRetire, ID: a.ID(), SafeAt: a.LatestLeafNotAfter, Why: why}
+}
+
+// prepareStep is the prepare step that replaces active, due when
+// p.PrepareAt of its lifetime is left. Its lifetime runs from its signing
+// certificate's NotBefore to the first NotAfter of its signing path.
+func prepareStep(active *AuthorityRecord, p AutoPolicy) Step {
+	start := active.Cert.NotBefore
+	end := EarliestExpiry(append([]*x509.Certificate{active.Cert, active.Root}, active.Chain...)...)
+	life := max(end.Sub(start), 0)
+	at := end.Add(-time.Duration(p.prepareAt() * float64(life)))
+	return Step{Verb: VerbPrepare, SafeAt: at, Why: fmt.Sprintf("%.0f%% of the lifetime of the active authority %.16s is left at %s; it expires at %s",
+		100*p.prepareAt(), active.ID(), at.UTC().Format(time.RFC3339), end.UTC().Format(time.RFC3339))}
+}
