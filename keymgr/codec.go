@@ -1,0 +1,396 @@
+package keymgr
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/pemutil"
+)
+
+// EntryState is the entry of an encoded CA state that holds the document:
+// every authority's certificates, phase and history, and the sequence.
+// Each private key is an entry of its own (see KeyEntry).
+const EntryState = "state.json"
+
+// StateFormat is the format version of the state.json document this
+// meshca writes and the only one it reads. A document with any other
+// version, or with a field this version does not know, is refused: saving
+// it again would silently drop what a newer meshca recorded.
+const StateFormat = 1
+
+// keyEntryHexLen is how many hex digits of the fingerprint name a key entry.
+const keyEntryHexLen = 16
+
+// EntryError says which entry of an encoded CA state is wrong and why.
+type EntryError struct {
+	Entry string
+	Err   error
+}
+
+func (e *EntryError) Error() string {
+	return fmt.Sprintf("keymgr: CA state entry %q: %v", e.Entry, e.Err)
+}
+
+func (e *EntryError) Unwrap() error { return e.Err }
+
+// KeyEntry is the name of the entry that holds the private key of the
+// certificate c (an authority's Cert, which is its Root unless an
+// intermediate signs): "key-" and the first 16 hex digits of c's
+// fingerprint, ".pem". Naming a key by its certificate means an entry's
+// content never changes once written.
+func KeyEntry(c *x509.Certificate) string {
+	return "key-" + Fingerprint(c)[:keyEntryHexLen] + ".pem"
+}
+
+// The state.json document.
+type stateDoc struct {
+	Format      int            `json:"format"`
+	Sequence    uint64         `json:"sequence"`
+	Authorities []authorityDoc `json:"authorities"`
+}
+
+type authorityDoc struct {
+	// ID is the root's fingerprint, for people reading the document; it
+	// must match the root.
+	ID        string `json:"id"`
+	Phase     Phase  `json:"phase"`
+	External  bool   `json:"external,omitempty"`
+	Generated bool   `json:"generated,omitempty"`
+	Root      string `json:"root"`
+	Cert      string `json:"cert"`
+	Chain     string `json:"chain,omitempty"`
+	// Key names the key entry; empty for an authority without a key.
+	Key                string          `json:"key,omitempty"`
+	LatestLeafNotAfter string          `json:"latestLeafNotAfter,omitempty"`
+	LongestLeafTTL     string          `json:"longestLeafTTL,omitempty"`
+	History            []transitionDoc `json:"history"`
+}
+
+type transitionDoc struct {
+	To     Phase  `json:"to"`
+	At     string `json:"at"`
+	Reason string `json:"reason,omitempty"`
+	Forced bool   `json:"forced,omitempty"`
+}
+
+// EncodeState returns s as the entries of a Kubernetes Secret or the
+// files of a state directory: EntryState, and one PKCS#8 PEM private key
+// per authority that has one (KeyEntry of its Cert). A retired
+// authority's key is never written: retiring destroys it. Times are
+// RFC 3339 in UTC, to the nanosecond. EncodeState refuses a state it
+// could not decode again: an authority without a root or signing
+// certificate, a key that does not match its certificate, two authorities
+// with one root.
+func EncodeState(s *State) (map[string][]byte, error) {
+	if s == nil {
+		return nil, errors.New("keymgr: encode CA state: no state")
+	}
+	doc := stateDoc{Format: StateFormat, Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
+	out := map[string][]byte{}
+	ids := map[string]int{}
+	for i, r := range s.Authorities {
+		ad, key, err := encodeAuthority(r)
+		if err != nil {
+			return nil, fmt.Errorf("keymgr: encode CA state: authority %d: %w", i+1, err)
+		}
+		if j, dup := ids[ad.ID]; dup {
+			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same root %.16s", j+1, i+1, ad.ID)
+		}
+		ids[ad.ID] = i
+		if key != nil {
+			if _, dup := out[ad.Key]; dup {
+				return nil, fmt.Errorf("keymgr: encode CA state: authority %d: key entry %s is already taken", i+1, ad.Key)
+			}
+			out[ad.Key] = key
+		}
+		doc.Authorities = append(doc.Authorities, ad)
+	}
+	data, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("keymgr: encode CA state: %w", err)
+	}
+	out[EntryState] = append(data, '\n')
+	return out, nil
+}
+
+func encodeAuthority(r *AuthorityRecord) (authorityDoc, []byte, error) {
+	switch {
+	case r == nil:
+		return authorityDoc{}, nil, errors.New("no record")
+	case r.Root == nil:
+		return authorityDoc{}, nil, errors.New("no root certificate")
+	case r.Cert == nil:
+		return authorityDoc{}, nil, errors.New("no signing certificate (for a root authority, Cert is Root)")
+	case !validPhase(r.Phase):
+		return authorityDoc{}, nil, fmt.Errorf("unknown phase %q", r.Phase)
+	case r.LongestLeafTTL < 0:
+		return authorityDoc{}, nil, fmt.Errorf("negative longest leaf TTL %v", r.LongestLeafTTL)
+	}
+	ad := authorityDoc{
+		ID:        r.ID(),
+		Phase:     r.Phase,
+		External:  r.External,
+		Generated: r.Generated,
+		Root:      string(pemutil.EncodeCertificates(r.Root)),
+		Cert:      string(pemutil.EncodeCertificates(r.Cert)),
+		Chain:     string(pemutil.EncodeCertificates(r.Chain...)),
+		History:   make([]transitionDoc, 0, len(r.History)),
+	}
+	if err := checkAuthorityPath(r); err != nil {
+		return authorityDoc{}, nil, err
+	}
+	if !r.LatestLeafNotAfter.IsZero() {
+		ad.LatestLeafNotAfter = formatTime(r.LatestLeafNotAfter)
+	}
+	if r.LongestLeafTTL > 0 {
+		ad.LongestLeafTTL = r.LongestLeafTTL.String()
+	}
+	for j, t := range r.History {
+		if !validPhase(t.To) {
+			return authorityDoc{}, nil, fmt.Errorf("history %d: unknown phase %q", j+1, t.To)
+		}
+		ad.History = append(ad.History, transitionDoc{To: t.To, At: formatTime(t.At), Reason: t.Reason, Forced: t.Forced})
+	}
+	if r.Key == nil || r.Phase == PhaseRetired {
+		return ad, nil, nil
+	}
+	if !csr.SamePublicKey(r.Key.Public(), r.Cert.PublicKey) {
+		return authorityDoc{}, nil, errors.New("the private key does not match the signing certificate")
+	}
+	key, err := pemutil.EncodePrivateKey(r.Key)
+	if err != nil {
+		return authorityDoc{}, nil, fmt.Errorf("encode key: %w", err)
+	}
+	ad.Key = KeyEntry(r.Cert)
+	return ad, key, nil
+}
+
+// DecodeState parses entries written by EncodeState. It is strict, since
+// anyone allowed to edit the Secret or the directory can hand it anything:
+// an unknown format version or field, trailing data, a PEM entry that does
+// not parse, a root that is not a self-signed CA, a signing certificate
+// that does not chain to its root, a key entry that is missing, not named
+// for its certificate, or does not match it, and an entry nothing refers
+// to are all refused with an *EntryError naming the entry.
+func DecodeState(entries map[string][]byte) (*State, error) {
+	data, present := entries[EntryState]
+	doc, err := parseStateDoc(data, present)
+	if err != nil {
+		return nil, &EntryError{Entry: EntryState, Err: err}
+	}
+	s := &State{Sequence: doc.Sequence, Authorities: make([]*AuthorityRecord, 0, len(doc.Authorities))}
+	used := map[string]bool{EntryState: true}
+	ids := map[string]int{}
+	for i, ad := range doc.Authorities {
+		r, err := decodeAuthority(ad)
+		if err != nil {
+			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): %w", i+1, ad.ID, err)}
+		}
+		if j, dup := ids[ad.ID]; dup {
+			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authorities %d and %d have the same root %.16s", j+1, i+1, ad.ID)}
+		}
+		ids[ad.ID] = i
+		if ad.Key != "" {
+			if used[ad.Key] {
+				return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): key entry %s is already taken", i+1, ad.ID, ad.Key)}
+			}
+			used[ad.Key] = true
+			if r.Key, err = decodeKey(entries, ad.Key, r.Cert); err != nil {
+				return nil, &EntryError{Entry: ad.Key, Err: fmt.Errorf("authority %d (%.16s): %w", i+1, ad.ID, err)}
+			}
+		}
+		s.Authorities = append(s.Authorities, r)
+	}
+	for name := range entries {
+		if !used[name] {
+			return nil, &EntryError{Entry: name, Err: errors.New("no authority of the CA state refers to it")}
+		}
+	}
+	return s, nil
+}
+
+// parseStateDoc parses the state.json document strictly.
+func parseStateDoc(data []byte, present bool) (*stateDoc, error) {
+	if !present {
+		return nil, errors.New("missing")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc stateDoc
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("not a CA state document: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("data follows the CA state document")
+	}
+	if doc.Format != StateFormat {
+		return nil, fmt.Errorf("format version %d is not supported (this meshca reads version %d)", doc.Format, StateFormat)
+	}
+	return &doc, nil
+}
+
+// stateKeyEntries lists the key entries a state.json document refers to,
+// so that a store can fetch exactly those.
+func stateKeyEntries(data []byte) ([]string, error) {
+	doc, err := parseStateDoc(data, true)
+	if err != nil {
+		return nil, &EntryError{Entry: EntryState, Err: err}
+	}
+	var names []string
+	for i, ad := range doc.Authorities {
+		if ad.Key == "" {
+			continue
+		}
+		if !validKeyEntryName(ad.Key) {
+			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): %q is not a key entry name", i+1, ad.ID, ad.Key)}
+		}
+		names = append(names, ad.Key)
+	}
+	return names, nil
+}
+
+func decodeAuthority(ad authorityDoc) (*AuthorityRecord, error) {
+	r := &AuthorityRecord{Phase: ad.Phase, External: ad.External, Generated: ad.Generated}
+	if !validPhase(ad.Phase) {
+		return nil, fmt.Errorf("unknown phase %q", ad.Phase)
+	}
+	var err error
+	if r.Root, err = decodeOneCert("root", ad.Root); err != nil {
+		return nil, err
+	}
+	if r.Cert, err = decodeOneCert("cert", ad.Cert); err != nil {
+		return nil, err
+	}
+	if ad.Chain != "" {
+		if r.Chain, err = pemutil.ParseCertificates([]byte(ad.Chain)); err != nil {
+			return nil, fmt.Errorf("chain: %w", err)
+		}
+	}
+	if id := r.ID(); ad.ID != id {
+		return nil, fmt.Errorf("id %q is not the root's fingerprint %s", ad.ID, id)
+	}
+	if err := checkAuthorityPath(r); err != nil {
+		return nil, err
+	}
+	switch {
+	case ad.Key != "" && ad.Phase == PhaseRetired:
+		return nil, errors.New("a retired authority has a key entry: its key must be destroyed")
+	case ad.Key != "" && ad.Key != KeyEntry(r.Cert):
+		return nil, fmt.Errorf("key entry %q is not the one named for its signing certificate, %s", ad.Key, KeyEntry(r.Cert))
+	}
+	if ad.LatestLeafNotAfter != "" {
+		if r.LatestLeafNotAfter, err = parseTime(ad.LatestLeafNotAfter); err != nil {
+			return nil, fmt.Errorf("latestLeafNotAfter: %w", err)
+		}
+	}
+	if ad.LongestLeafTTL != "" {
+		if r.LongestLeafTTL, err = time.ParseDuration(ad.LongestLeafTTL); err != nil || r.LongestLeafTTL < 0 {
+			return nil, fmt.Errorf("longestLeafTTL %q is not a duration of zero or more", ad.LongestLeafTTL)
+		}
+	}
+	for j, td := range ad.History {
+		t := Transition{To: td.To, Reason: td.Reason, Forced: td.Forced}
+		if !validPhase(td.To) {
+			return nil, fmt.Errorf("history %d: unknown phase %q", j+1, td.To)
+		}
+		if t.At, err = parseTime(td.At); err != nil {
+			return nil, fmt.Errorf("history %d: %w", j+1, err)
+		}
+		r.History = append(r.History, t)
+	}
+	return r, nil
+}
+
+// checkAuthorityPath checks, at no particular time, that Root is a
+// self-signed CA and Cert chains up to it through Chain.
+func checkAuthorityPath(r *AuthorityRecord) error {
+	if err := checkRoot(r.Root); err != nil {
+		return fmt.Errorf("root: %w", err)
+	}
+	path := append([]*x509.Certificate{r.Cert}, r.Chain...)
+	if r.Cert.Equal(r.Root) {
+		if len(r.Chain) != 0 {
+			return errors.New("chain: a root authority has no intermediates")
+		}
+		return nil
+	}
+	for i, c := range path {
+		parent := r.Root
+		if i+1 < len(path) {
+			parent = path[i+1]
+		}
+		if err := c.CheckSignatureFrom(parent); err != nil {
+			return fmt.Errorf("certificate %q is not signed by %q: %w", c.Subject, parent.Subject, err)
+		}
+	}
+	return nil
+}
+
+func decodeOneCert(field, s string) (*x509.Certificate, error) {
+	certs, err := pemutil.ParseCertificates([]byte(s))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", field, err)
+	case len(certs) != 1:
+		return nil, fmt.Errorf("%s: holds %d certificates, want 1", field, len(certs))
+	}
+	return certs[0], nil
+}
+
+func decodeKey(entries map[string][]byte, name string, cert *x509.Certificate) (crypto.Signer, error) {
+	data, ok := entries[name]
+	if !ok {
+		return nil, errors.New("missing: the state refers to this key, and an authority is never dropped for want of its key")
+	}
+	key, err := pemutil.ParsePrivateKey(data)
+	if err != nil {
+		return nil, err
+	}
+	if !csr.SamePublicKey(key.Public(), cert.PublicKey) {
+		return nil, fmt.Errorf("does not match the public key of the signing certificate %q", cert.Subject)
+	}
+	return key, nil
+}
+
+func validKeyEntryName(name string) bool {
+	hex, ok := strings.CutPrefix(name, "key-")
+	if !ok {
+		return false
+	}
+	hex, ok = strings.CutSuffix(hex, ".pem")
+	if !ok || len(hex) != keyEntryHexLen {
+		return false
+	}
+	for _, c := range hex {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func validPhase(p Phase) bool {
+	switch p {
+	case PhasePrepared, PhaseActive, PhasePrevious, PhaseRetired:
+		return true
+	}
+	return false
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("time %q is not RFC 3339", s)
+	}
+	return t.UTC(), nil
+}

@@ -1,0 +1,46 @@
+package keymgr_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/storetest"
+)
+
+// FuzzDecodeState feeds DecodeState what an editor of the Secret or the
+// directory could write: any state.json and any key entry. It must never
+// panic, and what it accepts must encode and decode to the same state.
+func FuzzDecodeState(f *testing.F) {
+	r := storetest.NewRecord(f, keymgr.PhaseActive, time.Now())
+	entries, err := keymgr.EncodeState(&keymgr.State{Sequence: 1, Authorities: []*keymgr.AuthorityRecord{r}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	keyName := keymgr.KeyEntry(r.Cert)
+	f.Add(entries[keymgr.EntryState], entries[keyName], keyName)
+	f.Add(entries[keymgr.EntryState], []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), keyName)
+	f.Add([]byte(`{"format":1,"sequence":3,"authorities":[]}`), []byte(nil), "")
+	f.Add([]byte(`{"format":1,"authorities":[{"id":"x","phase":"active","root":"","cert":"","history":[]}]}`), []byte(nil), "key-0000000000000000.pem")
+	f.Fuzz(func(t *testing.T, doc, key []byte, name string) {
+		in := map[string][]byte{keymgr.EntryState: doc}
+		if name != "" && name != keymgr.EntryState {
+			in[name] = key
+		}
+		s, err := keymgr.DecodeState(in)
+		if err != nil {
+			return
+		}
+		out, err := keymgr.EncodeState(s)
+		if err != nil {
+			t.Fatalf("a decoded state does not encode: %v", err)
+		}
+		again, err := keymgr.DecodeState(out)
+		if err != nil {
+			t.Fatalf("a re-encoded state does not decode: %v", err)
+		}
+		if d := storetest.Diff(again, s); d != "" {
+			t.Fatalf("re-encoding changed the state: %s", d)
+		}
+	})
+}

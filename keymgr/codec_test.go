@@ -1,0 +1,244 @@
+package keymgr_test
+
+import (
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/storetest"
+)
+
+// codecState is a state of every phase: a retired authority (still
+// holding a key, which encoding must drop), previous, active, and an
+// external prepared one without a key.
+func codecState(t *testing.T) *keymgr.State {
+	t.Helper()
+	at := time.Now().Add(-time.Hour)
+	retired := storetest.NewRecord(t, keymgr.PhaseRetired, at.Add(-time.Hour))
+	previous := storetest.NewRecord(t, keymgr.PhasePrevious, at)
+	previous.LatestLeafNotAfter, previous.LongestLeafTTL = at.Add(24*time.Hour), 24*time.Hour+time.Nanosecond
+	active := storetest.NewRecord(t, keymgr.PhaseActive, at)
+	external := storetest.NewRecord(t, keymgr.PhasePrepared, at)
+	external.Key, external.External = nil, true
+	return &keymgr.State{Sequence: 42, Authorities: []*keymgr.AuthorityRecord{retired, previous, active, external}}
+}
+
+func encode(t *testing.T, s *keymgr.State) map[string][]byte {
+	t.Helper()
+	entries, err := keymgr.EncodeState(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entries
+}
+
+func TestStateCodecRoundTrip(t *testing.T) {
+	s := codecState(t)
+	entries := encode(t, s)
+	keyed := []*keymgr.AuthorityRecord{s.Authorities[1], s.Authorities[2]}
+	if len(entries) != 1+len(keyed) {
+		t.Fatalf("entries %v, want state.json and the keys of the previous and active authorities", names(entries))
+	}
+	for _, r := range keyed {
+		name := keymgr.KeyEntry(r.Cert)
+		if !strings.HasPrefix(name, "key-"+r.ID()[:16]) || entries[name] == nil {
+			t.Fatalf("no key entry %s in %v", name, names(entries))
+		}
+		if !strings.Contains(string(entries[name]), "-----BEGIN PRIVATE KEY-----") {
+			t.Errorf("%s is not PKCS#8 PEM", name)
+		}
+	}
+	got, err := keymgr.DecodeState(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := storetest.Diff(got, s); d != "" {
+		t.Fatal(d)
+	}
+	// Times are kept to the nanosecond, in UTC.
+	if w, g := s.Authorities[1].LatestLeafNotAfter, got.Authorities[1].LatestLeafNotAfter; !g.Equal(w) || g.Location() != time.UTC {
+		t.Errorf("LatestLeafNotAfter = %v, want %v in UTC", g, w)
+	}
+	again := encode(t, got)
+	if string(again[keymgr.EntryState]) != string(entries[keymgr.EntryState]) {
+		t.Error("encoding a decoded state changed state.json")
+	}
+}
+
+func TestStateCodecDocument(t *testing.T) {
+	entries := encode(t, codecState(t))
+	var doc struct {
+		Format      int
+		Sequence    uint64
+		Authorities []map[string]any
+	}
+	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Format != keymgr.StateFormat || doc.Sequence != 42 || len(doc.Authorities) != 4 {
+		t.Fatalf("document %+v", doc)
+	}
+	for _, field := range []string{"id", "phase", "root", "cert", "history"} {
+		if _, ok := doc.Authorities[2][field]; !ok {
+			t.Errorf("authority has no %q field", field)
+		}
+	}
+	if _, ok := doc.Authorities[0]["key"]; ok {
+		t.Error("a retired authority names a key entry")
+	}
+	if strings.Contains(string(entries[keymgr.EntryState]), "PRIVATE KEY") {
+		t.Error("state.json holds a private key")
+	}
+}
+
+func TestEncodeStateRefuses(t *testing.T) {
+	at := time.Now()
+	good := func() *keymgr.AuthorityRecord { return storetest.NewRecord(t, keymgr.PhaseActive, at) }
+	other := good()
+	tests := []struct {
+		name   string
+		record func() *keymgr.AuthorityRecord
+		second *keymgr.AuthorityRecord
+		want   string
+	}{
+		{"no root", func() *keymgr.AuthorityRecord { r := good(); r.Root = nil; return r }, nil, "no root certificate"},
+		{"no cert", func() *keymgr.AuthorityRecord { r := good(); r.Cert = nil; return r }, nil, "no signing certificate"},
+		{"key of another", func() *keymgr.AuthorityRecord { r := good(); r.Key = other.Key; return r }, nil, "private key does not match"},
+		{"unknown phase", func() *keymgr.AuthorityRecord { r := good(); r.Phase = "paused"; return r }, nil, `unknown phase "paused"`},
+		{"unknown phase in history", func() *keymgr.AuthorityRecord {
+			r := good()
+			r.History[0].To = "paused"
+			return r
+		}, nil, `history 1: unknown phase`},
+		{"negative TTL", func() *keymgr.AuthorityRecord { r := good(); r.LongestLeafTTL = -time.Second; return r }, nil, "negative"},
+		{"cert not under root", func() *keymgr.AuthorityRecord { r := good(); r.Cert = other.Cert; r.Key = other.Key; return r }, nil, "not signed by"},
+		{"one root twice", func() *keymgr.AuthorityRecord { return other }, other, "have the same root"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &keymgr.State{Authorities: []*keymgr.AuthorityRecord{tt.record()}}
+			if tt.second != nil {
+				s.Authorities = append(s.Authorities, tt.second)
+			}
+			_, err := keymgr.EncodeState(s)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := keymgr.EncodeState(nil); err == nil {
+		t.Error("EncodeState(nil) succeeded")
+	}
+}
+
+func TestDecodeStateRefuses(t *testing.T) {
+	s := codecState(t)
+	prevKey, activeKey := keymgr.KeyEntry(s.Authorities[1].Cert), keymgr.KeyEntry(s.Authorities[2].Cert)
+	strangerKey, err := pemutil.EncodePrivateKey(storetest.NewRecord(t, keymgr.PhaseActive, time.Now()).Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// doc edits authority 3 (the active one) of the document.
+	doc := func(edit func(doc map[string]any, active map[string]any)) func(map[string][]byte) {
+		return func(e map[string][]byte) {
+			var d map[string]any
+			if err := json.Unmarshal(e[keymgr.EntryState], &d); err != nil {
+				t.Fatal(err)
+			}
+			edit(d, d["authorities"].([]any)[2].(map[string]any))
+			b, err := json.Marshal(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e[keymgr.EntryState] = b
+		}
+	}
+	field := func(k string, v any) func(map[string][]byte) {
+		return doc(func(_, a map[string]any) { a[k] = v })
+	}
+	tests := []struct {
+		name      string
+		edit      func(map[string][]byte)
+		wantEntry string
+		want      string
+	}{
+		{"no document", func(e map[string][]byte) { delete(e, keymgr.EntryState) }, keymgr.EntryState, "missing"},
+		{"not JSON", func(e map[string][]byte) { e[keymgr.EntryState] = []byte("apiVersion: v1") }, keymgr.EntryState, "not a CA state document"},
+		{"trailing data", func(e map[string][]byte) { e[keymgr.EntryState] = append(e[keymgr.EntryState], "{}"...) }, keymgr.EntryState, "data follows"},
+		{"newer format", doc(func(d, _ map[string]any) { d["format"] = 2 }), keymgr.EntryState, "format version 2 is not supported"},
+		{"no format", doc(func(d, _ map[string]any) { delete(d, "format") }), keymgr.EntryState, "format version 0 is not supported"},
+		{"unknown field", doc(func(d, _ map[string]any) { d["owner"] = "x" }), keymgr.EntryState, `unknown field "owner"`},
+		{"unknown authority field", field("issuer", "x"), keymgr.EntryState, `unknown field "issuer"`},
+		{"unknown phase", field("phase", "paused"), keymgr.EntryState, `authority 3 (`},
+		{"bad root PEM", field("root", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), keymgr.EntryState, "authority 3 (" + s.Authorities[2].ID()[:16] + "): root:"},
+		{"two roots", field("root", string(pemutil.EncodeCertificates(s.Authorities[2].Root, s.Authorities[1].Root))), keymgr.EntryState, "root: holds 2 certificates"},
+		{"wrong id", field("id", s.Authorities[1].ID()), keymgr.EntryState, "is not the root's fingerprint"},
+		{"cert of another root", field("cert", string(pemutil.EncodeCertificates(s.Authorities[1].Cert))), keymgr.EntryState, "not signed by"},
+		{"root that is not self-signed", doc(func(_, a map[string]any) {
+			c := chainedIntermediate(t)
+			a["root"], a["id"] = string(pemutil.EncodeCertificates(c)), keymgr.Fingerprint(c)
+		}), keymgr.EntryState, "root: not self-issued"},
+		{"bad chain", field("chain", "junk"), keymgr.EntryState, "chain:"},
+		{"bad time", doc(func(_, a map[string]any) {
+			a["history"].([]any)[0].(map[string]any)["at"] = "yesterday"
+		}), keymgr.EntryState, `history 1: time "yesterday" is not RFC 3339`},
+		{"bad leaf time", field("latestLeafNotAfter", "1700000000"), keymgr.EntryState, "latestLeafNotAfter"},
+		{"bad TTL", field("longestLeafTTL", "-1h"), keymgr.EntryState, "longestLeafTTL"},
+		{"key entry misnamed", field("key", prevKey), keymgr.EntryState, "is not the one named for its signing certificate"},
+		{"retired with a key", doc(func(d, _ map[string]any) {
+			d["authorities"].([]any)[0].(map[string]any)["key"] = "key-0000000000000000.pem"
+		}), keymgr.EntryState, "a retired authority has a key entry"},
+		{"one root twice", doc(func(d, _ map[string]any) {
+			as := d["authorities"].([]any)
+			d["authorities"] = append(as, as[3])
+		}), keymgr.EntryState, "have the same root"},
+		{"key missing", func(e map[string][]byte) { delete(e, activeKey) }, activeKey, "missing"},
+		{"key of another", func(e map[string][]byte) { e[activeKey] = strangerKey }, activeKey, "does not match the public key"},
+		{"key not PEM", func(e map[string][]byte) { e[activeKey] = []byte("secret") }, activeKey, "no PEM data"},
+		{"key is a certificate", func(e map[string][]byte) {
+			e[activeKey] = pemutil.EncodeCertificates(s.Authorities[2].Cert)
+		}, activeKey, "want a private key"},
+		{"entry nobody names", func(e map[string][]byte) { e["key-0123456789abcdef.pem"] = strangerKey }, "key-0123456789abcdef.pem", "no authority of the CA state refers to it"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := encode(t, s)
+			tt.edit(e)
+			_, err := keymgr.DecodeState(e)
+			var ee *keymgr.EntryError
+			switch {
+			case !errors.As(err, &ee):
+				t.Fatalf("err = %v, want an EntryError", err)
+			case ee.Entry != tt.wantEntry:
+				t.Fatalf("err = %v, names entry %q, want %q", err, ee.Entry, tt.wantEntry)
+			case !strings.Contains(err.Error(), tt.want):
+				t.Fatalf("err = %v, want %q", err, tt.want)
+			case strings.Contains(err.Error(), "PRIVATE KEY"):
+				t.Fatalf("err = %v quotes key material", err)
+			}
+		})
+	}
+	if _, err := keymgr.DecodeState(nil); err == nil {
+		t.Error("DecodeState(nil) succeeded")
+	}
+}
+
+// chainedIntermediate is a CA certificate that is not self-signed.
+func chainedIntermediate(t *testing.T) *x509.Certificate {
+	t.Helper()
+	return testca.NewRoot(t, "codec root", testca.Options{}).NewIntermediate(t, "codec intermediate", testca.Options{}).Cert
+}
+
+func names(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,300 @@
+package keymgr
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/meshca/meshca/internal/atomicfile"
+)
+
+// FileState is the CA state document in a state directory; the keys sit
+// beside it, one file per KeyEntry.
+const FileState = EntryState
+
+// File modes in a state directory.
+const (
+	dirMode    = 0o700
+	keyMode    = 0o600
+	publicMode = 0o644
+)
+
+// loadAttempts bounds how often Load starts over when the files it read
+// do not fit together, as when a writer replaced state.json meanwhile.
+const loadAttempts = 4
+
+// DirStore is a StateStore on a local state directory (meshca serve
+// --state-dir). The directory holds the EncodeState entries as files
+// (FileState, 0644, and the keys, 0600), every one written atomically, and
+// keeps Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem,
+// root-cert.pem) in step with the active authority and the trust bundle,
+// for LoadCACerts, LoadOrCreate and older meshca versions.
+//
+// The Version is the hex SHA-256 of FileState. A directory in the
+// single-root layout of LoadOrCreate, without FileState, loads as a State
+// of one active authority at the zero Version, so that the first Save
+// migrates it in place (see loadSingleRoot); an empty or missing directory
+// is ErrNoState.
+type DirStore struct {
+	Dir string
+	// LockTimeout bounds Save's wait for the directory's lock (LockDir)
+	// while another writer holds it; DefaultLockTimeout when zero or
+	// negative. The context passed to Save bounds it too.
+	LockTimeout time.Duration
+}
+
+// Load returns the state in the directory. It takes no lock: every file
+// is replaced atomically, keys are written before the FileState that
+// names them, and a key file is only removed once FileState no longer
+// names it. So when a file Load needs is gone or does not match, a writer
+// may have moved on while Load read: Load starts over, a few times,
+// before it reports what it found.
+func (d DirStore) Load(ctx context.Context) (*State, Version, error) {
+	var err error
+	for range loadAttempts {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, "", cerr
+		}
+		var doc []byte
+		if doc, err = d.readState(); err != nil {
+			return nil, "", err
+		}
+		var s *State
+		var v Version
+		if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, ErrNoState) {
+			return s, v, err
+		}
+	}
+	return nil, "", err
+}
+
+// readState returns FileState's content, or nil when there is none.
+func (d DirStore) readState() ([]byte, error) {
+	data, err := os.ReadFile(d.path(FileState))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, &FileError{Path: d.path(FileState), Err: errors.Unwrap(err)}
+	case data == nil:
+		return []byte{}, nil
+	}
+	return data, nil
+}
+
+// loadFrom decodes the state whose document is doc (nil: none, so the
+// single-root layout or nothing).
+func (d DirStore) loadFrom(doc []byte) (*State, Version, error) {
+	if doc == nil {
+		s, err := d.loadSingleRoot()
+		return s, "", err
+	}
+	names, err := stateKeyEntries(doc)
+	if err != nil {
+		return nil, "", d.fileError(err)
+	}
+	entries := map[string][]byte{FileState: doc}
+	for _, name := range names {
+		data, err := os.ReadFile(d.path(name))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // DecodeState names the missing key
+		case err != nil:
+			return nil, "", &FileError{Path: d.path(name), Err: errors.Unwrap(err)}
+		}
+		entries[name] = data
+	}
+	s, err := DecodeState(entries)
+	if err != nil {
+		return nil, "", d.fileError(err)
+	}
+	return s, docVersion(doc), nil
+}
+
+// Save stores s if the directory still holds version base. Under the
+// directory's lock, it writes, each file atomically and only when changed:
+//  1. the key file of every authority that has a key (new files only:
+//     a key file is named for its certificate, so its content never
+//     changes);
+//  2. FileState: the commit. A crash before it leaves the old state,
+//     every key file of which is still there;
+//  3. the cacerts layout, derived from the state: a crash leaves it
+//     behind the state, never ahead of it, and the next Save (a Save of
+//     the loaded state on its own version will do) brings it up to date;
+//  4. then it removes the key files FileState no longer names (retired
+//     authorities: their keys are destroyed) and what writes cut short
+//     by a crash left.
+//
+// An error in steps 3 and 4 comes with the new Version: the state is
+// saved, and the error says so.
+func (d DirStore) Save(ctx context.Context, s *State, base Version) (v Version, err error) {
+	entries, err := EncodeState(s)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(d.Dir, dirMode); err != nil {
+		return "", fmt.Errorf("keymgr: state directory: %w", err)
+	}
+	timeout := d.LockTimeout
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	unlock, err := LockDir(lctx, d.Dir)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if uerr := unlock(); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+	}()
+	commit, cleanup, err := d.plan(s, entries, base)
+	if err != nil {
+		return "", err
+	}
+	for _, step := range commit {
+		if err := step.run(); err != nil {
+			return "", fmt.Errorf("keymgr: save CA state: %s: %w", step.name, err)
+		}
+	}
+	v = docVersion(entries[FileState])
+	var errs []error
+	for _, step := range cleanup {
+		if err := step.run(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", step.name, err))
+		}
+	}
+	if len(errs) > 0 {
+		return v, fmt.Errorf("keymgr: the CA state was saved as version %s, but: %w", v, errors.Join(errs...))
+	}
+	return v, nil
+}
+
+// saveStep is one write of a Save; a crash may stop a Save after any of
+// them.
+type saveStep struct {
+	name string
+	run  func() error
+}
+
+// plan checks, under the lock, that the directory still holds version
+// base, and returns the steps that store entries: the commit (the keys,
+// then FileState) and what follows it.
+func (d DirStore) plan(s *State, entries map[string][]byte, base Version) (commit, cleanup []saveStep, err error) {
+	doc, err := d.readState()
+	if err != nil {
+		return nil, nil, err
+	}
+	current := Version("")
+	if doc != nil {
+		current = docVersion(doc)
+	}
+	if current != base {
+		return nil, nil, ErrConflict
+	}
+	if doc == nil {
+		if err := d.checkSingleRootKept(s); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(entries)) {
+		if name != FileState {
+			commit = append(commit, d.writeStep(name, entries[name], keyMode))
+		}
+	}
+	commit = append(commit, d.writeStep(FileState, entries[FileState], publicMode))
+	if cleanup, err = d.cacertsSteps(s); err != nil {
+		return nil, nil, err
+	}
+	cleanup = append(cleanup, saveStep{name: "removing destroyed keys and leftovers", run: func() error { return d.removeUnnamed(entries) }})
+	return commit, cleanup, nil
+}
+
+// writeStep writes data to name atomically, unless name already holds it.
+func (d DirStore) writeStep(name string, data []byte, mode os.FileMode) saveStep {
+	return saveStep{name: "writing " + name, run: func() error {
+		p := d.path(name)
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data) {
+			return os.Chmod(p, mode)
+		}
+		if err := atomicfile.WriteFile(p, data, mode); err != nil {
+			return errors.Unwrap(err)
+		}
+		return nil
+	}}
+}
+
+// removeStep removes name, if it exists.
+func (d DirStore) removeStep(name string) saveStep {
+	return saveStep{name: "removing " + name, run: func() error {
+		if err := os.Remove(d.path(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return syncDir(d.Dir)
+	}}
+}
+
+// removeUnnamed removes every key file that is not one of entries and
+// every temporary file a cut-short atomic write left.
+func (d DirStore) removeUnnamed(entries map[string][]byte) error {
+	files, err := os.ReadDir(d.Dir)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, f := range files {
+		name := f.Name()
+		_, keep := entries[name]
+		temp := strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
+		if keep || !temp && !validKeyEntryName(name) {
+			continue
+		}
+		if err := os.Remove(d.path(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		removed = true
+	}
+	if !removed {
+		return nil
+	}
+	return syncDir(d.Dir)
+}
+
+func (d DirStore) path(name string) string { return filepath.Join(d.Dir, name) }
+
+// fileError turns a DecodeState *EntryError into a *FileError naming the
+// file.
+func (d DirStore) fileError(err error) error {
+	var ee *EntryError
+	if errors.As(err, &ee) {
+		return &FileError{Path: d.path(ee.Entry), Err: ee.Err}
+	}
+	return err
+}
+
+// docVersion is the Version of a state directory whose FileState is doc.
+func docVersion(doc []byte) Version {
+	sum := sha256.Sum256(doc)
+	return Version(hex.EncodeToString(sum[:]))
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

@@ -1,0 +1,168 @@
+package keymgr
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+
+	"github.com/meshca/meshca/internal/pemutil"
+)
+
+// MigratedReason is the history reason of the authorities a DirStore
+// makes of a directory in the single-root layout.
+const MigratedReason = "migrated from the single-root layout"
+
+// singleRootFiles are the files of the single-root layout LoadOrCreate
+// writes; cert-chain.pem is optional.
+var singleRootFiles = []string{FileCAKey, FileCACert, FileRootCert}
+
+// loadSingleRoot returns the State of a directory without FileState: the
+// single-root layout (ca-key.pem, ca-cert.pem, root-cert.pem and maybe
+// cert-chain.pem) becomes one active authority, Generated when its
+// signing certificate is a root (LoadOrCreate generated it), with Sequence
+// 1 and one transition at the signing certificate's NotBefore. Every
+// other root of root-cert.pem stays in the bundle as a previous,
+// External authority (meshca does not hold its key). No file at all is
+// ErrNoState; some of them only, an error. The layout is checked as
+// LoadCACerts does, but at the signing certificate's NotBefore rather
+// than now: a store loads an expired CA too, and leaves the judgement to
+// its caller. Nothing of the single-root layout says which leaves were
+// issued, so LatestLeafNotAfter and LongestLeafTTL are zero.
+func (d DirStore) loadSingleRoot() (*State, error) {
+	present, err := d.singleRootPresent()
+	if err != nil || !present {
+		return nil, err
+	}
+	certs, err := readCerts(d.path(FileCACert), true)
+	if err != nil {
+		return nil, err
+	}
+	l := layout{cert: FileCACert, key: FileCAKey, chain: FileCertChain, roots: FileRootCert}
+	a, err := l.load(d.Dir, certs[0].NotBefore)
+	if err != nil {
+		return nil, err
+	}
+	root := authorityRoot(a)
+	if root == nil {
+		return nil, &FileError{Path: d.path(FileRootCert), Err: errors.New("holds no root that signs the chain of ca-cert.pem")}
+	}
+	at := a.Cert.NotBefore.UTC()
+	history := func(p Phase) []Transition { return []Transition{{To: p, At: at, Reason: MigratedReason}} }
+	s := &State{Sequence: 1}
+	for _, r := range a.Roots {
+		if r.Equal(root) || containsRoot(s, r) {
+			continue
+		}
+		s.Authorities = append(s.Authorities, &AuthorityRecord{
+			Phase: PhasePrevious, Root: r, Cert: r, External: true, History: history(PhasePrevious),
+		})
+	}
+	s.Authorities = append(s.Authorities, &AuthorityRecord{
+		Phase: PhaseActive, Root: root, Cert: a.Cert, Chain: a.Chain, Key: a.Key,
+		Generated: a.Cert.Equal(root), History: history(PhaseActive),
+	})
+	return s, nil
+}
+
+// singleRootPresent reports whether the directory holds the single-root
+// layout, and refuses one holding only some of its files: it may be the
+// remains of a CA that workloads still trust.
+func (d DirStore) singleRootPresent() (bool, error) {
+	var present []string
+	for _, f := range singleRootFiles {
+		if exists(d.path(f)) {
+			present = append(present, f)
+		}
+	}
+	switch len(present) {
+	case 0:
+		return false, ErrNoState
+	case len(singleRootFiles):
+		return true, nil
+	}
+	return false, &FileError{Path: d.Dir, Err: fmt.Errorf("has no %s and holds only %v of %v: restore the missing files, or move the directory away", FileState, present, singleRootFiles)}
+}
+
+// checkSingleRootKept is Save's check on a directory without FileState:
+// when it holds the single-root layout, s must keep that layout's
+// authority, or the saver never saw it (it loaded an empty directory that
+// LoadOrCreate filled since), and Save must not overwrite a CA that
+// workloads may trust.
+func (d DirStore) checkSingleRootKept(s *State) error {
+	if _, err := d.singleRootPresent(); errors.Is(err, ErrNoState) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	certs, err := readCerts(d.path(FileCACert), true)
+	if err != nil {
+		return err
+	}
+	for _, r := range s.Authorities {
+		if r.Cert.Equal(certs[0]) {
+			return nil
+		}
+	}
+	return ErrConflict
+}
+
+// cacertsSteps are the writes that keep the cacerts layout in step with
+// s: root-cert.pem holds the trust bundle (State.Bundle); ca-cert.pem, cert-chain.pem and
+// ca-key.pem are the active authority's (as Store writes them), and are removed when there is
+// no active authority, as ca-key.pem is when the active authority has no
+// key here (an external one). The roots come first and the key last, so
+// that a crash between the steps leaves a layout that LoadCACerts loads
+// as the old or the new active authority, or refuses (a key that does not
+// match ca-cert.pem), never one that signs with the wrong key.
+func (d DirStore) cacertsSteps(s *State) ([]saveStep, error) {
+	var steps []saveStep
+	if roots := s.Bundle(); len(roots) > 0 {
+		steps = append(steps, d.writeStep(FileRootCert, pemutil.EncodeCertificates(roots...), publicMode))
+	} else {
+		steps = append(steps, d.removeStep(FileRootCert))
+	}
+	active := s.Active()
+	if active == nil {
+		return append(steps, d.removeStep(FileCertChain), d.removeStep(FileCACert), d.removeStep(FileCAKey)), nil
+	}
+	chain := append([]*x509.Certificate{active.Cert}, active.Chain...)
+	steps = append(steps,
+		d.writeStep(FileCertChain, pemutil.EncodeCertificates(chain...), publicMode),
+		d.writeStep(FileCACert, pemutil.EncodeCertificates(active.Cert), publicMode))
+	if active.Key == nil {
+		return append(steps, d.removeStep(FileCAKey)), nil
+	}
+	key, err := pemutil.EncodePrivateKey(active.Key)
+	if err != nil {
+		return nil, fmt.Errorf("keymgr: encode key: %w", err)
+	}
+	return append(steps, d.writeStep(FileCAKey, key, keyMode)), nil
+}
+
+// authorityRoot is the root among a.Roots that a's signing path ends in.
+func authorityRoot(a *Authority) *x509.Certificate {
+	top := a.Cert
+	if len(a.Chain) > 0 {
+		top = a.Chain[len(a.Chain)-1]
+	}
+	for _, r := range a.Roots {
+		if r.Equal(top) {
+			return r
+		}
+	}
+	for _, r := range a.Roots {
+		if top.CheckSignatureFrom(r) == nil {
+			return r
+		}
+	}
+	return nil
+}
+
+func containsRoot(s *State, c *x509.Certificate) bool {
+	for _, r := range s.Authorities {
+		if r.Root.Equal(c) {
+			return true
+		}
+	}
+	return false
+}

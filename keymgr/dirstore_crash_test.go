@@ -1,0 +1,218 @@
+package keymgr
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// crashRecord is an authority in phase p, a fresh root of its own.
+func crashRecord(t *testing.T, p Phase, at time.Time) *AuthorityRecord {
+	t.Helper()
+	a, err := NewRoot(RootOptions{Organization: "crash.example", Now: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &AuthorityRecord{Phase: p, Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true,
+		History: []Transition{{To: p, At: at, Reason: "crash test"}}}
+}
+
+func moved(r *AuthorityRecord, p Phase, at time.Time) *AuthorityRecord {
+	c := *r
+	c.Phase = p
+	c.History = append(append([]Transition(nil), r.History...), Transition{To: p, At: at})
+	return &c
+}
+
+// TestDirStoreCrashAtEveryStep stops a Save after each of its writes, as
+// a crash would, for every kind of change, and checks what a restarted
+// process finds: Load returns the old state until state.json is written
+// and the new one from then on, never a state missing a key; the cacerts
+// layout either loads as the old or the new active authority or is
+// refused, never a key that is not its certificate's; and the next Save
+// repairs everything.
+func TestDirStoreCrashAtEveryStep(t *testing.T) {
+	at := time.Now().Add(-time.Hour)
+	one, two := crashRecord(t, PhaseActive, at), crashRecord(t, PhasePrepared, at)
+	s1 := &State{Sequence: 1, Authorities: []*AuthorityRecord{one}}
+	s2 := &State{Sequence: 2, Authorities: []*AuthorityRecord{one, two}}
+	s3 := &State{Sequence: 2, Authorities: []*AuthorityRecord{moved(one, PhasePrevious, at), moved(two, PhaseActive, at)}}
+	s4 := &State{Sequence: 3, Authorities: []*AuthorityRecord{moved(s3.Authorities[0], PhaseRetired, at), s3.Authorities[1]}}
+	tests := []struct {
+		name string
+		old  *State // nil: an empty directory; singleRoot: the single-root layout
+		next func(t *testing.T, dir string) *State
+	}{
+		{"first save", nil, func(*testing.T, string) *State { return s1 }},
+		{"migration", singleRoot, func(t *testing.T, dir string) *State { return loadOK(t, dir) }},
+		{"migration and prepare", singleRoot, func(t *testing.T, dir string) *State {
+			s := loadOK(t, dir)
+			s.Authorities = append(s.Authorities, two)
+			return s
+		}},
+		{"prepare", s1, func(*testing.T, string) *State { return s2 }},
+		{"activate", s2, func(*testing.T, string) *State { return s3 }},
+		{"retire", s3, func(*testing.T, string) *State { return s4 }},
+		{"retire back", s4, func(*testing.T, string) *State { return s1 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k := 0; ; k++ {
+				dir := filepath.Join(t.TempDir(), "state")
+				d := DirStore{Dir: dir}
+				oldV := setUp(t, d, tt.old)
+				oldActive := activeCert(t, d)
+				next := tt.next(t, dir)
+				entries, err := EncodeState(next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				commit, cleanup, err := d.plan(next, entries, oldV)
+				if err != nil {
+					t.Fatal(err)
+				}
+				steps := append(commit, cleanup...)
+				if k > len(steps) {
+					break
+				}
+				for _, st := range steps[:k] {
+					if err := st.run(); err != nil {
+						t.Fatalf("%s: %v", st.name, err)
+					}
+				}
+				leaveTempFiles(t, dir)
+				after := "after " + stepName(steps, k)
+				_, v, err := d.Load(context.Background())
+				wantV := oldV
+				if k >= len(commit) {
+					wantV = docVersion(entries[FileState])
+				}
+				switch {
+				case tt.old == nil && k < len(commit):
+					if !errors.Is(err, ErrNoState) {
+						t.Fatalf("%s: Load: %v, want ErrNoState", after, err)
+					}
+				case err != nil:
+					t.Fatalf("%s: Load: %v", after, err)
+				case v != wantV:
+					t.Fatalf("%s: Load returned version %q, want %q", after, v, wantV)
+				}
+				if a, err := LoadCACerts(dir, time.Now()); err == nil {
+					if !a.Cert.Equal(oldActive) && !a.Cert.Equal(next.Authorities[activeIndex(next)].Cert) {
+						t.Fatalf("%s: the cacerts layout loads an authority that is active neither before nor after", after)
+					}
+				}
+				// The restarted writer saves what it wants on what it finds.
+				if _, err := d.Save(context.Background(), next, v); err != nil {
+					t.Fatalf("%s: the next Save: %v", after, err)
+				}
+				checkRepaired(t, d, next)
+			}
+		})
+	}
+}
+
+// singleRoot stands for a directory that LoadOrCreate filled.
+var singleRoot = &State{}
+
+func setUp(t *testing.T, d DirStore, old *State) Version {
+	t.Helper()
+	switch old {
+	case nil:
+		if err := os.MkdirAll(d.Dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return ""
+	case singleRoot:
+		if _, _, err := LoadOrCreate(d.Dir, StateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return ""
+	}
+	v, err := d.Save(context.Background(), old, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func loadOK(t *testing.T, dir string) *State {
+	t.Helper()
+	s, _, err := DirStore{Dir: dir}.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// activeCert is the active authority's certificate in d, nil for none.
+func activeCert(t *testing.T, d DirStore) *x509.Certificate {
+	t.Helper()
+	s, _, err := d.Load(context.Background())
+	if err != nil {
+		return nil
+	}
+	return s.Authorities[activeIndex(s)].Cert
+}
+
+func activeIndex(s *State) int {
+	for i, r := range s.Authorities {
+		if r.Phase == PhaseActive {
+			return i
+		}
+	}
+	return -1
+}
+
+// leaveTempFiles leaves what atomic writes cut short by a crash leave.
+func leaveTempFiles(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{".state.json.tmp-1", ".key-0123456789abcdef.pem.tmp-2", ".ca-key.pem.tmp-3"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("cut short"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func stepName(steps []saveStep, k int) string {
+	if k == 0 {
+		return "no step"
+	}
+	return strings.TrimSpace(steps[k-1].name)
+}
+
+// checkRepaired: after a whole Save, the directory holds next, its keys
+// and nothing else, and the cacerts layout is next's active authority.
+func checkRepaired(t *testing.T, d DirStore, next *State) {
+	t.Helper()
+	want := map[string]bool{FileState: true, FileLock: true, FileCAKey: true, FileCACert: true, FileCertChain: true, FileRootCert: true}
+	for _, r := range next.Authorities {
+		if r.Key != nil && r.Phase != PhaseRetired {
+			want[KeyEntry(r.Cert)] = true
+		}
+	}
+	files, err := os.ReadDir(d.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !want[f.Name()] {
+			t.Errorf("after the repairing Save, %s is left", f.Name())
+		}
+	}
+	a, err := LoadCACerts(d.Dir, time.Now())
+	if err != nil {
+		t.Fatalf("after the repairing Save, the cacerts layout: %v", err)
+	}
+	if !a.Cert.Equal(next.Authorities[activeIndex(next)].Cert) {
+		t.Fatal("after the repairing Save, ca-cert.pem is not the active authority's")
+	}
+}

@@ -1,0 +1,243 @@
+// Package storetest is the contract every keymgr.StateStore passes. A
+// store's test calls Run with a function that returns a new, empty store
+// for each case; the suite saves states built with keymgr.NewRoot and
+// checks what comes back.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+)
+
+// concurrentSavers is how many writers race in the concurrency cases.
+const concurrentSavers = 4
+
+// Run runs the contract suite. newStore returns a new, empty store; each
+// case calls it once, and runs its concurrent writers on the one store it
+// got.
+func Run(t *testing.T, newStore func(t *testing.T) keymgr.StateStore) {
+	f := newFixtures(t)
+	cases := []struct {
+		name string
+		run  func(t *testing.T, st keymgr.StateStore, f *fixtures)
+	}{
+		{"EmptyIsNoState", testEmpty},
+		{"RoundTrip", testRoundTrip},
+		{"MixedPhasesRoundTrip", testMixed},
+		{"RetiredKeyDestroyed", testRetiredKeyDestroyed},
+		{"StaleBaseConflicts", testStaleBase},
+		{"SecondCreateConflicts", testSecondCreate},
+		{"BaseOnEmptyStoreConflicts", testBaseOnEmpty},
+		{"ConcurrentSavesOneWins", testConcurrentSaves},
+		{"ConcurrentCreatesOneWins", testConcurrentCreates},
+		{"RefusedStateStoresNothing", testRefused},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.run(t, newStore(t), f) })
+	}
+}
+
+// fixtures are the authorities the cases build states from, generated
+// once per Run.
+type fixtures struct {
+	at time.Time
+	// one is a single active, generated root.
+	one *keymgr.AuthorityRecord
+	// mixed holds every phase: retired (with a key the store must
+	// destroy), previous (RSA), active (an intermediate under its root),
+	// prepared, and prepared and external (no key).
+	mixed []*keymgr.AuthorityRecord
+	// spare are single active roots for the racing writers.
+	spare []*keymgr.AuthorityRecord
+}
+
+func newFixtures(t *testing.T) *fixtures {
+	t.Helper()
+	// Sub-second on purpose: stores may keep times to the second only.
+	at := time.Now().Add(-time.Hour).Add(123456789 * time.Nanosecond)
+	f := &fixtures{at: at, one: NewRecord(t, keymgr.PhaseActive, at)}
+	retired := NewRecord(t, keymgr.PhaseRetired, at.Add(-48*time.Hour))
+	retired.LatestLeafNotAfter, retired.LongestLeafTTL = at.Add(-49*time.Hour), 24*time.Hour
+	previous := newRecord(t, keymgr.PhasePrevious, at.Add(-time.Hour), keymgr.KeyRSA2048)
+	previous.LatestLeafNotAfter, previous.LongestLeafTTL = at.Add(23*time.Hour+500*time.Millisecond), 24*time.Hour
+	active := newIntermediateRecord(t, keymgr.PhaseActive, at)
+	active.LatestLeafNotAfter, active.LongestLeafTTL = at.Add(time.Hour), 90*time.Minute+time.Millisecond
+	prepared := NewRecord(t, keymgr.PhasePrepared, at)
+	external := NewRecord(t, keymgr.PhasePrepared, at)
+	external.Key, external.External, external.Generated = nil, true, false
+	f.mixed = []*keymgr.AuthorityRecord{retired, previous, active, prepared, external}
+	for range concurrentSavers {
+		f.spare = append(f.spare, NewRecord(t, keymgr.PhaseActive, at))
+	}
+	return f
+}
+
+func state(seq uint64, rs ...*keymgr.AuthorityRecord) *keymgr.State {
+	return &keymgr.State{Sequence: seq, Authorities: rs}
+}
+
+func testEmpty(t *testing.T, st keymgr.StateStore, _ *fixtures) {
+	s, v, err := st.Load(context.Background())
+	if !errors.Is(err, keymgr.ErrNoState) {
+		t.Fatalf("Load of an empty store = %v, %q, %v; want ErrNoState", s, v, err)
+	}
+}
+
+func testRoundTrip(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(1, f.one)
+	v := save(t, st, want, "")
+	expect(t, st, want, v)
+}
+
+func testMixed(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(9, f.mixed...)
+	v := save(t, st, want, "")
+	expect(t, st, want, v)
+}
+
+func testRetiredKeyDestroyed(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	old := NewRecord(t, keymgr.PhasePrevious, f.at)
+	v1 := save(t, st, state(2, old, f.one), "")
+	got := expect(t, st, state(2, old, f.one), v1)
+	if got.Authorities[0].Key == nil {
+		t.Fatal("a previous authority lost its key")
+	}
+	retired := *old
+	retired.Phase = keymgr.PhaseRetired
+	retired.History = append(append([]keymgr.Transition(nil), old.History...), keymgr.Transition{To: keymgr.PhaseRetired, At: f.at.Add(time.Minute), Reason: "storetest: retire"})
+	want := state(3, &retired, f.one)
+	v2 := save(t, st, want, v1)
+	got = expect(t, st, want, v2)
+	if got.Authorities[0].Key != nil {
+		t.Fatal("Load returned the key of a retired authority: it must be destroyed")
+	}
+}
+
+func testStaleBase(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	v1 := save(t, st, state(1, f.one), "")
+	want := state(2, f.spare[0])
+	v2 := save(t, st, want, v1)
+	if v2 == v1 {
+		t.Fatalf("Save returned the version it was based on, %q", v1)
+	}
+	if _, err := st.Save(context.Background(), state(3, f.spare[1]), v1); !errors.Is(err, keymgr.ErrConflict) {
+		t.Fatalf("Save on the stale version: %v, want ErrConflict", err)
+	}
+	expect(t, st, want, v2)
+}
+
+func testSecondCreate(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(1, f.one)
+	v := save(t, st, want, "")
+	if _, err := st.Save(context.Background(), state(1, f.spare[0]), ""); !errors.Is(err, keymgr.ErrConflict) {
+		t.Fatalf("a second Save on the zero version: %v, want ErrConflict", err)
+	}
+	expect(t, st, want, v)
+}
+
+func testBaseOnEmpty(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	if _, err := st.Save(context.Background(), state(1, f.one), "made-up-version"); !errors.Is(err, keymgr.ErrConflict) {
+		t.Fatalf("Save on a version an empty store never had: %v, want ErrConflict", err)
+	}
+	testEmpty(t, st, f)
+	want := state(1, f.one)
+	v := save(t, st, want, "")
+	if _, err := st.Save(context.Background(), state(2, f.spare[0]), "made-up-version"); !errors.Is(err, keymgr.ErrConflict) {
+		t.Fatalf("Save on a made-up version: %v, want ErrConflict", err)
+	}
+	expect(t, st, want, v)
+}
+
+func testConcurrentSaves(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	base := save(t, st, state(1, f.one), "")
+	race(t, st, f, base)
+}
+
+func testConcurrentCreates(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	race(t, st, f, "")
+}
+
+// race has concurrentSavers writers save different states on base at
+// once: exactly one must win, and the store must hold its state.
+func race(t *testing.T, st keymgr.StateStore, f *fixtures, base keymgr.Version) {
+	t.Helper()
+	states := make([]*keymgr.State, concurrentSavers)
+	versions := make([]keymgr.Version, concurrentSavers)
+	errs := make([]error, concurrentSavers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range concurrentSavers {
+		states[i] = state(uint64(10+i), previousOf(f.one), f.spare[i])
+		wg.Go(func() {
+			<-start
+			versions[i], errs[i] = st.Save(context.Background(), states[i], base)
+		})
+	}
+	close(start)
+	wg.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			t.Fatalf("writers %d and %d both saved on version %q", winner, i, base)
+		case err == nil:
+			winner = i
+		case !errors.Is(err, keymgr.ErrConflict):
+			t.Fatalf("writer %d: %v, want nil or ErrConflict", i, err)
+		}
+	}
+	if winner < 0 {
+		t.Fatal("every writer lost: one must win")
+	}
+	expect(t, st, states[winner], versions[winner])
+}
+
+// previousOf is r moved on to previous.
+func previousOf(r *keymgr.AuthorityRecord) *keymgr.AuthorityRecord {
+	p := *r
+	p.Phase = keymgr.PhasePrevious
+	p.History = append(append([]keymgr.Transition(nil), r.History...), keymgr.Transition{To: keymgr.PhasePrevious, At: r.Since().Add(time.Minute)})
+	return &p
+}
+
+func testRefused(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	bad := *f.one
+	bad.Key = f.spare[0].Key
+	if _, err := st.Save(context.Background(), state(1, &bad), ""); err == nil || errors.Is(err, keymgr.ErrConflict) {
+		t.Fatalf("Save of an authority whose key is not its certificate's: %v, want an error other than ErrConflict", err)
+	}
+	testEmpty(t, st, f)
+}
+
+func save(t *testing.T, st keymgr.StateStore, s *keymgr.State, base keymgr.Version) keymgr.Version {
+	t.Helper()
+	v, err := st.Save(context.Background(), s, base)
+	if err != nil {
+		t.Fatalf("Save on version %q: %v", base, err)
+	}
+	if v == "" {
+		t.Fatal("Save returned the zero Version")
+	}
+	return v
+}
+
+// expect loads the store and checks it holds want at version v.
+func expect(t *testing.T, st keymgr.StateStore, want *keymgr.State, v keymgr.Version) *keymgr.State {
+	t.Helper()
+	got, gv, err := st.Load(context.Background())
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if gv != v {
+		t.Errorf("Load version %q, Save returned %q", gv, v)
+	}
+	if d := Diff(got, want); d != "" {
+		t.Fatalf("Load returned another state than was saved: %s", d)
+	}
+	return got
+}
