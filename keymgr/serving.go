@@ -102,6 +102,10 @@ func (r *ServingRotator) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate,
 	return r.current.Load(), nil
 }
 
+// Renew issues a new serving certificate from the current authority now:
+// when the authority changes, the serving certificate follows at once.
+func (r *ServingRotator) Renew() error { return r.rotate() }
+
 func (r *ServingRotator) rotate() error {
 	o := r.opts
 	o.Now = r.now()

@@ -31,12 +31,19 @@ const (
 type Backend struct {
 	// Kind is BackendLocal, BackendCfssl or BackendVault.
 	Kind string
-	// Local: a self-signed CA in StateDir, generated on first start (its
-	// organisation is the trust domain unless State says otherwise), or a
-	// plugged-in CA in CADir. Exactly one of them.
-	StateDir string
-	State    keymgr.StateOptions
-	CADir    string
+	// Local: the CA state in StateDir or in the Secret StateSecret
+	// ("namespace/name", in the local cluster), whose first root is
+	// generated on first start (its organisation is the trust domain
+	// unless State says otherwise) and which the server follows as
+	// `meshca root` rotates it; or a plugged-in CA in CADir. Exactly one.
+	StateDir    string
+	StateSecret string
+	State       keymgr.StateOptions
+	CADir       string
+	// MaxTTL is the longest leaf any earlier meshca may have issued under
+	// a state directory migrated from the single-root layout, which kept
+	// no record of its leaves: the guards assume leaves that long.
+	MaxTTL time.Duration
 	// External backends (exactly one of CfsslRemote, CfsslLocal, Vault):
 	// the pinned trust bundle, and the serving certificate the operator
 	// provides. Without one, meshca issues its own from the in-process
@@ -59,15 +66,9 @@ type backend struct {
 	runners []func(context.Context) error
 }
 
-func newBackend(c Backend, td spiffeid.TrustDomain, names []string, log *slog.Logger) (*backend, error) {
+func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, log *slog.Logger) (*backend, error) {
 	if c.Kind == BackendLocal {
-		a, err := loadAuthority(c, td, log)
-		if err != nil {
-			return nil, err
-		}
-		mgr := keymgr.NewManager(td, a)
-		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}
-		return be, be.rotateServing(mgr, names, log)
+		return newLocal(ctx, c, td, names, newStore, log)
 	}
 	if len(c.TrustAnchors) == 0 {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs the pinned trust bundle")}
@@ -108,43 +109,127 @@ func newBackend(c Backend, td spiffeid.TrustDomain, names []string, log *slog.Lo
 	return be, be.rotateServing(keymgr.NewManager(td, a), names, log)
 }
 
-// loadAuthority loads the plugged-in CA, or loads or generates the
-// self-signed one.
-func loadAuthority(c Backend, td spiffeid.TrustDomain, log *slog.Logger) (*keymgr.Authority, error) {
-	switch {
-	case (c.StateDir == "") == (c.CADir == ""):
-		return nil, &FieldError{Field: "state-dir", Err: errors.New("give exactly one of a state directory (self-signed CA) and a CA directory (plugged-in CA)")}
-	case c.CADir != "":
+// storeOpener opens the CA state Secret "namespace/name".
+type storeOpener func(secret string) (keymgr.StateStore, error)
+
+// newLocal is the built-in CA: a plugged-in CA from CADir, or the CA
+// state in a store, followed as it rotates.
+func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, log *slog.Logger) (*backend, error) {
+	sources := 0
+	for _, set := range []bool{c.StateDir != "", c.StateSecret != "", c.CADir != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return nil, &FieldError{Field: "state-dir", Err: errors.New("give exactly one of a state directory or Secret (self-signed CA) and a CA directory (plugged-in CA)")}
+	}
+	if c.CADir != "" {
 		a, err := keymgr.LoadCACerts(c.CADir, time.Now())
 		if err != nil {
 			return nil, &FieldError{Field: "ca-dir", Err: err}
 		}
 		log.Info("loaded plugged-in CA", "dir", c.CADir, "subject", a.Cert.Subject.String(), "not_after", a.NotAfter())
-		return a, nil
+		mgr := keymgr.NewManager(td, a)
+		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}
+		return be, be.rotateServing(mgr, names, log)
+	}
+	store, field := keymgr.StateStore(&keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout}), "state-dir"
+	if c.StateSecret != "" {
+		var err error
+		if store, err = newStore(c.StateSecret); err != nil {
+			return nil, &FieldError{Field: "state-secret", Err: err}
+		}
+		field = "state-secret"
 	}
 	o := c.State
 	if o.Organization == "" {
 		o.Organization = td.Name()
 	}
-	a, created, err := keymgr.LoadOrCreate(c.StateDir, o)
-	if err != nil {
-		return nil, &FieldError{Field: "state-dir", Err: err}
+	if err := completeMigration(ctx, store, c.MaxTTL, log); err != nil {
+		return nil, &FieldError{Field: field, Err: err}
 	}
-	log.Info("self-signed CA ready", "dir", c.StateDir, "created", created, "subject", a.Cert.Subject.String(), "not_after", a.Cert.NotAfter)
-	return a, nil
+	st, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) {
+		a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL})
+		if err != nil {
+			return nil, err
+		}
+		return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
+	}, time.Now())
+	if err != nil {
+		return nil, &FieldError{Field: field, Err: err}
+	}
+	if err := st.Validate(); err != nil {
+		return nil, &FieldError{Field: field, Err: err}
+	}
+	a, err := keymgr.StateAuthority(st, time.Now())
+	if err != nil {
+		return nil, &FieldError{Field: field, Err: err}
+	}
+	active := st.Active()
+	log.Info("CA state ready", field, c.StateDir+c.StateSecret, "active", active.ID(), "subject", active.Root.Subject.String(),
+		"not_after", active.Cert.NotAfter, "roots", len(a.Roots), "sequence", st.Sequence)
+	mgr := keymgr.NewManager(td, a)
+	issued := &keymgr.IssuanceLog{Store: store}
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record}), bundles: mgr, expiry: mgr}
+	rot, err := be.serving(mgr, names, log)
+	if err != nil {
+		return nil, err
+	}
+	f := &keymgr.Follower{Store: store, Manager: mgr,
+		OnError: func(err error) { log.Error("CA state not used", "error", err) },
+		OnChange: func(s *keymgr.State) {
+			if err := rot.Renew(); err != nil {
+				log.Error("serving certificate renewal failed", "error", err)
+			}
+			log.Info("CA state in service", "active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence)
+		}}
+	if _, err := f.Sync(ctx); err != nil {
+		return nil, &FieldError{Field: field, Err: err}
+	}
+	be.runners = append(be.runners, f.Run)
+	return be, nil
+}
+
+// completeMigration saves a state directory found in the single-root
+// layout as a state, recording that leaves of up to maxTTL may have been
+// issued under its authority (nothing says otherwise), so that no guard
+// passes early.
+func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time.Duration, log *slog.Logger) error {
+	st, v, err := store.Load(ctx)
+	if err != nil || v != "" || st.Active() == nil {
+		return nil // nothing stored, or already a state: LoadOrBootstrap takes it from here
+	}
+	now := time.Now()
+	_, err = keymgr.Update(ctx, store, func(s *keymgr.State) error {
+		if a := s.Active(); a != nil {
+			s.RecordIssued(a.ID(), now.Add(maxTTL), maxTTL)
+		}
+		return nil
+	})
+	if err == nil {
+		log.Warn("CA state migrated from the single-root layout; rotation guards assume leaves of up to --max-ttl were issued under it",
+			"max_ttl", maxTTL)
+	}
+	return err
 }
 
 // rotateServing issues meshca's serving certificate from the CA and keeps
 // it fresh.
 func (be *backend) rotateServing(mgr *keymgr.Manager, names []string, log *slog.Logger) error {
+	_, err := be.serving(mgr, names, log)
+	return err
+}
+
+func (be *backend) serving(mgr *keymgr.Manager, names []string, log *slog.Logger) (*keymgr.ServingRotator, error) {
 	rot, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: names}, nil)
 	if err != nil {
-		return &FieldError{Field: "serving-dns-names", Err: err}
+		return nil, &FieldError{Field: "serving-dns-names", Err: err}
 	}
 	rot.OnError = func(err error) { log.Error("serving certificate renewal failed", "error", err) }
 	be.getCert = rot.GetCertificate
 	be.runners = append(be.runners, rot.Run)
-	return nil
+	return rot, nil
 }
 
 // anchorExpiry reports the pinned anchors' expiry for the citadel gauges.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
 // Clusters says which Kubernetes clusters meshca serves and how it talks
@@ -102,4 +105,26 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 	})
 	p.runners = append(p.runners, secrets.Run)
 	return p, nil
+}
+
+// stateSecret opens the CA state Secret "namespace/name" of the local
+// cluster.
+func (c Clusters) stateSecret(secret string) (keymgr.StateStore, error) {
+	ns, name, ok := strings.Cut(secret, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("%q is not namespace/name", secret)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.LocalKubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	newClient := c.NewClient
+	if newClient == nil {
+		newClient = func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }
+	}
+	client, err := newClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
 }

@@ -6,6 +6,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,14 +16,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-
-	"github.com/meshca/meshca/ca"
-	"github.com/meshca/meshca/csr"
 )
 
 // Config is a validated serve configuration. Zero limits take ca's
@@ -61,13 +62,16 @@ type Parts struct {
 }
 
 // Assemble builds every part from c: it loads or generates the CA, builds
-// the backend and the clusters, and binds the listeners. It starts no
-// goroutine; Run does.
-func Assemble(c Config) (_ *Parts, err error) {
+// the backend and the clusters, and binds the listeners; ctx bounds that
+// work. It starts no goroutine; Run does.
+func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	be, err := newBackend(c.Backend, c.TrustDomain, c.ServingNames, c.Logger)
+	if c.Backend.MaxTTL <= 0 {
+		c.Backend.MaxTTL = cmp.Or(c.MaxTTL, ca.DefaultMaxTTL)
+	}
+	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, c.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -111,8 +115,8 @@ func Assemble(c Config) (_ *Parts, err error) {
 }
 
 // Addresses reports what the listeners bound.
-func (p *Parts) Addresses() ca.Addresses {
-	a := ca.Addresses{GRPC: p.lis.Addr().String()}
+func (p *Parts) Addresses() addrfile.Addresses {
+	a := addrfile.Addresses{GRPC: p.lis.Addr().String()}
 	if p.adminLis != nil {
 		a.Admin = p.adminLis.Addr().String()
 	}

@@ -92,7 +92,7 @@ func config(t *testing.T) serve.Config {
 // nil.
 func start(t *testing.T, c serve.Config) *serve.Parts {
 	t.Helper()
-	p, err := serve.Assemble(c)
+	p, err := serve.Assemble(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestAssembleRefusals(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := config(t)
 			tt.mutate(t, &c)
-			_, err := serve.Assemble(c)
+			_, err := serve.Assemble(context.Background(), c)
 			if err == nil {
 				t.Fatal("assembled")
 			}

@@ -20,7 +20,7 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "meshca:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,7 +12,7 @@ import (
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/csr"
-	"github.com/meshca/meshca/internal/atomicfile"
+	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -24,6 +23,7 @@ type serveFlags struct {
 	listen         string
 	adminListen    string
 	stateDir       string
+	stateSecret    string
 	caDir          string
 	rootKeyType    string
 	trustDomain    string
@@ -75,7 +75,8 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.addressFile, "address-file", "", "write the bound gRPC and admin addresses here as JSON once listening (useful with port 0)")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
-	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the self-signed CA; a root is generated there on first start")
+	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the CA state; a root is generated there on first start, and `meshca root` rotates it")
+	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
 	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
@@ -116,10 +117,10 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, err
 	}
 	switch {
-	case f.b.signer == signerLocal && (f.stateDir == "") == (f.caDir == ""):
-		return c, errors.New("give exactly one of --state-dir (self-signed CA) and --ca-dir (plugged-in CA)")
-	case f.b.signer != signerLocal && (f.stateDir != "" || f.caDir != ""):
-		return c, fmt.Errorf("--state-dir and --ca-dir belong to the local signer, not --signer %s", f.b.signer)
+	case f.b.signer == signerLocal && count(f.stateDir != "", f.stateSecret != "", f.caDir != "") != 1:
+		return c, errors.New("give exactly one of --state-dir or --state-secret (self-signed CA) and --ca-dir (plugged-in CA)")
+	case f.b.signer != signerLocal && (f.stateDir != "" || f.stateSecret != "" || f.caDir != ""):
+		return c, fmt.Errorf("--state-dir, --state-secret and --ca-dir belong to the local signer, not --signer %s", f.b.signer)
 	case f.defaultTTL <= 0 || f.maxTTL <= 0:
 		return c, errors.New("--default-ttl and --max-ttl must be positive")
 	case f.defaultTTL > f.maxTTL:
@@ -165,7 +166,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 		},
 		Backend: serve.Backend{
-			Kind: f.b.signer, StateDir: f.stateDir, CADir: f.caDir,
+			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State: keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType)},
 		},
 	}, nil
@@ -184,7 +185,7 @@ func (f *serveFlags) run(ctx context.Context) error {
 	if err := f.b.load(&c.Backend, log); err != nil {
 		return err
 	}
-	parts, err := serve.Assemble(c)
+	parts, err := serve.Assemble(ctx, c)
 	if err != nil {
 		var fe *serve.FieldError
 		if errors.As(err, &fe) {
@@ -193,12 +194,22 @@ func (f *serveFlags) run(ctx context.Context) error {
 		return err
 	}
 	if f.addressFile != "" {
-		data, _ := json.Marshal(parts.Addresses())
-		if err := atomicfile.WriteFile(f.addressFile, data, 0o644); err != nil {
+		if err := addrfile.Write(f.addressFile, parts.Addresses()); err != nil {
 			return fmt.Errorf("--address-file: %w", err)
 		}
 	}
 	return parts.Run(ctx)
+}
+
+// count is how many of set are true.
+func count(set ...bool) int {
+	n := 0
+	for _, b := range set {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // parseRemotes reads --remote-cluster values, id=kubeconfig.

@@ -24,14 +24,20 @@ type AuthoritySource interface {
 // Config of the built-in signer.
 type Config struct {
 	Authorities AuthoritySource
+	// Record, when set, is told of every certificate before it is handed
+	// out, with the certificate that signed it: the CA state records how
+	// long leaves under each authority may live (keymgr.IssuanceLog). A
+	// leaf it cannot record is never handed out.
+	Record func(ctx context.Context, issuer, leaf *x509.Certificate) error
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
 
 // Signer signs with the current authority of its source.
 type Signer struct {
-	src AuthoritySource
-	now func() time.Time
+	src    AuthoritySource
+	record func(ctx context.Context, issuer, leaf *x509.Certificate) error
+	now    func() time.Time
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -41,7 +47,7 @@ func New(c Config) *Signer {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Signer{src: c.Authorities, now: c.Now}
+	return &Signer{src: c.Authorities, record: c.Record, now: c.Now}
 }
 
 // Sign issues a certificate whose only SAN is req.ID, valid from Backdate
@@ -84,6 +90,11 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	leaf, err := x509.ParseCertificate(der)
 	if err != nil {
 		return nil, signer.Errorf(name, signer.KindInternal, "parse issued certificate: %w", err)
+	}
+	if s.record != nil {
+		if err := s.record(ctx, a.Cert, leaf); err != nil {
+			return nil, signer.Errorf(name, signer.KindUnavailable, "recording the issuance in the CA state: %w", err)
+		}
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: a.Intermediates()}, nil
 }

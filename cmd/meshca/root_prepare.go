@@ -1,0 +1,181 @@
+package main
+
+import (
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/spf13/cobra"
+)
+
+type prepareFlags struct {
+	store       storeFlags
+	keyType     string
+	lifetime    time.Duration
+	trustDomain string
+	certFile    string
+	keyFile     string
+	chainFile   string
+	rootFile    string
+	caDir       string
+	external    bool
+	reason      string
+}
+
+func newRootPrepareCommand() *cobra.Command {
+	f := &prepareFlags{}
+	cmd := &cobra.Command{
+		Use:   "prepare",
+		Short: "Add a new authority, trusted but not yet signing: generated, or imported",
+		Long: "prepare adds an authority to the trust bundle without signing with it, so that workloads learn\n" +
+			"its root from their next renewals before `meshca root activate` makes it sign. Without import\n" +
+			"flags it generates a new, independent root key; --cert/--key (with --chain and --root for an\n" +
+			"intermediate), or --ca-dir in Istio's cacerts layout, import one; --external --cert imports a\n" +
+			"root whose key lives in an external backend (Vault, cfssl): meshca then manages trust only.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
+			defer cancel()
+			store, err := f.store.open()
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			var added *keymgr.AuthorityRecord
+			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
+				rec, err := f.record(s)
+				if err != nil {
+					return err
+				}
+				added = rec
+				if s.Active() == nil {
+					return s.Bootstrap(rec, time.Now(), f.reasonOr("first authority"))
+				}
+				return s.Prepare(rec, time.Now(), f.reasonOr("prepared by meshca root prepare"))
+			})
+			if err != nil {
+				return rootError(err)
+			}
+			auditStep(cmd, "prepare", added.ID(), false, f.reason, nil)
+			rec, _ := st.Lookup(added.ID())
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
+				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
+			return nil
+		},
+	}
+	f.store.register(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&f.keyType, "key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
+	fl.DurationVar(&f.lifetime, "lifetime", keymgr.DefaultRootTTL, "lifetime of a generated root")
+	fl.StringVar(&f.trustDomain, "trust-domain", "", "organisation of a generated root's subject; default: the active root's, else cluster.local")
+	fl.StringVar(&f.certFile, "cert", "", "import: the signing certificate (a root, or an intermediate with --root)")
+	fl.StringVar(&f.keyFile, "key", "", "import: the signing certificate's private key")
+	fl.StringVar(&f.chainFile, "chain", "", "import: certificates between --cert and the root (PEM)")
+	fl.StringVar(&f.rootFile, "root", "", "import: the root above an intermediate --cert")
+	fl.StringVar(&f.caDir, "ca-dir", "", "import a CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem)")
+	fl.BoolVar(&f.external, "external", false, "import only the root of an external backend (--cert): trust without a key")
+	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
+	return cmd
+}
+
+func (f *prepareFlags) reasonOr(def string) string {
+	if f.reason != "" {
+		return f.reason
+	}
+	return def
+}
+
+// record builds the authority to add from the flags.
+func (f *prepareFlags) record(s *keymgr.State) (*keymgr.AuthorityRecord, error) {
+	imports := 0
+	for _, set := range []bool{f.certFile != "", f.caDir != ""} {
+		if set {
+			imports++
+		}
+	}
+	switch {
+	case imports > 1:
+		return nil, errors.New("give --cert/--key or --ca-dir, not both")
+	case f.external && f.certFile == "":
+		return nil, errors.New("--external imports a root: give it with --cert")
+	case f.external && (f.keyFile != "" || f.chainFile != "" || f.rootFile != ""):
+		return nil, errors.New("--external takes the root alone (--cert), no key or chain")
+	case f.caDir != "":
+		a, err := keymgr.LoadCACerts(f.caDir, time.Now())
+		if err != nil {
+			return nil, fmt.Errorf("--ca-dir: %w", err)
+		}
+		top := a.Cert
+		if len(a.Chain) > 0 {
+			top = a.Chain[len(a.Chain)-1]
+		}
+		for _, r := range a.Roots {
+			if top.Equal(r) || top.CheckSignatureFrom(r) == nil {
+				return &keymgr.AuthorityRecord{Root: r, Cert: a.Cert, Chain: a.Chain, Key: a.Key}, nil
+			}
+		}
+		return nil, fmt.Errorf("--ca-dir: no root in %s signs the chain", keymgr.FileRootCert)
+	case f.certFile != "":
+		return f.imported()
+	}
+	org := f.trustDomain
+	if org == "" {
+		org = "cluster.local"
+		if a := s.Active(); a != nil && len(a.Root.Subject.Organization) > 0 {
+			org = a.Root.Subject.Organization[0]
+		}
+	}
+	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: keymgr.KeyType(f.keyType), Organization: org, TTL: f.lifetime})
+	if err != nil {
+		return nil, fmt.Errorf("--key-type: %w", err)
+	}
+	return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
+}
+
+func (f *prepareFlags) imported() (*keymgr.AuthorityRecord, error) {
+	cert, err := readOne("--cert", f.certFile)
+	if err != nil {
+		return nil, err
+	}
+	if f.external {
+		return &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: true}, nil
+	}
+	if f.keyFile == "" {
+		return nil, errors.New("--cert needs --key (or --external for a root whose key meshca does not hold)")
+	}
+	raw, err := os.ReadFile(f.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--key: %w", err)
+	}
+	var key crypto.Signer
+	if key, err = pemutil.ParsePrivateKey(raw); err != nil {
+		return nil, fmt.Errorf("--key: %w", err)
+	}
+	rec := &keymgr.AuthorityRecord{Root: cert, Cert: cert, Key: key}
+	if f.chainFile != "" {
+		if rec.Chain, err = readCerts("--chain", f.chainFile); err != nil {
+			return nil, err
+		}
+	}
+	if f.rootFile != "" {
+		if rec.Root, err = readOne("--root", f.rootFile); err != nil {
+			return nil, err
+		}
+	}
+	return rec, nil
+}
+
+func readOne(flag, path string) (*x509.Certificate, error) {
+	certs, err := readCerts(flag, path)
+	if err != nil {
+		return nil, err
+	}
+	if len(certs) != 1 {
+		return nil, fmt.Errorf("%s: %s holds %d certificates, want one", flag, path, len(certs))
+	}
+	return certs[0], nil
+}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+	"github.com/spf13/cobra"
+)
+
+// authorityView is one authority as `meshca root status` shows it.
+type authorityView struct {
+	ID          string    `json:"id"`
+	Fingerprint string    `json:"sha256"`
+	Subject     string    `json:"subject"`
+	KeyType     string    `json:"keyType"`
+	State       string    `json:"state"`
+	NotAfter    time.Time `json:"notAfter"`
+	Since       time.Time `json:"since"`
+	External    bool      `json:"external,omitempty"`
+	Generated   bool      `json:"generated,omitempty"`
+}
+
+// statusView is the whole of `meshca root status -o json`.
+type statusView struct {
+	Sequence    uint64          `json:"sequence"`
+	Authorities []authorityView `json:"authorities"`
+	Next        nextView        `json:"next"`
+}
+
+type nextView struct {
+	Step   string    `json:"step,omitempty"`
+	ID     string    `json:"id,omitempty"`
+	SafeAt time.Time `json:"safeAt,omitzero"`
+	Why    string    `json:"why,omitempty"`
+}
+
+func newRootStatusCommand() *cobra.Command {
+	var (
+		store  storeFlags
+		output string
+		margin time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every authority, its state, and the next safe rotation step",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := contextWithTimeout(cmd, 30*time.Second)
+			defer cancel()
+			st, err := store.load(ctx)
+			if err != nil {
+				return err
+			}
+			v := viewOf(st, time.Now(), keymgr.Guards{Margin: margin})
+			switch output {
+			case "json":
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(v)
+			case "table", "":
+				return printStatus(cmd.OutOrStdout(), v, time.Now())
+			}
+			return &exitError{code: exitUsage, err: fmt.Errorf("-o %q: want table or json", output)}
+		},
+	}
+	store.register(cmd)
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultActivationMargin, "margin the activation guard adds to half the longest leaf lifetime")
+	return cmd
+}
+
+func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
+	v := statusView{Sequence: st.Sequence}
+	for _, a := range st.Authorities {
+		v.Authorities = append(v.Authorities, authorityView{
+			ID: shortID(a), Fingerprint: a.ID(), Subject: a.Root.Subject.String(), KeyType: keyType(a.Root.PublicKey),
+			State: string(a.Phase), NotAfter: a.Root.NotAfter, Since: a.Since(), External: a.External, Generated: a.Generated,
+		})
+	}
+	next := st.NextStep(now, g)
+	v.Next = nextView{Step: next.Verb, ID: short(next.ID), SafeAt: next.SafeAt, Why: next.Why}
+	return v
+}
+
+func printStatus(w io.Writer, v statusView, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tSUBJECT\tKEY\tNOT AFTER\tIN STATE\tSHA-256")
+	for _, a := range v.Authorities {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Subject, a.KeyType,
+			a.NotAfter.UTC().Format(time.RFC3339), now.Sub(a.Since).Round(time.Second), a.Fingerprint)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
+	switch {
+	case v.Next.Step == "":
+		fmt.Fprintf(w, "next step: none (%s)\n", v.Next.Why)
+	case !v.Next.SafeAt.After(now):
+		fmt.Fprintf(w, "next step: %s %s, safe now (%s)\n", v.Next.Step, v.Next.ID, v.Next.Why)
+	default:
+		fmt.Fprintf(w, "next step: %s %s, safe at %s, in %s (%s)\n", v.Next.Step, v.Next.ID,
+			v.Next.SafeAt.UTC().Format(time.RFC3339), v.Next.SafeAt.Sub(now).Round(time.Second), v.Next.Why)
+	}
+	return nil
+}
+
+// shortID is the first 16 hex digits of an authority's fingerprint: what
+// the other verbs accept (any unique prefix of 8 or more does).
+func shortID(a *keymgr.AuthorityRecord) string { return short(a.ID()) }
+
+func short(id string) string {
+	if len(id) > 16 {
+		return id[:16]
+	}
+	return id
+}
+
+func keyType(pub any) string {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		return "ECDSA " + k.Curve.Params().Name
+	case *rsa.PublicKey:
+		return fmt.Sprintf("RSA %d", k.N.BitLen())
+	case ed25519.PublicKey:
+		return "Ed25519"
+	}
+	return fmt.Sprintf("%T", pub)
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+	"github.com/spf13/cobra"
+)
+
+// stepFlags are those of the guarded steps, activate and retire.
+type stepFlags struct {
+	store  storeFlags
+	force  bool
+	reason string
+	margin time.Duration
+}
+
+func newRootActivateCommand() *cobra.Command {
+	return newRootStepCommand("activate [ID]", "Make a prepared authority sign; the active one becomes previous",
+		"activate is refused until the prepared root has been in the served bundle for half the longest\n"+
+			"leaf lifetime issued under the active authority, plus --margin: by then every workload has renewed\n"+
+			"once and trusts the new root. The refusal says when it becomes safe.",
+		keymgr.PhasePrepared, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
+			return s.Activate(id, now, keymgr.Guards{Margin: f.margin}, f.force, f.reasonOr("activated by meshca root activate"))
+		})
+}
+
+func newRootRetireCommand() *cobra.Command {
+	return newRootStepCommand("retire [ID]", "Drop a previous authority from the bundle and destroy its key",
+		"retire is refused while leaves issued under the authority can still be valid; the refusal says\n"+
+			"when they have all expired.",
+		keymgr.PhasePrevious, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
+			return s.Retire(id, now, f.force, f.reasonOr("retired by meshca root retire"))
+		})
+}
+
+// newRootStepCommand builds a guarded step on the authority named by its
+// argument, or on the only one in phase when none is named.
+func newRootStepCommand(use, short, long string, phase keymgr.Phase,
+	step func(s *keymgr.State, id string, now time.Time, f *stepFlags) error) *cobra.Command {
+	f := &stepFlags{}
+	cmd := &cobra.Command{
+		Use: use, Short: short, Long: long + "\n--force overrides the guard, only with --reason; both are recorded.",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.force && f.reason == "" {
+				return &exitError{code: exitUsage, err: errors.New("--force needs --reason: say why the guard is overridden")}
+			}
+			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
+			defer cancel()
+			store, err := f.store.open()
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			var id string
+			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
+				rec, err := pick(s, args, phase)
+				if err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
+				id = rec.ID()
+				return step(s, id, time.Now(), f)
+			})
+			if err != nil {
+				auditStep(cmd, cmd.Name(), id, f.force, f.reason, err)
+				return rootError(err)
+			}
+			auditStep(cmd, cmd.Name(), id, f.force, f.reason, nil)
+			rec, _ := st.Lookup(id)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
+			return nil
+		},
+	}
+	f.store.register(cmd)
+	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
+	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
+	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultActivationMargin, "activate: margin added to half the longest leaf lifetime")
+	return cmd
+}
+
+func (f *stepFlags) reasonOr(def string) string {
+	if f.reason != "" {
+		return f.reason
+	}
+	return def
+}
+
+// pick is the authority args name, or the only one in phase.
+func pick(s *keymgr.State, args []string, phase keymgr.Phase) (*keymgr.AuthorityRecord, error) {
+	if len(args) == 1 {
+		return s.Lookup(args[0])
+	}
+	var found []*keymgr.AuthorityRecord
+	for _, a := range s.Authorities {
+		if a.Phase == phase {
+			found = append(found, a)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return nil, fmt.Errorf("no %s authority: see meshca root status", phase)
+	}
+	return nil, fmt.Errorf("%d authorities are %s: name one (meshca root status lists them)", len(found), phase)
+}
+
+// auditStep writes the audit event of a rotation step to standard error:
+// what was asked, on which authority, whether a guard was overridden and
+// why, and how it ended.
+func auditStep(cmd *cobra.Command, verb, id string, forced bool, reason string, err error) {
+	attrs := []any{"audit", true, "verb", verb, "authority", id, "forced", forced}
+	if reason != "" {
+		attrs = append(attrs, "reason", reason)
+	}
+	log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
+	if err != nil {
+		log.Warn("root rotation step refused", append(attrs, "error", err.Error())...)
+		return
+	}
+	log.Info("root rotation step", attrs...)
+}

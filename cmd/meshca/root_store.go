@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/secretstore"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Exit codes of `meshca root` steps.
+const (
+	exitRefused = 1 // a guard refused; the message says when the step becomes safe
+	exitUsage   = 2 // bad flags, or a step that cannot apply to this state
+)
+
+// exitError carries the process exit code of an error.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode is the process exit code of err: a guard's refusal is 1, a
+// usage or state error of `meshca root` is 2, anything else 1.
+func exitCode(err error) int {
+	var (
+		ee *exitError
+		ge *keymgr.GuardError
+	)
+	switch {
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.As(err, &ge):
+		return exitRefused
+	}
+	return 1
+}
+
+// rootError gives a failed rotation step its exit code: 1 for a guard's
+// refusal, 2 for anything else (usage, state, store).
+func rootError(err error) error {
+	var (
+		ee *exitError
+		ge *keymgr.GuardError
+	)
+	switch {
+	case err == nil, errors.As(err, &ee):
+		return err
+	case errors.As(err, &ge):
+		return &exitError{code: exitRefused, err: err}
+	}
+	return &exitError{code: exitUsage, err: err}
+}
+
+// storeFlags name the CA state a `meshca root` command works on.
+type storeFlags struct {
+	stateDir    string
+	stateSecret string
+	kubeconfig  string
+}
+
+func (s *storeFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&s.stateDir, "state-dir", "", "the CA state directory (as meshca serve --state-dir)")
+	cmd.Flags().StringVar(&s.stateSecret, "state-secret", "", "the CA state Secret, namespace/name (as meshca serve --state-secret)")
+	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig for --state-secret; empty uses the in-cluster configuration")
+}
+
+// open returns the store the flags name.
+func (s *storeFlags) open() (keymgr.StateStore, error) {
+	switch {
+	case (s.stateDir == "") == (s.stateSecret == ""):
+		return nil, errors.New("give exactly one of --state-dir and --state-secret")
+	case s.stateDir != "":
+		return &keymgr.DirStore{Dir: s.stateDir}, nil
+	}
+	ns, name, ok := strings.Cut(s.stateSecret, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("--state-secret %q: want namespace/name", s.stateSecret)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
+}
+
+// load reads the state, for commands that only look.
+func (s *storeFlags) load(ctx context.Context) (*keymgr.State, error) {
+	store, err := s.open()
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	st, _, err := store.Load(ctx)
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	return st, nil
+}

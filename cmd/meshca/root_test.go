@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/keymgr"
+)
+
+// rootCmd runs `meshca root args...` and returns its output and exit code.
+func rootCmd(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := newRootCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append([]string{"root"}, args...))
+	err := cmd.ExecuteContext(context.Background())
+	if err != nil {
+		out.WriteString(err.Error())
+		return out.String(), exitCode(err)
+	}
+	return out.String(), 0
+}
+
+// TestRootRotationCLI drives a rotation through the CLI on a state
+// directory: every guard refuses with its reason and time (exit 1), a
+// usage error is exit 2, and --force works only with --reason.
+func TestRootRotationCLI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	st := "--state-dir=" + dir
+	steps := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"status before anything", []string{"status", st}, 2, []string{"no CA state"}},
+		{"first prepare bootstraps", []string{"prepare", st, "--trust-domain", "example.org"}, 0, []string{"active"}},
+		{"second prepare", []string{"prepare", st, "--key-type", "ec-p384"}, 0, []string{"prepared", "ECDSA P-384"}},
+		{"status", []string{"status", st}, 0, []string{"active", "prepared", "O=example.org", "next step: activate"}},
+		{"retire with nothing previous", []string{"retire", st}, 2, []string{"no previous authority"}},
+		{"force without reason", []string{"activate", st, "--force"}, 2, []string{"--force needs --reason"}},
+		{"unknown id", []string{"activate", st, "deadbeefdeadbeef"}, 2, []string{"deadbeef"}},
+		{"no store", []string{"activate"}, 2, []string{"exactly one of --state-dir and --state-secret"}},
+	}
+	for _, s := range steps {
+		out, code := rootCmd(t, s.args...)
+		if code != s.code {
+			t.Fatalf("%s: exit %d, want %d:\n%s", s.name, code, s.code, out)
+		}
+		for _, w := range s.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: output lacks %q:\n%s", s.name, w, out)
+			}
+		}
+	}
+
+	// A leaf of a day under the active authority: activation waits half
+	// of it, plus the margin.
+	recordLeaf(t, dir, 24*time.Hour)
+	out, code := rootCmd(t, "activate", st)
+	if code != 1 || !strings.Contains(out, "safe at") {
+		t.Fatalf("activate too early: exit %d, want 1 saying when:\n%s", code, out)
+	}
+	out, code = rootCmd(t, "activate", st, "--force", "--reason", "test: compromise drill")
+	if code != 0 || !strings.Contains(out, "active") || !strings.Contains(out, `"forced":true`) || !strings.Contains(out, "compromise drill") {
+		t.Fatalf("forced activate: exit %d:\n%s", code, out)
+	}
+	out, code = rootCmd(t, "retire", st)
+	if code != 1 || !strings.Contains(out, "safe at") {
+		t.Fatalf("retire while leaves live: exit %d, want 1:\n%s", code, out)
+	}
+
+	out, code = rootCmd(t, "status", st, "-o", "json")
+	var v statusView
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil {
+		t.Fatalf("status -o json: exit %d:\n%s", code, out)
+	}
+	phases := map[string]int{}
+	for _, a := range v.Authorities {
+		phases[a.State]++
+	}
+	if phases["active"] != 1 || phases["previous"] != 1 || v.Next.Step != "retire" || v.Sequence < 3 {
+		t.Fatalf("status %+v", v)
+	}
+	out, code = rootCmd(t, "bundle", st)
+	if code != 0 || strings.Count(out, "BEGIN CERTIFICATE") != 2 {
+		t.Fatalf("bundle: exit %d, want both roots:\n%s", code, out)
+	}
+}
+
+// recordLeaf records a leaf of ttl issued now under the active authority,
+// as the server does before handing it out.
+func recordLeaf(t *testing.T, dir string, ttl time.Duration) {
+	t.Helper()
+	store := &keymgr.DirStore{Dir: dir}
+	_, err := keymgr.Update(context.Background(), store, func(s *keymgr.State) error {
+		s.RecordIssued(s.Active().ID(), time.Now().Add(ttl), ttl)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

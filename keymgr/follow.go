@@ -1,0 +1,103 @@
+package keymgr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultFollowInterval is how often a Follower reloads the stored state
+// when nothing tells it sooner.
+const DefaultFollowInterval = 2 * time.Second
+
+// StateAuthority is the signing authority a state serves: its active
+// authority's certificate, key and chain, trusting every root of the
+// state's bundle.
+func StateAuthority(s *State, now time.Time) (*Authority, error) {
+	active := s.Active()
+	switch {
+	case active == nil:
+		return nil, errors.New("keymgr: the CA state has no active authority")
+	case active.Key == nil:
+		return nil, fmt.Errorf("keymgr: active authority %.16s has no key here (it signs in an external backend)", active.ID())
+	}
+	a := &Authority{Cert: active.Cert, Key: active.Key, Chain: active.Chain, Roots: s.Bundle()}
+	if err := a.Validate(now); err != nil {
+		return nil, fmt.Errorf("keymgr: active authority %.16s: %w", active.ID(), err)
+	}
+	return a, nil
+}
+
+// Follower keeps a Manager on the state in a StateStore: it reloads the
+// state every Interval, validates it, and swaps the Manager to the new
+// active authority and bundle at once. A state that does not load or
+// validate changes nothing: the last good one keeps serving, and OnError
+// hears why. The package does not log.
+type Follower struct {
+	Store   StateStore
+	Manager *Manager
+	// Interval between reloads; DefaultFollowInterval when zero.
+	Interval time.Duration
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// OnError, when set, hears of every state that could not be used.
+	OnError func(error)
+	// OnChange, when set, hears of every state put in service.
+	OnChange func(*State)
+
+	version Version
+	loaded  bool
+}
+
+// Sync loads the stored state once and, when it changed and is good, puts
+// it in service. It reports whether it did.
+func (f *Follower) Sync(ctx context.Context) (bool, error) {
+	s, v, err := f.Store.Load(ctx)
+	if err != nil {
+		return false, fmt.Errorf("keymgr: loading the CA state: %w", err)
+	}
+	if f.loaded && v == f.version {
+		return false, nil
+	}
+	if err := s.Validate(); err != nil {
+		return false, fmt.Errorf("keymgr: CA state version %s is invalid, still serving the last good one: %w", v, err)
+	}
+	a, err := StateAuthority(s, f.now())
+	if err != nil {
+		return false, fmt.Errorf("keymgr: CA state version %s cannot sign, still serving the last good one: %w", v, err)
+	}
+	f.Manager.Set(a)
+	f.version, f.loaded = v, true
+	if f.OnChange != nil {
+		f.OnChange(s)
+	}
+	return true, nil
+}
+
+// Run reloads the state every Interval until ctx ends, then returns nil.
+func (f *Follower) Run(ctx context.Context) error {
+	interval := f.Interval
+	if interval <= 0 {
+		interval = DefaultFollowInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := f.Sync(ctx); err != nil && ctx.Err() == nil && f.OnError != nil {
+			f.OnError(err)
+		}
+	}
+}
+
+func (f *Follower) now() time.Time {
+	if f.Now == nil {
+		return time.Now()
+	}
+	return f.Now()
+}

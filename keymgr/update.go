@@ -1,0 +1,75 @@
+package keymgr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// maxUpdateAttempts bounds how often Update redoes a change that lost a
+// race to another writer.
+const maxUpdateAttempts = 8
+
+// Update applies change to the stored state and saves the result with
+// compare-and-swap. When another writer saved first, it loads the new
+// state and applies change to that, never overwriting what the other
+// wrote. change gets a copy it may modify; an error from it (a guard's
+// refusal, say) is returned as it is and nothing is saved. With no state
+// stored, change gets an empty State.
+func Update(ctx context.Context, store StateStore, change func(*State) error) (*State, error) {
+	for range maxUpdateAttempts {
+		s, v, err := store.Load(ctx)
+		switch {
+		case errors.Is(err, ErrNoState):
+			s, v = &State{}, ""
+		case err != nil:
+			return nil, err
+		}
+		next := s.Clone()
+		if err := change(next); err != nil {
+			return nil, err
+		}
+		if err := next.Validate(); err != nil {
+			return nil, fmt.Errorf("keymgr: the changed CA state would be invalid, not saved: %w", err)
+		}
+		_, err = store.Save(ctx, next, v)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return next, nil
+	}
+	return nil, fmt.Errorf("keymgr: %d writers in a row saved the CA state first: %w", maxUpdateAttempts, ErrConflict)
+}
+
+// LoadOrBootstrap returns the stored state; when none is stored, or it has
+// no active authority yet, it stores one whose first authority is the one
+// generate makes, active at once. Processes starting together agree on
+// one: the losers of the race load the winner's.
+func LoadOrBootstrap(ctx context.Context, store StateStore, generate func() (*AuthorityRecord, error), now time.Time) (*State, error) {
+	s, _, err := store.Load(ctx)
+	switch {
+	case err == nil && s.Active() != nil:
+		return s, nil
+	case err != nil && !errors.Is(err, ErrNoState):
+		return nil, err
+	}
+	errBootstrapped := errors.New("another process bootstrapped first")
+	s, err = Update(ctx, store, func(s *State) error {
+		if s.Active() != nil {
+			return errBootstrapped
+		}
+		rec, err := generate()
+		if err != nil {
+			return err
+		}
+		return s.Bootstrap(rec, now, "generated on first start")
+	})
+	if errors.Is(err, errBootstrapped) {
+		s, _, err = store.Load(ctx)
+	}
+	return s, err
+}
