@@ -40,6 +40,12 @@ type Backend struct {
 	StateSecret string
 	State       keymgr.StateOptions
 	CADir       string
+	// AutoRotate takes rotation steps for generated roots on its own
+	// (keymgr.AutoRotator); Rotation holds the guards' margin and when
+	// the next root is prepared.
+	AutoRotate bool
+	Rotation   keymgr.Guards
+	PrepareAt  float64
 	// MaxTTL is the longest leaf any earlier meshca may have issued under
 	// a state directory migrated from the single-root layout, which kept
 	// no record of its leaves: the guards assume leaves that long.
@@ -188,6 +194,17 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, &FieldError{Field: field, Err: err}
 	}
 	be.runners = append(be.runners, f.Run)
+	if c.AutoRotate {
+		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt},
+			OnStep: func(s keymgr.Step) {
+				log.Info("automatic rotation step", "audit", true, "verb", s.Verb, "authority", s.ID, "why", s.Why)
+				if _, err := f.Sync(ctx); err != nil {
+					log.Error("CA state not used", "error", err)
+				}
+			},
+			OnError: func(err error) { log.Error("automatic rotation failed", "error", err) }}
+		be.runners = append(be.runners, r.Run)
+	}
 	return be, nil
 }
 

@@ -50,6 +50,10 @@ type serveFlags struct {
 	negativeTTL    time.Duration
 	configFile     string
 	addressFile    string
+	autoRotate     bool
+	prepareAt      float64
+	rotationMargin time.Duration
+	rootLifetime   time.Duration
 	b              backendFlags
 }
 
@@ -78,6 +82,10 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the CA state; a root is generated there on first start, and `meshca root` rotates it")
 	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
+	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
+	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
+	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
+	fl.DurationVar(&f.rootLifetime, "root-lifetime", keymgr.DefaultRootTTL, "lifetime of a root meshca generates")
 	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.StringVar(&f.clusterID, "cluster-id", ca.DefaultClusterID, "name of the local cluster, matched against the clusterid header")
@@ -137,6 +145,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, fmt.Errorf("--max-token-bytes (%d) must be at least 1024 and below --max-header-bytes (%d), itself at least 4096", f.maxTokenBytes, f.maxHeaderBytes)
 	case f.maxAuthnPeer <= 0 || f.requestTimeout <= 0:
 		return c, errors.New("--max-authn-per-peer and --request-timeout must be positive")
+	case f.prepareAt <= 0 || f.prepareAt >= 1 || f.rotationMargin < 0 || f.rootLifetime <= f.maxTTL:
+		return c, fmt.Errorf("--auto-rotate-prepare-at must be in (0, 1), --rotation-margin not negative, and --root-lifetime (%v) longer than --max-ttl (%v)", f.rootLifetime, f.maxTTL)
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
 		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
 	}
@@ -167,7 +177,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		},
 		Backend: serve.Backend{
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
-			State: keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType)},
+			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
+			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
 		},
 	}, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/pflag"
 )
 
@@ -20,6 +21,7 @@ func validServeFlags() serveFlags {
 		clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
 		requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
 		maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
+		prepareAt: keymgr.DefaultPrepareAt, rotationMargin: keymgr.DefaultActivationMargin, rootLifetime: keymgr.DefaultRootTTL,
 	}
 }
 
@@ -40,6 +42,8 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "no serving names", mutate: func(f *serveFlags) { f.servingNames = nil }, want: "--serving-dns-names"},
 		{name: "token limit above header limit", mutate: func(f *serveFlags) { f.maxTokenBytes = 1 << 20 }, want: "--max-token-bytes"},
 		{name: "tiny header limit", mutate: func(f *serveFlags) { f.maxHeaderBytes = 100 }, want: "--max-header-bytes"},
+		{name: "prepare-at out of range", mutate: func(f *serveFlags) { f.prepareAt = 1.5 }, want: "--auto-rotate-prepare-at"},
+		{name: "root shorter than leaves", mutate: func(f *serveFlags) { f.rootLifetime = time.Hour }, want: "--root-lifetime"},
 		{name: "no authn budget", mutate: func(f *serveFlags) { f.maxAuthnPeer = 0 }, want: "--max-authn-per-peer"},
 		{name: "renewal ttl above default", mutate: func(f *serveFlags) { f.renewalTTL = 48 * time.Hour }, want: "--cert-renewal-max-ttl"},
 		{name: "bad node account", mutate: func(f *serveFlags) { f.nodeAccounts = []string{"ztunnel"} }, want: "--trusted-node-accounts"},
