@@ -9,15 +9,15 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/meshca/meshca/signer/local"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Backend kinds.
@@ -72,9 +72,9 @@ type backend struct {
 	runners []func(context.Context) error
 }
 
-func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, log *slog.Logger) (*backend, error) {
+func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
 	if c.Kind == BackendLocal {
-		return newLocal(ctx, c, td, names, newStore, log)
+		return newLocal(ctx, c, td, names, newStore, reg, log)
 	}
 	if len(c.TrustAnchors) == 0 {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs the pinned trust bundle")}
@@ -120,7 +120,7 @@ type storeOpener func(secret string) (keymgr.StateStore, error)
 
 // newLocal is the built-in CA: a plugged-in CA from CADir, or the CA
 // state in a store, followed as it rotates.
-func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, log *slog.Logger) (*backend, error) {
+func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
 	sources := 0
 	for _, set := range []bool{c.StateDir != "", c.StateSecret != "", c.CADir != ""} {
 		if set {
@@ -182,9 +182,14 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if err != nil {
 		return nil, err
 	}
+	metrics := ca.NewRotationMetrics(reg)
 	f := &keymgr.Follower{Store: store, Manager: mgr,
-		OnError: func(err error) { log.Error("CA state not used", "error", err) },
+		OnError: func(err error) {
+			metrics.Unusable()
+			log.Error("CA state not used", "error", err)
+		},
 		OnChange: func(s *keymgr.State) {
+			metrics.Observe(s)
 			if err := rot.Renew(); err != nil {
 				log.Error("serving certificate renewal failed", "error", err)
 			}
@@ -197,6 +202,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if c.AutoRotate {
 		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt},
 			OnStep: func(s keymgr.Step) {
+				metrics.Step(s.Verb)
 				log.Info("automatic rotation step", "audit", true, "verb", s.Verb, "authority", s.ID, "why", s.Why)
 				if _, err := f.Sync(ctx); err != nil {
 					log.Error("CA state not used", "error", err)

@@ -71,12 +71,12 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if c.Backend.MaxTTL <= 0 {
 		c.Backend.MaxTTL = cmp.Or(c.MaxTTL, ca.DefaultMaxTTL)
 	}
-	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, c.Logger)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, c.Logger)
 	if err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cl, err := newClusters(c.Clusters, c.TrustDomain, reg, c.Logger)
 	if err != nil {
 		return nil, err

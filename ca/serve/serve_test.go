@@ -166,9 +166,15 @@ func TestAssembleServes(t *testing.T) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	r.Body.Close()
-	for _, m := range []string{"citadel_server_success_cert_issuance_count 2", "meshca_tokenreview_cache_misses_total", "meshca_remote_cluster_refused_total"} {
-		if !strings.Contains(string(body), m) != (m == "meshca_remote_cluster_refused_total") {
-			t.Errorf("/metrics: %q present = %v", m, strings.Contains(string(body), m))
+	for m, want := range map[string]bool{
+		"citadel_server_success_cert_issuance_count 2": true,
+		"meshca_tokenreview_cache_misses_total":        true,
+		"meshca_trust_bundle_sequence 1":               true,
+		`meshca_ca_authorities{phase="active"} 1`:      true,
+		"meshca_remote_cluster_refused_total":          false, // no Secret namespace watched
+	} {
+		if got := strings.Contains(string(body), m); got != want {
+			t.Errorf("/metrics: %q present = %v, want %v", m, got, want)
 		}
 	}
 
