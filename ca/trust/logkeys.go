@@ -1,0 +1,10 @@
+package trust
+
+// Log field names of this package's log lines.
+const (
+	logNamespace = "namespace"
+	logError     = "error"
+	logIdentity  = "identity"
+	logLease     = "lease"
+	logLeader    = "leader"
+)

@@ -1,0 +1,237 @@
+// Package trust publishes meshca's trust bundle where workloads read it:
+// the ConfigMap istio-ca-root-cert in every namespace, as Istio's own
+// namespace controller does, so istio-agent and ztunnel find their roots
+// in the place they already look. Only one replica should write: run the
+// Publisher under RunLeaderElected.
+package trust
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// The names Istio's workloads read; they are part of the wire contract.
+const (
+	// ConfigMapName is the ConfigMap published in every namespace.
+	ConfigMapName = "istio-ca-root-cert"
+	// DataKey is the ConfigMap key holding the PEM bundle.
+	DataKey = "root-cert.pem"
+	// LabelKey and LabelValue mark the ConfigMap as Istio configuration.
+	LabelKey   = "istio.io/config"
+	LabelValue = "true"
+)
+
+// alwaysSkipped are namespaces no workload of the mesh runs in.
+var alwaysSkipped = []string{"kube-system", "kube-public", "kube-node-lease"}
+
+const (
+	defaultResync  = 10 * time.Minute
+	defaultWorkers = 4
+)
+
+// Observer counts the Publisher's writes by result (one of the Result*
+// constants). trustprom.Counter is the Prometheus one.
+type Observer interface {
+	ObserveWrite(result string)
+}
+
+// Write results passed to Observer.
+const (
+	ResultCreated   = "created"
+	ResultUpdated   = "updated"
+	ResultConflict  = "conflict"
+	ResultForbidden = "forbidden"
+	ResultError     = "error"
+)
+
+// Config configures a Publisher. Client and Bundle are required.
+type Config struct {
+	Client kubernetes.Interface
+	// Bundle returns the current trust bundle as PEM. Nothing is written
+	// while it returns an empty bundle.
+	Bundle func() []byte
+	// Selector limits publishing to namespaces whose labels match; nil
+	// means every namespace.
+	Selector labels.Selector
+	// Skip names namespaces never written to, in addition to kube-system,
+	// kube-public and kube-node-lease.
+	Skip []string
+	// Logger receives one line per failed or refused write; nil discards.
+	Logger *slog.Logger
+	// Resync is the informers' resync period, after which every namespace
+	// is checked again; 10 minutes when zero.
+	Resync time.Duration
+	// Workers is the number of namespaces reconciled in parallel; 4 when
+	// zero.
+	Workers int
+	// Observer, if set, counts writes.
+	Observer Observer
+}
+
+// Publisher keeps the ConfigMap istio-ca-root-cert in every selected
+// namespace equal to the current trust bundle: created in new namespaces,
+// updated when the bundle changes, repaired when edited or deleted.
+type Publisher struct {
+	cfg        Config
+	skip       map[string]bool
+	nsFactory  informers.SharedInformerFactory
+	cmFactory  informers.SharedInformerFactory
+	nsInformer cache.SharedIndexInformer
+	cmInformer cache.SharedIndexInformer
+	namespaces listerscorev1.NamespaceLister
+	configMaps listerscorev1.ConfigMapLister
+	queue      workqueue.TypedRateLimitingInterface[string]
+
+	mu      sync.Mutex
+	started bool
+}
+
+// NewPublisher assembles a Publisher; Run starts it.
+func NewPublisher(c Config) (*Publisher, error) {
+	switch {
+	case c.Client == nil:
+		return nil, errors.New("trust: config: Client is required")
+	case c.Bundle == nil:
+		return nil, errors.New("trust: config: Bundle is required")
+	case c.Resync < 0:
+		return nil, fmt.Errorf("trust: config: Resync %v is negative", c.Resync)
+	case c.Workers < 0:
+		return nil, fmt.Errorf("trust: config: Workers %d is negative", c.Workers)
+	}
+	if c.Selector == nil {
+		c.Selector = labels.Everything()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Resync == 0 {
+		c.Resync = defaultResync
+	}
+	if c.Workers == 0 {
+		c.Workers = defaultWorkers
+	}
+	p := &Publisher{cfg: c, skip: map[string]bool{}}
+	for _, ns := range append(append([]string(nil), alwaysSkipped...), c.Skip...) {
+		p.skip[ns] = true
+	}
+	p.nsFactory = informers.NewSharedInformerFactory(c.Client, c.Resync)
+	p.cmFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, c.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
+		}))
+	p.nsInformer = p.nsFactory.Core().V1().Namespaces().Informer()
+	p.cmInformer = p.cmFactory.Core().V1().ConfigMaps().Informer()
+	p.namespaces = p.nsFactory.Core().V1().Namespaces().Lister()
+	p.configMaps = p.cmFactory.Core().V1().ConfigMaps().Lister()
+	p.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{})
+	return p, nil
+}
+
+// Run starts the informers and the workers and blocks until ctx ends. It
+// returns nil when ctx ends, and an error if called twice.
+func (p *Publisher) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.started {
+		p.mu.Unlock()
+		return errors.New("trust: publisher already started")
+	}
+	p.started = true
+	p.mu.Unlock()
+	defer p.queue.ShutDown()
+
+	nsHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.enqueueName(obj) },
+		UpdateFunc: func(_, obj any) { p.enqueueName(obj) },
+	}
+	cmHandler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.enqueueNamespaceOf(obj) },
+		UpdateFunc: func(_, obj any) { p.enqueueNamespaceOf(obj) },
+		DeleteFunc: func(obj any) { p.enqueueNamespaceOf(obj) },
+	}
+	if _, err := p.nsInformer.AddEventHandler(nsHandler); err != nil {
+		return fmt.Errorf("trust: namespace informer: %w", err)
+	}
+	if _, err := p.cmInformer.AddEventHandler(cmHandler); err != nil {
+		return fmt.Errorf("trust: configmap informer: %w", err)
+	}
+	p.nsFactory.Start(ctx.Done())
+	p.cmFactory.Start(ctx.Done())
+	defer p.nsFactory.Shutdown()
+	defer p.cmFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), p.nsInformer.HasSynced, p.cmInformer.HasSynced) {
+		return nil // ctx ended before the caches filled
+	}
+
+	var wg sync.WaitGroup
+	for range p.cfg.Workers {
+		wg.Go(func() {
+			for p.processNext(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	p.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// BundleChanged queues every known namespace; call it after the bundle
+// changes. It does not block.
+func (p *Publisher) BundleChanged() {
+	nss, err := p.namespaces.List(labels.Everything())
+	if err != nil {
+		return // the cache lister never fails
+	}
+	for _, ns := range nss {
+		p.queue.Add(ns.Name)
+	}
+}
+
+func (p *Publisher) enqueueName(obj any) {
+	if ns, ok := obj.(*corev1.Namespace); ok {
+		p.queue.Add(ns.Name)
+	}
+}
+
+func (p *Publisher) enqueueNamespaceOf(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if cm, ok := obj.(*corev1.ConfigMap); ok {
+		p.queue.Add(cm.Namespace)
+	}
+}
+
+func (p *Publisher) processNext(ctx context.Context) bool {
+	ns, quit := p.queue.Get()
+	if quit {
+		return false
+	}
+	defer p.queue.Done(ns)
+	if err := p.reconcile(ctx, ns); err != nil {
+		if ctx.Err() == nil {
+			p.cfg.Logger.Warn("trust bundle ConfigMap not written; retrying",
+				logNamespace, ns, logError, err.Error())
+		}
+		p.queue.AddRateLimited(ns)
+		return true
+	}
+	p.queue.Forget(ns)
+	return true
+}

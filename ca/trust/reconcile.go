@@ -1,0 +1,147 @@
+package trust
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// WriteError is a create or update of one namespace's ConfigMap that
+// failed and will be retried.
+type WriteError struct {
+	Namespace string
+	Op        string // "create" or "update"
+	Err       error
+}
+
+func (e *WriteError) Error() string {
+	return fmt.Sprintf("trust: %s ConfigMap %s/%s: %v", e.Op, e.Namespace, ConfigMapName, e.Err)
+}
+
+func (e *WriteError) Unwrap() error { return e.Err }
+
+// Wants reports whether a namespace should carry the ConfigMap: not
+// skipped by name, matching the selector, and not terminating.
+func (p *Publisher) Wants(ns *corev1.Namespace) bool {
+	switch {
+	case p.skip[ns.Name]:
+		return false
+	case ns.Status.Phase == corev1.NamespaceTerminating, ns.DeletionTimestamp != nil:
+		return false
+	case !p.cfg.Selector.Matches(labels.Set(ns.Labels)):
+		return false
+	}
+	return true
+}
+
+// reconcile brings one namespace's ConfigMap in line with the bundle. A
+// returned error means: try again later.
+func (p *Publisher) reconcile(ctx context.Context, name string) error {
+	ns, err := p.namespaces.Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil // deleted; its ConfigMap goes with it
+	}
+	if err != nil {
+		return err
+	}
+	if !p.Wants(ns) {
+		return nil
+	}
+	bundle := p.cfg.Bundle()
+	if len(bundle) == 0 {
+		return nil // nothing to publish yet; BundleChanged will queue it again
+	}
+	cm, err := p.configMaps.ConfigMaps(name).Get(ConfigMapName)
+	switch {
+	case apierrors.IsNotFound(err):
+		return p.create(ctx, name, bundle)
+	case err != nil:
+		return err
+	}
+	want, changed := desired(cm, bundle)
+	if !changed {
+		return nil
+	}
+	return p.update(ctx, want)
+}
+
+func (p *Publisher) create(ctx context.Context, ns string, bundle []byte) error {
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns,
+			Labels: map[string]string{LabelKey: LabelValue}},
+		Data: map[string]string{DataKey: string(bundle)},
+	}
+	_, err := p.cfg.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		p.observe(ResultCreated)
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// The informer has not seen it yet; its add event queues the
+		// namespace again and the update path compares it.
+		p.observe(ResultConflict)
+		return nil
+	case apierrors.IsNotFound(err), apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
+		return nil // the namespace went away or is going
+	case apierrors.IsForbidden(err):
+		p.observe(ResultForbidden)
+		p.cfg.Logger.Warn("not allowed to create the trust bundle ConfigMap",
+			logNamespace, ns, logError, err.Error())
+		return nil // a resync tries again, should RBAC change
+	}
+	p.observe(ResultError)
+	return &WriteError{Namespace: ns, Op: "create", Err: err}
+}
+
+func (p *Publisher) update(ctx context.Context, cm *corev1.ConfigMap) error {
+	_, err := p.cfg.Client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+	switch {
+	case err == nil:
+		p.observe(ResultUpdated)
+		return nil
+	case apierrors.IsNotFound(err):
+		// Deleted meanwhile: its delete event queues the namespace again.
+		return nil
+	case apierrors.IsConflict(err):
+		// Our cached copy is stale; retry on the next one.
+		p.observe(ResultConflict)
+		return &WriteError{Namespace: cm.Namespace, Op: "update", Err: err}
+	case apierrors.IsForbidden(err):
+		p.observe(ResultForbidden)
+		p.cfg.Logger.Warn("not allowed to update the trust bundle ConfigMap",
+			logNamespace, cm.Namespace, logError, err.Error())
+		return nil
+	}
+	p.observe(ResultError)
+	return &WriteError{Namespace: cm.Namespace, Op: "update", Err: err}
+}
+
+func (p *Publisher) observe(result string) {
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.ObserveWrite(result)
+	}
+}
+
+// desired returns a copy of cm carrying bundle under DataKey and the
+// Istio label, and whether that differs from cm. Other keys and labels
+// are kept.
+func desired(cm *corev1.ConfigMap, bundle []byte) (*corev1.ConfigMap, bool) {
+	got, ok := cm.Data[DataKey]
+	if ok && got == string(bundle) && cm.Labels[LabelKey] == LabelValue {
+		return cm, false
+	}
+	want := cm.DeepCopy()
+	if want.Data == nil {
+		want.Data = map[string]string{}
+	}
+	if want.Labels == nil {
+		want.Labels = map[string]string{}
+	}
+	want.Data[DataKey] = string(bundle)
+	want.Labels[LabelKey] = LabelValue
+	return want, true
+}
