@@ -1,11 +1,17 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	authnv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestIdentityFromReview(t *testing.T) {
@@ -65,6 +71,47 @@ func TestIdentityFromReview(t *testing.T) {
 			var ce *Error
 			if !errors.As(err, &ce) || ce.Reason != tt.reason || ce.Retry {
 				t.Fatalf("err = %v, want Unauthenticated %s", err, tt.reason)
+			}
+		})
+	}
+}
+
+// TestTokenReviewerApiserverDown: a TokenReview the apiserver does not
+// answer (refused, timed out) is a retryable failure, never a refusal of
+// the token.
+func TestTokenReviewerApiserverDown(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	const token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
+	tests := []struct {
+		name    string
+		reactor k8stesting.ReactionFunc
+		timeout time.Duration
+	}{
+		{name: "connection refused", reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
+		}},
+		{name: "overloaded", reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewTooManyRequests("slow down", 1)
+		}},
+		{name: "timed out", timeout: time.Millisecond, reactor: func(k8stesting.Action) (bool, runtime.Object, error) {
+			time.Sleep(50 * time.Millisecond)
+			return true, nil, context.DeadlineExceeded
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			client.PrependReactor("create", "tokenreviews", tt.reactor)
+			ctx := context.Background()
+			if tt.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.timeout)
+				defer cancel()
+			}
+			_, err := (&TokenReviewer{TrustDomain: td, Client: client}).Review(ctx, token)
+			var ke *Error
+			if !errors.As(err, &ke) || !ke.Retry || ke.Reason != "tokenreview_failed" {
+				t.Fatalf("err = %v, want a retryable tokenreview_failed", err)
 			}
 		})
 	}
