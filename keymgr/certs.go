@@ -9,16 +9,42 @@ import (
 // clock skew between meshca and the workloads that verify them.
 const Backdate = 2 * time.Minute
 
-// Window is the validity of a certificate issued at now for ttl under
-// issuer, whose own path to a root is chain: it starts Backdate early, but
-// not before issuer does, and it ends after ttl, but never after any
-// certificate of the path.
-func Window(now time.Time, ttl time.Duration, issuer *x509.Certificate, chain ...*x509.Certificate) (notBefore, notAfter time.Time) {
-	notBefore = now.Add(-Backdate)
+// NoBackdate, as a WindowOptions.Backdate, starts certificates at now.
+const NoBackdate time.Duration = -1
+
+// WindowOptions are the inputs of Window.
+type WindowOptions struct {
+	// Now is when the certificate is issued.
+	Now time.Time
+	// TTL is its requested lifetime, counted from Now.
+	TTL time.Duration
+	// Backdate is how far before Now it starts: zero means the default
+	// Backdate, a negative value (NoBackdate) means not at all.
+	Backdate time.Duration
+}
+
+// backdate is the effective o.Backdate.
+func (o WindowOptions) backdate() time.Duration {
+	switch {
+	case o.Backdate == 0:
+		return Backdate
+	case o.Backdate < 0:
+		return 0
+	default:
+		return o.Backdate
+	}
+}
+
+// Window is the validity of a certificate issued as o says under issuer,
+// whose own path to a root is chain: it starts o.Backdate before o.Now,
+// but not before issuer does, and it ends o.TTL after o.Now, but never
+// after any certificate of the path.
+func Window(o WindowOptions, issuer *x509.Certificate, chain ...*x509.Certificate) (notBefore, notAfter time.Time) {
+	notBefore = o.Now.Add(-o.backdate())
 	if notBefore.Before(issuer.NotBefore) {
 		notBefore = issuer.NotBefore
 	}
-	notAfter = now.Add(ttl)
+	notAfter = o.Now.Add(o.TTL)
 	if limit := EarliestExpiry(append([]*x509.Certificate{issuer}, chain...)...); notAfter.After(limit) {
 		notAfter = limit
 	}

@@ -184,7 +184,7 @@ func TestNextStepSafeAt(t *testing.T) {
 	g := keymgr.DefaultGuards()
 	issue := func(at time.Time) {
 		act := s.Active()
-		_, notAfter := keymgr.Window(at, 24*time.Hour, act.Cert, act.Chain...)
+		_, notAfter := keymgr.Window(keymgr.WindowOptions{Now: at, TTL: 24 * time.Hour}, act.Cert, act.Chain...)
 		s.RecordIssued(act.ID(), notAfter, 24*time.Hour)
 	}
 	var steps []string

@@ -19,6 +19,8 @@ type ServingOptions struct {
 	Names []string
 	TTL   time.Duration
 	Now   time.Time
+	// Backdate is as in WindowOptions: zero means the default Backdate.
+	Backdate time.Duration
 }
 
 // DefaultServingTTL is the lifetime of a serving certificate.
@@ -40,7 +42,7 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	notBefore, notAfter := Window(o.Now, o.TTL, a.Cert, a.Chain...)
+	notBefore, notAfter := Window(WindowOptions{Now: o.Now, TTL: o.TTL, Backdate: o.Backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: o.Names[0]},

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -50,6 +51,13 @@ type Backend struct {
 	// a state directory migrated from the single-root layout, which kept
 	// no record of its leaves: the guards assume leaves that long.
 	MaxTTL time.Duration
+	// Backdate is how far before now issued certificates start, to
+	// tolerate clock skew: leaves of the built-in and cfssl backends (a
+	// cfssl config's own nonzero Backdate wins) and the serving
+	// certificate meshca issues itself. As in keymgr.WindowOptions, zero
+	// means keymgr.Backdate and keymgr.NoBackdate means none. Vault's role
+	// decides its own (not_before_duration).
+	Backdate time.Duration
 	// External backends (exactly one of CfsslRemote, CfsslLocal, Vault):
 	// the pinned trust bundle, and the serving certificate the operator
 	// provides. Without one, meshca issues its own from the in-process
@@ -89,11 +97,15 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		}
 		be.signer, be.runners = s, append(be.runners, s.Run)
 	case c.Kind == BackendCfssl && c.CfsslRemote != nil:
-		if be.signer, err = cfssl.NewRemote(*c.CfsslRemote); err != nil {
+		rc := *c.CfsslRemote
+		rc.Backdate = cmp.Or(rc.Backdate, c.Backdate)
+		if be.signer, err = cfssl.NewRemote(rc); err != nil {
 			return nil, &FieldError{Field: "cfssl-url", Err: err}
 		}
 	case c.Kind == BackendCfssl && c.CfsslLocal != nil:
-		if be.signer, err = cfssl.NewLocal(*c.CfsslLocal); err != nil {
+		lc := *c.CfsslLocal
+		lc.Backdate = cmp.Or(lc.Backdate, c.Backdate)
+		if be.signer, err = cfssl.NewLocal(lc); err != nil {
 			return nil, &FieldError{Field: "cfssl-ca-cert", Err: err}
 		}
 	default:
@@ -112,7 +124,7 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	if err := a.Validate(time.Now()); err != nil {
 		return nil, &FieldError{Field: "cfssl-ca-cert", Err: fmt.Errorf("with the trust anchors: %w", err)}
 	}
-	return be, be.rotateServing(keymgr.NewManager(td, a), names, log)
+	return be, be.rotateServing(keymgr.NewManager(td, a), names, c.Backdate, log)
 }
 
 // storeOpener opens the CA state Secret "namespace/name".
@@ -137,8 +149,8 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		}
 		log.Info("loaded plugged-in CA", "dir", c.CADir, "subject", a.Cert.Subject.String(), "not_after", a.NotAfter())
 		mgr := keymgr.NewManager(td, a)
-		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr}), bundles: mgr, expiry: mgr}
-		return be, be.rotateServing(mgr, names, log)
+		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
+		return be, be.rotateServing(mgr, names, c.Backdate, log)
 	}
 	store, field := keymgr.StateStore(&keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout}), "state-dir"
 	if c.StateSecret != "" {
@@ -177,8 +189,8 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		"not_after", active.Cert.NotAfter, "roots", len(a.Roots), "sequence", st.Sequence)
 	mgr := keymgr.NewManager(td, a)
 	issued := &keymgr.IssuanceLog{Store: store}
-	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record}), bundles: mgr, expiry: mgr}
-	rot, err := be.serving(mgr, names, log)
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
+	rot, err := be.serving(mgr, names, c.Backdate, log)
 	if err != nil {
 		return nil, err
 	}
@@ -239,13 +251,13 @@ func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time
 
 // rotateServing issues meshca's serving certificate from the CA and keeps
 // it fresh.
-func (be *backend) rotateServing(mgr *keymgr.Manager, names []string, log *slog.Logger) error {
-	_, err := be.serving(mgr, names, log)
+func (be *backend) rotateServing(mgr *keymgr.Manager, names []string, backdate time.Duration, log *slog.Logger) error {
+	_, err := be.serving(mgr, names, backdate, log)
 	return err
 }
 
-func (be *backend) serving(mgr *keymgr.Manager, names []string, log *slog.Logger) (*keymgr.ServingRotator, error) {
-	rot, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: names}, nil)
+func (be *backend) serving(mgr *keymgr.Manager, names []string, backdate time.Duration, log *slog.Logger) (*keymgr.ServingRotator, error) {
+	rot, err := keymgr.NewServingRotator(mgr, keymgr.ServingOptions{Names: names, Backdate: backdate}, nil)
 	if err != nil {
 		return nil, &FieldError{Field: "serving-dns-names", Err: err}
 	}

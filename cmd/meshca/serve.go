@@ -54,6 +54,7 @@ type serveFlags struct {
 	prepareAt      float64
 	rotationMargin time.Duration
 	rootLifetime   time.Duration
+	backdate       time.Duration
 	b              backendFlags
 }
 
@@ -93,6 +94,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a service-account token must carry (one of)")
 	fl.StringSliceVar(&f.servingNames, "serving-dns-names", []string{"istiod.istio-system.svc", "meshca.istio-system.svc", "localhost"}, "DNS names (or IPs) in the serving certificate")
 	fl.DurationVar(&f.defaultTTL, "default-ttl", ca.DefaultTTL, "certificate lifetime when the client asks for none")
+	fl.DurationVar(&f.backdate, "backdate", keymgr.Backdate, fmt.Sprintf("how far before now issued certificates start, to tolerate clock skew (0 to %v)", maxBackdate))
 	fl.DurationVar(&f.maxTTL, "max-ttl", ca.DefaultMaxTTL, "longest lifetime a client may ask for; longer requests are refused")
 	fl.StringVar(&f.keyPolicy, "key-policy", "ecdsa-p256,ecdsa-p384,ed25519,rsa-2048-8192", "workload key algorithms and sizes allowed")
 	fl.IntVar(&f.maxInFlight, "max-in-flight", ca.DefaultMaxInFlight, "requests served at once; more get ResourceExhausted")
@@ -147,6 +149,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, errors.New("--max-authn-per-peer and --request-timeout must be positive")
 	case f.prepareAt <= 0 || f.prepareAt >= 1 || f.rotationMargin < 0 || f.rootLifetime <= f.maxTTL:
 		return c, fmt.Errorf("--auto-rotate-prepare-at must be in (0, 1), --rotation-margin not negative, and --root-lifetime (%v) longer than --max-ttl (%v)", f.rootLifetime, f.maxTTL)
+	case f.backdate < 0 || f.backdate > maxBackdate:
+		return c, fmt.Errorf("--backdate %v must be between 0 and %v", f.backdate, maxBackdate)
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
 		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
 	}
@@ -179,8 +183,22 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
+			Backdate: backdateOption(f.backdate),
 		},
 	}, nil
+}
+
+// maxBackdate bounds --backdate: more would hide a broken clock rather
+// than tolerate a skewed one.
+const maxBackdate = 10 * time.Minute
+
+// backdateOption is --backdate as keymgr.WindowOptions takes it, where
+// zero means the default.
+func backdateOption(d time.Duration) time.Duration {
+	if d == 0 {
+		return keymgr.NoBackdate
+	}
+	return d
 }
 
 func (f *serveFlags) run(ctx context.Context) error {

@@ -86,6 +86,8 @@ func TestServeFlagsValidate(t *testing.T) {
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
 				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}
 		}},
+		{name: "negative backdate", mutate: func(f *serveFlags) { f.backdate = -time.Second }, want: "--backdate"},
+		{name: "backdate above 10m", mutate: func(f *serveFlags) { f.backdate = 11 * time.Minute }, want: "--backdate"},
 		{name: "bad key policy", mutate: func(f *serveFlags) { f.keyPolicy = "dsa-1024" }, want: "--key-policy"},
 	}
 	for _, tt := range tests {
@@ -105,6 +107,28 @@ func TestServeFlagsValidate(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestServeBackdate(t *testing.T) {
+	tests := []struct {
+		flag, want time.Duration
+	}{
+		{flag: keymgr.Backdate, want: keymgr.Backdate},
+		{flag: time.Second, want: time.Second},
+		{flag: 0, want: keymgr.NoBackdate},
+		{flag: 10 * time.Minute, want: 10 * time.Minute},
+	}
+	for _, tt := range tests {
+		f := validServeFlags()
+		f.backdate = tt.flag
+		c, err := f.validate()
+		if err != nil || c.Backend.Backdate != tt.want {
+			t.Errorf("--backdate %v: Backend.Backdate %v, err %v; want %v", tt.flag, c.Backend.Backdate, err, tt.want)
+		}
+	}
+	if fl := newServeCommand().Flags().Lookup("backdate"); fl == nil || fl.DefValue != keymgr.Backdate.String() {
+		t.Fatalf("--backdate flag %+v, want default %v", fl, keymgr.Backdate)
 	}
 }
 

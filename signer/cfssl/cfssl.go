@@ -54,6 +54,7 @@ type Signer struct {
 	// key encipherment (RSA keys).
 	keProfile string
 	label     string
+	backdate  time.Duration
 	now       func() time.Time
 }
 
@@ -69,7 +70,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, err
 	}
 	limit := keymgr.EarliestExpiry(append([]*x509.Certificate{issuer}, s.chain...)...)
-	notBefore, notAfter := keymgr.Window(s.now(), req.TTL, issuer, s.chain...)
+	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: s.now(), TTL: req.TTL, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     []string{req.ID.String()},
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),

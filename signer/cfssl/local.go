@@ -38,7 +38,10 @@ type LocalConfig struct {
 	// taken from a CSR: never its subject, names or extensions.
 	Policy  *config.Signing
 	Profile string
-	Now     func() time.Time
+	// Backdate is how far before now leaves start, as in
+	// keymgr.WindowOptions: zero means keymgr.Backdate.
+	Backdate time.Duration
+	Now      func() time.Time
 }
 
 // DefaultPolicy allows workloads digital signature, key encipherment (only
@@ -86,7 +89,7 @@ func NewLocal(c LocalConfig) (*Signer, error) {
 	if !keymgr.IsSelfSigned(c.CACert) {
 		chain = append([]*x509.Certificate{c.CACert}, c.Chain...)
 	}
-	return &Signer{backend: b, chain: chain, profile: c.Profile, now: nowOr(c.Now)}, nil
+	return &Signer{backend: b, chain: chain, profile: c.Profile, backdate: c.Backdate, now: nowOr(c.Now)}, nil
 }
 
 // localBackend signs with cfssl's own signer in process.

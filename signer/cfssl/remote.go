@@ -56,7 +56,10 @@ type RemoteConfig struct {
 	Chain []*x509.Certificate
 	// Timeout bounds every call to the server; 30s when zero.
 	Timeout time.Duration
-	Now     func() time.Time
+	// Backdate is how far before now leaves start, as in
+	// keymgr.WindowOptions: zero means keymgr.Backdate.
+	Backdate time.Duration
+	Now      func() time.Time
 }
 
 // NewRemote returns a signer that calls a cfssl server. It does no I/O.
@@ -80,7 +83,7 @@ func NewRemote(c RemoteConfig) (*Signer, error) {
 	b.issuers = &issuerCache{cert: c.Issuer, timeout: c.Timeout, fetch: func(ctx context.Context) (*x509.Certificate, error) {
 		return b.info(ctx, c.Label, c.Profile)
 	}}
-	return &Signer{backend: b, chain: c.Chain, profile: c.Profile, keProfile: c.KeyEnciphermentProfile, label: c.Label, now: nowOr(c.Now)}, nil
+	return &Signer{backend: b, chain: c.Chain, profile: c.Profile, keProfile: c.KeyEnciphermentProfile, label: c.Label, backdate: c.Backdate, now: nowOr(c.Now)}, nil
 }
 
 // serverURL checks a server URL and returns it without a trailing slash.

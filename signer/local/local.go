@@ -29,15 +29,20 @@ type Config struct {
 	// long leaves under each authority may live (keymgr.IssuanceLog). A
 	// leaf it cannot record is never handed out.
 	Record func(ctx context.Context, issuer, leaf *x509.Certificate) error
+	// Backdate is how far before now leaves start, to tolerate clock
+	// skew; as in keymgr.WindowOptions, zero means keymgr.Backdate and
+	// keymgr.NoBackdate means none.
+	Backdate time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
 
 // Signer signs with the current authority of its source.
 type Signer struct {
-	src    AuthoritySource
-	record func(ctx context.Context, issuer, leaf *x509.Certificate) error
-	now    func() time.Time
+	src      AuthoritySource
+	record   func(ctx context.Context, issuer, leaf *x509.Certificate) error
+	backdate time.Duration
+	now      func() time.Time
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -47,12 +52,13 @@ func New(c Config) *Signer {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Signer{src: c.Authorities, record: c.Record, now: c.Now}
+	return &Signer{src: c.Authorities, record: c.Record, backdate: c.Backdate, now: c.Now}
 }
 
-// Sign issues a certificate whose only SAN is req.ID, valid from Backdate
-// before now for req.TTL but never past the signing path's expiry, with a
-// random 128-bit serial and the key identifier of the CSR's key.
+// Sign issues a certificate whose only SAN is req.ID, valid from the
+// configured backdate before now for req.TTL but never past the signing
+// path's expiry, with a random 128-bit serial and the key identifier of the
+// CSR's key.
 func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
@@ -70,7 +76,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
 	}
-	notBefore, notAfter := keymgr.Window(now, req.TTL, a.Cert, a.Chain...)
+	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Backdate: s.backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             notBefore,

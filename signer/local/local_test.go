@@ -1,8 +1,15 @@
 package local_test
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"testing"
+	"time"
 
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
@@ -16,4 +23,41 @@ func TestContract(t *testing.T) {
 			return local.New(local.Config{Authorities: keymgr.NewManager(spiffeid.RequireTrustDomainFromString("cluster.local"), ca)})
 		},
 	})
+}
+
+func TestBackdate(t *testing.T) {
+	now := time.Now().Truncate(time.Second)
+	root := testca.NewRoot(t, "backdate root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)})
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/default/sa/web")
+	pemCSR, err := csr.Build(key, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := csr.Parse(pemCSR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &signer.Request{CSR: parsed, ID: id, TTL: time.Minute, Usages: csr.WorkloadUsages(key.Public())}
+	tests := []struct {
+		backdate, want time.Duration
+	}{
+		{0, keymgr.Backdate},
+		{time.Second, time.Second},
+		{keymgr.NoBackdate, 0},
+	}
+	for _, tt := range tests {
+		s := local.New(local.Config{Authorities: keymgr.NewManager(id.TrustDomain(), root.Authority()), Backdate: tt.backdate,
+			Now: func() time.Time { return now }})
+		resp, err := s.Sign(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := now.Sub(resp.Leaf.NotBefore); got != tt.want {
+			t.Errorf("Backdate %v: the leaf starts %v before now, want %v", tt.backdate, got, tt.want)
+		}
+	}
 }

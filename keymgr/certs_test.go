@@ -1,0 +1,35 @@
+package keymgr_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+)
+
+func TestWindow(t *testing.T) {
+	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	root := testca.NewRoot(t, "window root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)})
+	young := testca.NewRoot(t, "young root", testca.Options{NotBefore: now.Add(-30 * time.Second), NotAfter: now.Add(time.Hour)})
+	tests := []struct {
+		name          string
+		o             keymgr.WindowOptions
+		issuer        *testca.CA
+		before, after time.Time
+	}{
+		{"default backdate", keymgr.WindowOptions{Now: now, TTL: time.Minute}, root, now.Add(-keymgr.Backdate), now.Add(time.Minute)},
+		{"one second", keymgr.WindowOptions{Now: now, TTL: time.Minute, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Minute)},
+		{"none", keymgr.WindowOptions{Now: now, TTL: time.Minute, Backdate: keymgr.NoBackdate}, root, now, now.Add(time.Minute)},
+		{"not before the issuer", keymgr.WindowOptions{Now: now, TTL: time.Minute}, young, now.Add(-30 * time.Second), now.Add(time.Minute)},
+		{"not after the issuer", keymgr.WindowOptions{Now: now, TTL: 2 * time.Hour, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Hour)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nb, na := keymgr.Window(tt.o, tt.issuer.Cert)
+			if !nb.Equal(tt.before) || !na.Equal(tt.after) {
+				t.Fatalf("Window = %v..%v, want %v..%v", nb, na, tt.before, tt.after)
+			}
+		})
+	}
+}
