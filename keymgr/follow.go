@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -46,6 +47,7 @@ type Follower struct {
 	// OnChange, when set, hears of every state put in service.
 	OnChange func(*State)
 
+	mu      sync.Mutex // one Sync at a time: Run and a rotation step may both ask
 	version Version
 	loaded  bool
 }
@@ -53,6 +55,8 @@ type Follower struct {
 // Sync loads the stored state once and, when it changed and is good, puts
 // it in service. It reports whether it did.
 func (f *Follower) Sync(ctx context.Context) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	s, v, err := f.Store.Load(ctx)
 	if err != nil {
 		return false, fmt.Errorf("keymgr: loading the CA state: %w", err)

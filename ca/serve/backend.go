@@ -78,6 +78,8 @@ type backend struct {
 	expiry  ca.ExpirySource
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	runners []func(context.Context) error
+	// onChange hear of every CA state put in service; set before Run.
+	onChange []func()
 }
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
@@ -202,6 +204,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		},
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
+			for _, f := range be.onChange {
+				f()
+			}
 			if err := rot.Renew(); err != nil {
 				log.Error("serving certificate renewal failed", "error", err)
 			}

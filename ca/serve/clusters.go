@@ -48,8 +48,9 @@ type Clusters struct {
 
 // clusterParts are the assembled clusters and the loops that feed them.
 type clusterParts struct {
-	set     *ca.ClusterSet
-	runners []func(context.Context) error
+	set         *ca.ClusterSet
+	localClient kubernetes.Interface
+	runners     []func(context.Context) error
 }
 
 func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) (*clusterParts, error) {
@@ -79,7 +80,7 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 	if err != nil {
 		return nil, &FieldError{Field: "kubeconfig", Err: err}
 	}
-	p := &clusterParts{set: ca.NewClusterSet(local.Cluster), runners: []func(context.Context) error{local.Run}}
+	p := &clusterParts{set: ca.NewClusterSet(local.Cluster), localClient: local.Client, runners: []func(context.Context) error{local.Run}}
 	ids := make([]string, 0, len(c.Remotes))
 	for id := range c.Remotes {
 		ids = append(ids, id)

@@ -47,6 +47,7 @@ type Config struct {
 	CertRenewal bool
 	Clusters    Clusters
 	Backend     Backend
+	Trust       Trust
 	Logger      *slog.Logger
 }
 
@@ -106,6 +107,18 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 			return nil, &FieldError{Field: "admin-listen", Err: err}
 		}
 		p.admin = &http.Server{Handler: ca.AdminHandler(reg, cl.set.Ready), ReadHeaderTimeout: 5 * time.Second}
+	}
+	if c.Trust.Publish {
+		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, c.Logger)
+		if err != nil {
+			p.lis.Close()
+			if p.adminLis != nil {
+				p.adminLis.Close()
+			}
+			return nil, err
+		}
+		be.onChange = append(be.onChange, changed)
+		p.runners = append(p.runners, run)
 	}
 	p.runners = append(append(p.runners, cl.runners...), be.runners...)
 	a := p.Addresses()

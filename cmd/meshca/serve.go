@@ -50,6 +50,10 @@ type serveFlags struct {
 	negativeTTL    time.Duration
 	configFile     string
 	addressFile    string
+	publishTrust   bool
+	trustSelector  string
+	trustSkip      []string
+	trustLeaseNS   string
 	autoRotate     bool
 	prepareAt      float64
 	rotationMargin time.Duration
@@ -83,6 +87,10 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the CA state; a root is generated there on first start, and `meshca root` rotates it")
 	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
+	fl.BoolVar(&f.publishTrust, "publish-root-cert-configmaps", false, "publish the trust bundle as the istio-ca-root-cert ConfigMap in every namespace, as istiod does (leave off while istiod still runs its CA); one replica writes, elected on the Lease "+serve.TrustLease)
+	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
+	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-system, kube-public and kube-node-lease")
+	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
@@ -179,6 +187,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
 			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 		},
+		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS},
 		Backend: serve.Backend{
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
