@@ -131,5 +131,5 @@ func (a *Authority) Bundle(td spiffeid.TrustDomain) *x509bundle.Bundle {
 // NotAfter is the time the first certificate in the signing path expires:
 // nothing a signs may outlive it.
 func (a *Authority) NotAfter() time.Time {
-	return EarliestExpiry(append([]*x509.Certificate{a.Cert}, a.Chain...)...)
+	return PathExpiry(a.Cert, a.Chain...)
 }

@@ -45,10 +45,23 @@ func Window(o WindowOptions, issuer *x509.Certificate, chain ...*x509.Certificat
 		notBefore = issuer.NotBefore
 	}
 	notAfter = o.Now.Add(o.TTL)
-	if limit := EarliestExpiry(append([]*x509.Certificate{issuer}, chain...)...); notAfter.After(limit) {
+	if limit := PathExpiry(issuer, chain...); notAfter.After(limit) {
 		notAfter = limit
 	}
 	return notBefore, notAfter
+}
+
+// PathExpiry is when the first certificate of a signing path, issuer and
+// the chain above it, expires: nothing it signs may outlive it. It
+// allocates nothing, as it runs for every leaf.
+func PathExpiry(issuer *x509.Certificate, chain ...*x509.Certificate) time.Time {
+	t := issuer.NotAfter
+	for _, c := range chain {
+		if c.NotAfter.Before(t) {
+			t = c.NotAfter
+		}
+	}
+	return t
 }
 
 // EarliestExpiry is the earliest NotAfter of certs; zero when there are

@@ -1,6 +1,7 @@
 package keymgr_test
 
 import (
+	"crypto/x509"
 	"testing"
 	"time"
 
@@ -31,5 +32,24 @@ func TestWindow(t *testing.T) {
 				t.Fatalf("Window = %v..%v, want %v..%v", nb, na, tt.before, tt.after)
 			}
 		})
+	}
+}
+
+// TestPathExpiry: the earliest expiry of the signing path, whichever
+// certificate holds it, found without allocating (it runs per leaf).
+func TestPathExpiry(t *testing.T) {
+	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	root := testca.NewRoot(t, "path root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(3 * time.Hour)})
+	inter := root.NewIntermediate(t, "path intermediate", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(2 * time.Hour)})
+	short := root.NewIntermediate(t, "short intermediate", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)})
+	if got := keymgr.PathExpiry(inter.Cert, root.Cert); !got.Equal(inter.Cert.NotAfter) {
+		t.Errorf("issuer first to expire: got %v, want %v", got, inter.Cert.NotAfter)
+	}
+	if got := keymgr.PathExpiry(root.Cert, short.Cert); !got.Equal(short.Cert.NotAfter) {
+		t.Errorf("chain first to expire: got %v, want %v", got, short.Cert.NotAfter)
+	}
+	chain := []*x509.Certificate{root.Cert}
+	if n := testing.AllocsPerRun(100, func() { _ = keymgr.PathExpiry(inter.Cert, chain...) }); n != 0 {
+		t.Errorf("PathExpiry allocates %v times per call", n)
 	}
 }

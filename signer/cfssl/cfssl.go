@@ -69,7 +69,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
-	limit := keymgr.EarliestExpiry(append([]*x509.Certificate{issuer}, s.chain...)...)
+	limit := keymgr.PathExpiry(issuer, s.chain...)
 	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: s.now(), TTL: req.TTL, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     []string{req.ID.String()},
