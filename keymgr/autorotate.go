@@ -87,18 +87,7 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 
 // Run ticks every Interval until ctx ends, then returns nil.
 func (r *AutoRotator) Run(ctx context.Context) error {
-	interval := r.Interval
-	if interval <= 0 {
-		interval = DefaultAutoRotateInterval
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	every(ctx, r.Interval, DefaultAutoRotateInterval, func() {
 		step, took, err := r.Tick(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil && r.OnError != nil:
@@ -106,7 +95,8 @@ func (r *AutoRotator) Run(ctx context.Context) error {
 		case took && r.OnStep != nil:
 			r.OnStep(step)
 		}
-	}
+	})
+	return nil
 }
 
 func (r *AutoRotator) now() time.Time {

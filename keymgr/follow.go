@@ -81,20 +81,28 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 
 // Run reloads the state every Interval until ctx ends, then returns nil.
 func (f *Follower) Run(ctx context.Context) error {
-	interval := f.Interval
+	every(ctx, f.Interval, DefaultFollowInterval, func() {
+		if _, err := f.Sync(ctx); err != nil && ctx.Err() == nil && f.OnError != nil {
+			f.OnError(err)
+		}
+	})
+	return nil
+}
+
+// every calls do every interval (def when it is not positive) until ctx
+// ends.
+func every(ctx context.Context, interval, def time.Duration, do func()) {
 	if interval <= 0 {
-		interval = DefaultFollowInterval
+		interval = def
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
-		}
-		if _, err := f.Sync(ctx); err != nil && ctx.Err() == nil && f.OnError != nil {
-			f.OnError(err)
+			do()
 		}
 	}
 }
