@@ -27,7 +27,12 @@ type StateOptions struct {
 	LockTimeout time.Duration
 }
 
-// LoadOrCreate loads the self-signed CA kept in the state directory dir, in
+// LoadOrCreate is the single-root state directory of meshca before root
+// rotation: meshca serve now runs on a DirStore, which migrates such a
+// directory in place, and LoadOrCreate remains to write and read that
+// layout (the migration's tests make their directories with it).
+//
+// It loads the self-signed CA kept in the state directory dir, in
 // the cacerts layout, or on first start generates a root and stores it
 // there (the key 0600, every file written atomically, the directory 0700).
 // A directory holding only some of the files is refused rather than

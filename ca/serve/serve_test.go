@@ -121,11 +121,11 @@ func start(t *testing.T, c serve.Config) *serve.Parts {
 
 func client(t *testing.T, p *serve.Parts, c serve.Config, tok string, svid *caclient.SVID) *caclient.Client {
 	t.Helper()
-	a, _, err := keymgr.LoadOrCreate(c.Backend.StateDir, keymgr.StateOptions{})
+	st, _, err := (&keymgr.DirStore{Dir: c.Backend.StateDir}).Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := caclient.Config{Addr: p.Addresses().GRPC, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(a.Roots...)}
+	cfg := caclient.Config{Addr: p.Addresses().GRPC, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(st.Bundle()...)}
 	if tok != "" {
 		cfg.TokenFile = filepath.Join(t.TempDir(), "token")
 		if err := os.WriteFile(cfg.TokenFile, []byte(tok), 0o600); err != nil {
@@ -192,7 +192,7 @@ func TestAssembleServes(t *testing.T) {
 // setting at fault.
 func TestAssembleRefusals(t *testing.T) {
 	anchors := func(t *testing.T) []*x509.Certificate {
-		a, _, err := keymgr.LoadOrCreate(t.TempDir(), keymgr.StateOptions{})
+		a, err := keymgr.NewRoot(keymgr.RootOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
