@@ -30,14 +30,22 @@ func StateAuthority(s *State, now time.Time) (*Authority, error) {
 	return a, nil
 }
 
-// Follower keeps a Manager on the state in a StateStore: it reloads the
-// state every Interval, validates it, and swaps the Manager to the new
-// active authority and bundle at once. A state that does not load or
-// validate changes nothing: the last good one keeps serving, and OnError
-// hears why. The package does not log.
+// A Target is what a Follower keeps on the stored state: a Manager (the
+// built-in CA, which signs with the active authority's key) or an
+// ExternalTrust (a backend that holds the keys itself).
+type Target interface {
+	// Use puts the validated state s in service, or refuses it and
+	// changes nothing.
+	Use(s *State, now time.Time) error
+}
+
+// Follower keeps a Target on the state in a StateStore: it reloads the
+// state every Interval, validates it, and puts it in service at once. A
+// state that does not load or validate changes nothing: the last good one
+// keeps serving, and OnError hears why. The package does not log.
 type Follower struct {
-	Store   StateStore
-	Manager *Manager
+	Store  StateStore
+	Target Target
 	// Interval between reloads; DefaultFollowInterval when zero.
 	Interval time.Duration
 	// Now is the clock; time.Now when nil.
@@ -67,11 +75,9 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, fmt.Errorf("keymgr: CA state version %s is invalid, still serving the last good one: %w", v, err)
 	}
-	a, err := StateAuthority(s, f.now())
-	if err != nil {
-		return false, fmt.Errorf("keymgr: CA state version %s cannot sign, still serving the last good one: %w", v, err)
+	if err := f.Target.Use(s, f.now()); err != nil {
+		return false, fmt.Errorf("keymgr: CA state version %s cannot serve, still serving the last good one: %w", v, err)
 	}
-	f.Manager.Set(a)
 	f.version, f.loaded = v, true
 	if f.OnChange != nil {
 		f.OnChange(s)

@@ -149,7 +149,10 @@ func (s *State) NextStep(now time.Time, g Guards) Step {
 		return Step{Why: "the state has no authority yet: the server bootstraps one on its first start"}
 	}
 	st := prepareStep(a, AutoPolicy{})
-	if !a.Generated {
+	switch {
+	case a.External:
+		st.Why += "; the active authority's key is in an external backend, so this is up to an operator (meshca root prepare --signer ...)"
+	case !a.Generated:
 		st.Why += "; the active authority was imported, so this is up to an operator"
 	}
 	return st

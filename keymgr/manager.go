@@ -30,6 +30,17 @@ func (m *Manager) Authority() *Authority { return m.current.Load() }
 // Set makes a the current signing authority.
 func (m *Manager) Set(a *Authority) { m.current.Store(a) }
 
+// Use implements Target: it signs with s's active authority, which must
+// hold its key, and trusts s's bundle.
+func (m *Manager) Use(s *State, now time.Time) error {
+	a, err := StateAuthority(s, now)
+	if err != nil {
+		return err
+	}
+	m.Set(a)
+	return nil
+}
+
 // GetX509BundleForTrustDomain implements x509bundle.Source.
 func (m *Manager) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
 	if td != m.td {

@@ -9,8 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"sync/atomic"
 	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // ServingOptions describe the TLS certificate meshca serves its API with.
@@ -21,16 +24,21 @@ type ServingOptions struct {
 	Now   time.Time
 	// Backdate is as in WindowOptions: zero means the default Backdate.
 	Backdate time.Duration
+	// ID, when not zero, is the certificate's one URI SAN: it is then an
+	// X509-SVID (the SPIFFE bundle endpoint's https_spiffe profile serves
+	// with one), and Names may be empty.
+	ID spiffeid.ID
 }
 
 // DefaultServingTTL is the lifetime of a serving certificate.
 const DefaultServingTTL = 30 * 24 * time.Hour
 
 // IssueServing signs a fresh ECDSA P-256 serving certificate with a. Clients
-// verify it against the trust bundle they are given, like any workload peer.
+// verify it against the trust bundle they are given, like any workload peer
+// (and, when o.ID is set, as the X509-SVID of that ID).
 func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
-	if len(o.Names) == 0 {
-		return nil, errors.New("keymgr: serving certificate needs at least one DNS name or IP")
+	if len(o.Names) == 0 && o.ID.IsZero() {
+		return nil, errors.New("keymgr: serving certificate needs at least one DNS name or IP, or a SPIFFE ID")
 	}
 	if o.TTL <= 0 {
 		o.TTL = DefaultServingTTL
@@ -45,13 +53,18 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 	notBefore, notAfter := Window(WindowOptions{Now: o.Now, TTL: o.TTL, Backdate: o.Backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: o.Names[0]},
 		NotBefore:             notBefore,
 		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 		SubjectKeyId:          skid,
+	}
+	if len(o.Names) > 0 {
+		tmpl.Subject = pkix.Name{CommonName: o.Names[0]}
+	}
+	if !o.ID.IsZero() {
+		tmpl.URIs = []*url.URL{o.ID.URL()}
 	}
 	for _, n := range o.Names {
 		if ip := net.ParseIP(n); ip != nil {

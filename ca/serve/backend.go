@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshca/meshca/ca"
@@ -80,16 +81,19 @@ type backend struct {
 	runners []func(context.Context) error
 	// onChange hear of every CA state put in service; set before Run.
 	onChange []func()
+	// sequence is the Sequence of the CA state in service (zero without
+	// one), stored before onChange hear of the state.
+	sequence atomic.Uint64
 }
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
 	if c.Kind == BackendLocal {
 		return newLocal(ctx, c, td, names, newStore, reg, log)
 	}
-	if len(c.TrustAnchors) == 0 {
-		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs the pinned trust bundle")}
+	if len(c.TrustAnchors) > 0 == (c.StateDir != "" || c.StateSecret != "") {
+		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs exactly one of the pinned trust bundle and a CA state")}
 	}
-	be := &backend{name: c.Kind, bundles: x509bundle.FromX509Authorities(td, c.TrustAnchors), expiry: anchorExpiry(c.TrustAnchors)}
+	be := &backend{name: c.Kind}
 	var err error
 	switch {
 	case c.Kind == BackendVault && c.Vault != nil:
@@ -113,6 +117,17 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	default:
 		return nil, fmt.Errorf("serve: backend %q lacks its configuration", c.Kind)
 	}
+	roots := c.TrustAnchors
+	if len(roots) > 0 {
+		be.bundles, be.expiry = x509bundle.FromX509Authorities(td, roots), anchorExpiry(roots)
+	} else {
+		trust, err := be.followExternal(ctx, c, td, newStore, reg, log)
+		if err != nil {
+			return nil, err
+		}
+		b, _ := trust.GetX509BundleForTrustDomain(td)
+		roots = b.X509Authorities()
+	}
 	if c.Serving != nil {
 		cert := c.Serving
 		be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
@@ -122,15 +137,28 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		return nil, &FieldError{Field: "serving-cert-file", Err: errors.New("meshca holds no CA key to issue its own serving certificate: give one")}
 	}
 	l := c.CfsslLocal
-	a := &keymgr.Authority{Cert: l.CACert, Key: l.CAKey, Chain: l.Chain, Roots: c.TrustAnchors}
+	a := &keymgr.Authority{Cert: l.CACert, Key: l.CAKey, Chain: l.Chain, Roots: roots}
 	if err := a.Validate(time.Now()); err != nil {
-		return nil, &FieldError{Field: "cfssl-ca-cert", Err: fmt.Errorf("with the trust anchors: %w", err)}
+		return nil, &FieldError{Field: "cfssl-ca-cert", Err: fmt.Errorf("with the trusted roots: %w", err)}
 	}
 	return be, be.rotateServing(keymgr.NewManager(td, a), names, c.Backdate, log)
 }
 
 // storeOpener opens the CA state Secret "namespace/name".
 type storeOpener func(secret string) (keymgr.StateStore, error)
+
+// openState opens the CA state store c names, and reports the name of
+// the flag that named it.
+func openState(c Backend, newStore storeOpener) (keymgr.StateStore, string, error) {
+	if c.StateSecret == "" {
+		return &keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout}, "state-dir", nil
+	}
+	store, err := newStore(c.StateSecret)
+	if err != nil {
+		return nil, "", &FieldError{Field: "state-secret", Err: err}
+	}
+	return store, "state-secret", nil
+}
 
 // newLocal is the built-in CA: a plugged-in CA from CADir, or the CA
 // state in a store, followed as it rotates.
@@ -154,13 +182,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
 		return be, be.rotateServing(mgr, names, c.Backdate, log)
 	}
-	store, field := keymgr.StateStore(&keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout}), "state-dir"
-	if c.StateSecret != "" {
-		var err error
-		if store, err = newStore(c.StateSecret); err != nil {
-			return nil, &FieldError{Field: "state-secret", Err: err}
-		}
-		field = "state-secret"
+	store, field, err := openState(c, newStore)
+	if err != nil {
+		return nil, err
 	}
 	o := c.State
 	if o.Organization == "" {
@@ -197,13 +221,14 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, err
 	}
 	metrics := ca.NewRotationMetrics(reg)
-	f := &keymgr.Follower{Store: store, Manager: mgr,
+	f := &keymgr.Follower{Store: store, Target: mgr,
 		OnError: func(err error) {
 			metrics.Unusable()
 			log.Error("CA state not used", "error", err)
 		},
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
+			be.sequence.Store(s.Sequence)
 			for _, f := range be.onChange {
 				f()
 			}
@@ -226,7 +251,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 				}
 			},
 			OnError: func(err error) { log.Error("automatic rotation failed", "error", err) }}
-		be.runners = append(be.runners, r.Run)
+		// The state's compare-and-swap keeps replicas from taking one step
+		// twice; the Lease keeps them from racing for it at all.
+		be.runners = append(be.runners, electedOn(store, r.Run, log))
 	}
 	return be, nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,9 @@ type Config struct {
 	Backend     Backend
 	Trust       Trust
 	Logger      *slog.Logger
+	// BundleEndpoint serves the trust bundle for SPIFFE federation; off
+	// when its Listen is empty.
+	BundleEndpoint BundleEndpoint
 }
 
 // Parts is an assembled meshca: listeners bound, nothing running yet.
@@ -58,6 +62,7 @@ type Parts struct {
 	lis      net.Listener
 	admin    *http.Server
 	adminLis net.Listener
+	bundle   *bundleendpoint.Server
 	runners  []func(context.Context) error
 	summary  []any
 }
@@ -74,6 +79,10 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	bundlePlan, err := planBundleEndpoint(c.BundleEndpoint, c.TrustDomain, c.Backend.Kind)
+	if err != nil {
+		return nil, err
+	}
 	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, c.Logger)
 	if err != nil {
 		return nil, err
@@ -108,7 +117,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		}
 		p.admin = &http.Server{Handler: ca.AdminHandler(reg, cl.set.Ready), ReadHeaderTimeout: 5 * time.Second}
 	}
-	if c.Trust.Publish {
+	if c.Trust.enabled() {
 		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, c.Logger)
 		if err != nil {
 			p.lis.Close()
@@ -120,10 +129,20 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		be.onChange = append(be.onChange, changed)
 		p.runners = append(p.runners, run)
 	}
+	if bundlePlan != nil {
+		if err := p.addBundleEndpoint(bundlePlan, c.TrustDomain, be, c.Backend.Backdate, reg, c.Logger); err != nil {
+			p.lis.Close()
+			if p.adminLis != nil {
+				p.adminLis.Close()
+			}
+			return nil, err
+		}
+	}
 	p.runners = append(append(p.runners, cl.runners...), be.runners...)
 	a := p.Addresses()
 	p.summary = []any{"grpc", a.GRPC, "admin", a.Admin, "trust_domain", c.TrustDomain.Name(),
-		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ",")}
+		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ","),
+		"bundle_endpoint", a.BundleEndpoint}
 	return p, nil
 }
 
@@ -132,6 +151,9 @@ func (p *Parts) Addresses() addrfile.Addresses {
 	a := addrfile.Addresses{GRPC: p.lis.Addr().String()}
 	if p.adminLis != nil {
 		a.Admin = p.adminLis.Addr().String()
+	}
+	if p.bundle != nil {
+		a.BundleEndpoint = p.bundle.Addr().String()
 	}
 	return a
 }

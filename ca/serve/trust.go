@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
@@ -20,11 +21,19 @@ import (
 // TrustLease is the Lease the replicas elect the trust publisher on.
 const TrustLease = "meshca-trust-publisher"
 
-// Trust says whether and where the trust bundle is published as the
-// istio-ca-root-cert ConfigMap. istiod writes the same ConfigMap from its
-// own CA, so this is off unless meshca replaces istiod's CA.
+// Trust says whether and where the trust bundle is published: as the
+// istio-ca-root-cert ConfigMap (Publish; istiod writes the same ConfigMap
+// from its own CA, so this is off unless meshca replaces istiod's CA),
+// and as a ClusterTrustBundle (ClusterTrustBundle). One replica, elected
+// on the Lease TrustLease, writes both.
 type Trust struct {
 	Publish bool
+	// ClusterTrustBundle publishes the bundle as a ClusterTrustBundle too,
+	// when the apiserver serves that API.
+	ClusterTrustBundle bool
+	// ClusterTrustBundleSigner links that ClusterTrustBundle to a signer
+	// name (and names it after it); empty links it to none.
+	ClusterTrustBundleSigner string
 	// Selector limits publishing to matching namespaces ("" means all).
 	Selector string
 	// Skip names namespaces never written to, besides the system ones.
@@ -34,8 +43,12 @@ type Trust struct {
 	LeaseNamespace string
 }
 
-// newTrustRunner builds the leader-elected publisher of the bundle that
-// be serves, and returns it with the function that tells it of a change.
+// enabled reports whether anything is published.
+func (c Trust) enabled() bool { return c.Publish || c.ClusterTrustBundle }
+
+// newTrustRunner builds the leader-elected publishers of the bundle that
+// be serves, and returns them with the function that tells them of a
+// change.
 func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, reg prometheus.Registerer,
 	log *slog.Logger) (func(context.Context) error, func(), error) {
 	sel := labels.Everything()
@@ -52,21 +65,51 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 	if err != nil {
 		return nil, nil, err
 	}
-	pub, err := trust.NewPublisher(trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log, Observer: counter,
-		Bundle: func() []byte {
-			b, err := be.bundles.GetX509BundleForTrustDomain(td)
-			if err != nil {
-				return nil
+	bundle := func() []byte {
+		b, err := be.bundles.GetX509BundleForTrustDomain(td)
+		if err != nil {
+			return nil
+		}
+		return pemutil.EncodeCertificates(b.X509Authorities()...)
+	}
+	var runs []func(context.Context) error
+	var changed []func()
+	if c.Publish {
+		pub, err := trust.NewPublisher(trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log,
+			Observer: counter.Kind(trustprom.KindConfigMap), Bundle: bundle})
+		if err != nil {
+			return nil, nil, err
+		}
+		runs, changed = append(runs, pub.Run), append(changed, pub.BundleChanged)
+	}
+	if c.ClusterTrustBundle {
+		pub, err := trust.NewClusterTrustBundlePublisher(trust.ClusterTrustBundleConfig{Client: client, Bundle: bundle,
+			TrustDomain: td, SignerName: c.ClusterTrustBundleSigner, Logger: log,
+			Observer: counter.Kind(trustprom.KindClusterTrustBundle)})
+		if err != nil {
+			field := "trust-domain"
+			if c.ClusterTrustBundleSigner != "" {
+				field = "cluster-trust-bundle-signer-name"
 			}
-			return pemutil.EncodeCertificates(b.X509Authorities()...)
-		}})
-	if err != nil {
-		return nil, nil, err
+			return nil, nil, &FieldError{Field: field, Err: err}
+		}
+		runs, changed = append(runs, pub.Run), append(changed, pub.BundleChanged)
 	}
 	host, _ := os.Hostname()
 	identity := host + "-" + rand.String(6)
-	run := func(ctx context.Context) error {
-		return trust.RunLeaderElected(ctx, client, c.LeaseNamespace, TrustLease, identity, pub.Run, log)
+	lead := func(ctx context.Context) error {
+		g, ctx := errgroup.WithContext(ctx)
+		for _, run := range runs {
+			g.Go(func() error { return run(ctx) })
+		}
+		return g.Wait()
 	}
-	return run, pub.BundleChanged, nil
+	run := func(ctx context.Context) error {
+		return trust.RunLeaderElected(ctx, client, c.LeaseNamespace, TrustLease, identity, lead, log)
+	}
+	return run, func() {
+		for _, f := range changed {
+			f()
+		}
+	}, nil
 }

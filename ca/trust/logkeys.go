@@ -7,4 +7,9 @@ const (
 	logIdentity  = "identity"
 	logLease     = "lease"
 	logLeader    = "leader"
+	logName      = "name"
+	logSigner    = "signer_name"
+	logVersion   = "version"
+	logDelay     = "delay"
+	logLabel     = "label"
 )

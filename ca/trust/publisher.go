@@ -1,8 +1,9 @@
 // Package trust publishes meshca's trust bundle where workloads read it:
 // the ConfigMap istio-ca-root-cert in every namespace, as Istio's own
 // namespace controller does, so istio-agent and ztunnel find their roots
-// in the place they already look. Only one replica should write: run the
-// Publisher under RunLeaderElected.
+// in the place they already look (Publisher), and a ClusterTrustBundle,
+// which Pods mount by signer name (ClusterTrustBundlePublisher). Only one
+// replica should write: run the publishers under RunLeaderElected.
 package trust
 
 import (

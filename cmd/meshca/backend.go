@@ -43,11 +43,14 @@ type backendFlags struct {
 	cfsslChain    string
 	cfsslConfig   string
 	vault         vaultFlags
+	// hasState: the trust bundle comes from a CA state (--state-dir or
+	// --state-secret), not from --trust-anchors.
+	hasState bool
 }
 
 func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl or vault")
-	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned for external backends (required with --signer cfssl)")
+	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned, for external backends; or give them a CA state (--state-dir, --state-secret) that `meshca root` rotates")
 	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
 	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
@@ -76,8 +79,8 @@ func (b *backendFlags) validate() error {
 	}
 	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
 	switch {
-	case b.trustAnchors == "":
-		return fmt.Errorf("%s is required with the cfssl signer: the trust bundle is pinned, never learned from the backend", name("trust-anchors"))
+	case b.trustAnchors == "" && !b.hasState:
+		return fmt.Errorf("%s (or a CA state) is required with the cfssl signer: the trust bundle is pinned, never learned from the backend", name("trust-anchors"))
 	case inProcess == (b.cfsslURL != ""):
 		return fmt.Errorf("cfssl signer: give either %s (remote) or %s and %s (in process)", name("cfssl-url"), name("cfssl-ca-cert"), name("cfssl-ca-key"))
 	case inProcess && (b.cfsslCACert == "" || b.cfsslCAKey == ""):
@@ -106,8 +109,10 @@ func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
 		return nil
 	}
 	var err error
-	if c.TrustAnchors, err = readCerts(name("trust-anchors"), b.trustAnchors); err != nil {
-		return err
+	if b.trustAnchors != "" {
+		if c.TrustAnchors, err = readCerts(name("trust-anchors"), b.trustAnchors); err != nil {
+			return err
+		}
 	}
 	if b.servingCert != "" {
 		cert, err := tls.LoadX509KeyPair(b.servingCert, b.servingKey)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto"
 	"crypto/x509"
 	"errors"
@@ -25,6 +26,7 @@ type prepareFlags struct {
 	caDir       string
 	external    bool
 	reason      string
+	signer      rootSignerFlags
 }
 
 func newRootPrepareCommand() *cobra.Command {
@@ -45,11 +47,21 @@ func newRootPrepareCommand() *cobra.Command {
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
+			f.signer.out = cmd.OutOrStdout()
+			made, err := f.inBackend(ctx, store)
+			if err != nil {
+				return rootError(err)
+			}
 			var added *keymgr.AuthorityRecord
 			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
-				rec, err := f.record(s)
-				if err != nil {
-					return err
+				rec := made
+				if rec == nil {
+					if rec, err = f.record(s); err != nil {
+						return err
+					}
+				} else {
+					c := *made // a fresh copy for every attempt: the step writes its history
+					rec = &c
 				}
 				added = rec
 				if s.Active() == nil {
@@ -79,7 +91,29 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.StringVar(&f.caDir, "ca-dir", "", "import a CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem)")
 	fl.BoolVar(&f.external, "external", false, "import only the root of an external backend (--cert): trust without a key")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
+	f.signer.register(fl)
 	return cmd
+}
+
+// inBackend creates the authority in an external signer (a Vault issuer),
+// or returns nil when the flags alone build it.
+func (f *prepareFlags) inBackend(ctx context.Context, store keymgr.StateStore) (*keymgr.AuthorityRecord, error) {
+	be, err := f.signer.backend(ctx)
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	cur, _, err := store.Load(ctx)
+	switch {
+	case errors.Is(err, keymgr.ErrNoState):
+		cur = &keymgr.State{}
+	case err != nil:
+		return nil, err
+	}
+	rec, err := be.prepare(ctx, cur, f)
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	return rec, nil
 }
 
 func (f *prepareFlags) reasonOr(def string) string {
@@ -122,18 +156,23 @@ func (f *prepareFlags) record(s *keymgr.State) (*keymgr.AuthorityRecord, error) 
 	case f.certFile != "":
 		return f.imported()
 	}
-	org := f.trustDomain
-	if org == "" {
-		org = "cluster.local"
-		if a := s.Active(); a != nil && len(a.Root.Subject.Organization) > 0 {
-			org = a.Root.Subject.Organization[0]
-		}
-	}
-	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: keymgr.KeyType(f.keyType), Organization: org, TTL: f.lifetime})
+	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: keymgr.KeyType(f.keyType), Organization: f.organization(s), TTL: f.lifetime})
 	if err != nil {
 		return nil, fmt.Errorf("--key-type: %w", err)
 	}
 	return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
+}
+
+// organization is a generated root's: --trust-domain, else the active
+// root's, else cluster.local.
+func (f *prepareFlags) organization(s *keymgr.State) string {
+	if f.trustDomain != "" {
+		return f.trustDomain
+	}
+	if a := s.Active(); a != nil && len(a.Root.Subject.Organization) > 0 {
+		return a.Root.Subject.Organization[0]
+	}
+	return "cluster.local"
 }
 
 func (f *prepareFlags) imported() (*keymgr.AuthorityRecord, error) {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -100,13 +101,14 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 		return err
 	}
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
+	step := strings.TrimSpace(v.Next.Step + " " + v.Next.ID)
 	switch {
 	case v.Next.Step == "":
 		fmt.Fprintf(w, "next step: none (%s)\n", v.Next.Why)
 	case !v.Next.SafeAt.After(now):
-		fmt.Fprintf(w, "next step: %s %s, safe now (%s)\n", v.Next.Step, v.Next.ID, v.Next.Why)
+		fmt.Fprintf(w, "next step: %s, safe now (%s)\n", step, v.Next.Why)
 	default:
-		fmt.Fprintf(w, "next step: %s %s, safe at %s, in %s (%s)\n", v.Next.Step, v.Next.ID,
+		fmt.Fprintf(w, "next step: %s, safe at %s, in %s (%s)\n", step,
 			v.Next.SafeAt.UTC().Format(time.RFC3339), v.Next.SafeAt.Sub(now).Round(time.Second), v.Next.Why)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 // stepFlags are those of the guarded steps, activate and retire.
 type stepFlags struct {
 	store  storeFlags
+	signer rootSignerFlags
 	force  bool
 	reason string
 	margin time.Duration
@@ -25,7 +27,7 @@ func newRootActivateCommand() *cobra.Command {
 			"once and trusts the new root. The refusal says when it becomes safe.",
 		keymgr.PhasePrepared, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
 			return s.Activate(id, now, keymgr.Guards{Margin: f.margin}, f.force, f.reasonOr("activated by meshca root activate"))
-		})
+		}, rootBackend.activate)
 }
 
 func newRootRetireCommand() *cobra.Command {
@@ -34,13 +36,18 @@ func newRootRetireCommand() *cobra.Command {
 			"when they have all expired.",
 		keymgr.PhasePrevious, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
 			return s.Retire(id, now, f.force, f.reasonOr("retired by meshca root retire"))
-		})
+		}, rootBackend.retire)
 }
 
+// stepFunc takes a step on the authority id of s.
+type stepFunc func(s *keymgr.State, id string, now time.Time, f *stepFlags) error
+
 // newRootStepCommand builds a guarded step on the authority named by its
-// argument, or on the only one in phase when none is named.
-func newRootStepCommand(use, short, long string, phase keymgr.Phase,
-	step func(s *keymgr.State, id string, now time.Time, f *stepFlags) error) *cobra.Command {
+// argument, or on the only one in phase when none is named. With an
+// external signer, the step is first tried on a copy of the state (its
+// guard decides), then taken in the backend, then recorded.
+func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFunc,
+	inBackend func(rootBackend, context.Context, *keymgr.AuthorityRecord) error) *cobra.Command {
 	f := &stepFlags{}
 	cmd := &cobra.Command{
 		Use: use, Short: short, Long: long + "\n--force overrides the guard, only with --reason; both are recorded.",
@@ -55,7 +62,20 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase,
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
+			f.signer.out = cmd.OutOrStdout()
+			be, err := f.signer.backend(ctx)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
 			var id string
+			if _, local := be.(localRoot); !local {
+				if id, err = tryStep(ctx, store, args, phase, step, f, func(rec *keymgr.AuthorityRecord) error {
+					return inBackend(be, ctx, rec)
+				}); err != nil {
+					auditStep(cmd, cmd.Name(), id, f.force, f.reason, err)
+					return rootError(err)
+				}
+			}
 			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
 				rec, err := pick(s, args, phase)
 				if err != nil {
@@ -75,10 +95,29 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase,
 		},
 	}
 	f.store.register(cmd)
+	f.signer.register(cmd.Flags())
 	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
 	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultActivationMargin, "activate: margin added to half the longest leaf lifetime")
 	return cmd
+}
+
+// tryStep takes the step on a copy of the stored state and, if the state
+// allows it, in the backend (do); it returns the authority's id.
+func tryStep(ctx context.Context, store keymgr.StateStore, args []string, phase keymgr.Phase, step stepFunc, f *stepFlags,
+	do func(*keymgr.AuthorityRecord) error) (string, error) {
+	cur, _, err := store.Load(ctx)
+	if err != nil {
+		return "", err
+	}
+	rec, err := pick(cur, args, phase)
+	if err != nil {
+		return "", &exitError{code: exitUsage, err: err}
+	}
+	if err := step(cur.Clone(), rec.ID(), time.Now(), f); err != nil {
+		return rec.ID(), err
+	}
+	return rec.ID(), do(rec)
 }
 
 func (f *stepFlags) reasonOr(def string) string {

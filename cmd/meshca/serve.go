@@ -54,12 +54,14 @@ type serveFlags struct {
 	trustSelector  string
 	trustSkip      []string
 	trustLeaseNS   string
+	ctb            ctbFlags
 	autoRotate     bool
 	prepareAt      float64
 	rotationMargin time.Duration
 	rootLifetime   time.Duration
 	backdate       time.Duration
 	b              backendFlags
+	bundle         bundleEndpointFlags
 }
 
 func newServeCommand() *cobra.Command {
@@ -80,6 +82,7 @@ func newServeCommand() *cobra.Command {
 	fl := cmd.Flags()
 	f.log.register(cmd)
 	f.b.register(fl)
+	f.bundle.register(fl)
 	fl.StringVar(&f.configFile, "config", "", "YAML file with the signer selection and one section per backend (docs/signers/); flags given on the command line win")
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.addressFile, "address-file", "", "write the bound gRPC and admin addresses here as JSON once listening (useful with port 0)")
@@ -91,6 +94,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
 	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-system, kube-public and kube-node-lease")
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
+	f.ctb.register(fl)
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
@@ -131,14 +135,17 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("--trust-domain: %w", err)
 	}
+	f.b.hasState = f.stateDir != "" || f.stateSecret != ""
 	if err := f.b.validate(); err != nil {
 		return c, err
 	}
 	switch {
 	case f.b.signer == signerLocal && count(f.stateDir != "", f.stateSecret != "", f.caDir != "") != 1:
 		return c, errors.New("give exactly one of --state-dir or --state-secret (self-signed CA) and --ca-dir (plugged-in CA)")
-	case f.b.signer != signerLocal && (f.stateDir != "" || f.stateSecret != "" || f.caDir != ""):
-		return c, fmt.Errorf("--state-dir, --state-secret and --ca-dir belong to the local signer, not --signer %s", f.b.signer)
+	case f.b.signer != signerLocal && f.caDir != "":
+		return c, fmt.Errorf("--ca-dir belongs to the local signer, not --signer %s", f.b.signer)
+	case f.b.signer != signerLocal && count(f.stateDir != "", f.stateSecret != "", f.b.trustAnchors != "") != 1:
+		return c, fmt.Errorf("--signer %s: give exactly one of --trust-anchors (a pinned bundle) and --state-dir or --state-secret (a CA state that `meshca root` rotates)", f.b.signer)
 	case f.defaultTTL <= 0 || f.maxTTL <= 0:
 		return c, errors.New("--default-ttl and --max-ttl must be positive")
 	case f.defaultTTL > f.maxTTL:
@@ -162,6 +169,9 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
 		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
 	}
+	if err := f.ctb.validate(td); err != nil {
+		return c, err
+	}
 	accounts, err := ca.ParseNodeAccounts(f.nodeAccounts)
 	if err != nil {
 		return c, fmt.Errorf("--trusted-node-accounts: %w", err)
@@ -178,6 +188,10 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("--key-policy: %w", err)
 	}
+	bundle, err := f.bundle.config(td, f.b.signer)
+	if err != nil {
+		return c, err
+	}
 	return serve.Config{
 		TrustDomain: td, Listen: f.listen, AdminListen: f.adminListen, ServingNames: f.servingNames,
 		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
@@ -187,7 +201,9 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
 			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 		},
-		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS},
+		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
+			ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer},
+		BundleEndpoint: bundle,
 		Backend: serve.Backend{
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},

@@ -51,10 +51,14 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
 		{name: "remote twice", mutate: func(f *serveFlags) { f.remotes = []string{"east=/a", "east=/b"} }, want: "given twice"},
 		{name: "unknown signer", mutate: func(f *serveFlags) { f.b.signer = "hsm" }, want: `--signer (signer): "hsm"`},
-		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors (trustAnchors) is required"},
-		{name: "cfssl with state dir", mutate: func(f *serveFlags) {
+		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors (trustAnchors) (or a CA state) is required"},
+		{name: "cfssl with state dir and anchors", mutate: func(f *serveFlags) {
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
-		}, want: "belong to the local signer"},
+		}, want: "--signer cfssl: give exactly one of --trust-anchors (a pinned bundle) and --state-dir or --state-secret"},
+		{name: "cfssl with ca dir", mutate: func(f *serveFlags) {
+			f.stateDir, f.caDir = "", "d"
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
+		}, want: "--ca-dir belongs to the local signer, not --signer cfssl"},
 		{name: "cfssl remote and local", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x", cfsslCACert: "c", cfsslCAKey: "k"}

@@ -46,15 +46,9 @@ func (v *vaultFlags) register(fl *pflag.FlagSet) {
 
 func (b *backendFlags) validateVault() error {
 	v := b.vault
-	methods := 0
-	for _, set := range []bool{v.tokenFile != "", v.approleRoleID != "", v.k8sRole != ""} {
-		if set {
-			methods++
-		}
-	}
 	switch {
-	case b.trustAnchors == "":
-		return fmt.Errorf("%s is required with the vault signer: Vault answers with its issuing CA, never the roots workloads must trust", name("trust-anchors"))
+	case b.trustAnchors == "" && !b.hasState:
+		return fmt.Errorf("%s (or a CA state) is required with the vault signer: Vault answers with its issuing CA, never the roots workloads must trust", name("trust-anchors"))
 	case v.addr == "":
 		return fmt.Errorf("%s is required with the vault signer", name("vault-addr"))
 	case v.role == "":
@@ -63,6 +57,25 @@ func (b *backendFlags) validateVault() error {
 		return fmt.Errorf("%s names the same role as %s: a Vault role fixes its key usages, and RSA keys need key encipherment that other keys must not have", name("vault-rsa-role"), name("vault-role"))
 	case v.reloginBackoff < 0:
 		return fmt.Errorf("%s must not be negative", name("vault-relogin-backoff"))
+	}
+	if err := v.validateLogin(); err != nil {
+		return err
+	}
+	if b.servingCert == "" || b.servingKey == "" {
+		return fmt.Errorf("%s and %s are required with the vault signer: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
+	}
+	return nil
+}
+
+// validateLogin checks the mount and that exactly one login is given.
+func (v *vaultFlags) validateLogin() error {
+	methods := 0
+	for _, set := range []bool{v.tokenFile != "", v.approleRoleID != "", v.k8sRole != ""} {
+		if set {
+			methods++
+		}
+	}
+	switch {
 	case v.mount == "":
 		return fmt.Errorf("%s must not be empty", name("vault-pki-mount"))
 	case methods != 1:
@@ -71,15 +84,12 @@ func (b *backendFlags) validateVault() error {
 		return fmt.Errorf("%s needs %s", name("vault-approle-secret-id-file"), name("vault-approle-role-id"))
 	case v.approleRoleID != "" && v.approleSecretIDFile == "" && os.Getenv(envVaultSecretID) == "":
 		return fmt.Errorf("AppRole login needs %s or %s", name("vault-approle-secret-id-file"), envVaultSecretID)
-	case b.servingCert == "" || b.servingKey == "":
-		return fmt.Errorf("%s and %s are required with the vault signer: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
 	}
 	return nil
 }
 
-// vaultConfig is the Vault backend's configuration from the flags.
-func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
-	v := b.vault
+// auth is the login method the flags give.
+func (v *vaultFlags) auth() (api.AuthMethod, error) {
 	var (
 		auth api.AuthMethod
 		err  error
@@ -97,7 +107,17 @@ func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 		auth, err = vault.Kubernetes(v.k8sMount, v.k8sRole, v.k8sTokenFile)
 	}
 	if err != nil {
-		return vault.Config{}, fmt.Errorf("vault login: %w", err)
+		return nil, fmt.Errorf("vault login: %w", err)
+	}
+	return auth, nil
+}
+
+// vaultConfig is the Vault backend's configuration from the flags.
+func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
+	v := b.vault
+	auth, err := v.auth()
+	if err != nil {
+		return vault.Config{}, err
 	}
 	return vault.Config{
 		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole,

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,9 +29,19 @@ func CfsslBinary() (string, error) {
 
 // Cfssl is a running `cfssl serve`.
 type Cfssl struct {
-	URL string
-	cmd *exec.Cmd
-	log string
+	URL  string
+	Port int
+	cmd  *exec.Cmd
+	log  string
+	once sync.Once
+}
+
+// Stop kills the server and waits for it; a second Stop does nothing.
+func (c *Cfssl) Stop() {
+	c.once.Do(func() {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+	})
 }
 
 // CfsslRSAProfile is the profile for RSA workload keys that StartCfssl
@@ -51,6 +62,11 @@ type CfsslOptions struct {
 	// CopySubject leaves the CSR whitelist out, so that cfssl copies a
 	// CSR's subject (a misconfiguration meshca refuses).
 	CopySubject bool
+	// Backdate of both profiles; "2m" when empty.
+	Backdate string
+	// Port to listen on; the kernel picks one when zero. A test that
+	// restarts cfssl with another key (a root rotation) reuses the port.
+	Port int
 }
 
 // StartCfssl runs `cfssl serve` on 127.0.0.1 signing with a, and stops it
@@ -68,8 +84,11 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 	if o.Expiry == "" {
 		o.Expiry = "24h"
 	}
+	if o.Backdate == "" {
+		o.Backdate = "2m"
+	}
 	profile := func(usages []string) map[string]any {
-		p := map[string]any{"usages": usages, "expiry": o.Expiry, "backdate": "2m"}
+		p := map[string]any{"usages": usages, "expiry": o.Expiry, "backdate": o.Backdate}
 		if !o.CopySubject {
 			p["CSRWhitelist"] = map[string]bool{"PublicKey": true, "PublicKeyAlgorithm": true, "SignatureAlgorithm": true}
 		}
@@ -98,15 +117,14 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c.cmd = exec.Command(bin, "serve", "-address", "127.0.0.1", "-port", "0",
+	c.cmd = exec.Command(bin, "serve", "-address", "127.0.0.1", "-port", strconv.Itoa(o.Port),
 		"-ca", filepath.Join(dir, "ca.pem"), "-ca-key", filepath.Join(dir, "ca-key.pem"), "-config", filepath.Join(dir, "config.json"))
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {
 		tb.Fatalf("start cfssl serve: %v", err)
 	}
 	tb.Cleanup(func() {
-		_ = c.cmd.Process.Kill()
-		_ = c.cmd.Wait()
+		c.Stop()
 		logf.Close()
 		if tb.Failed() {
 			b, _ := os.ReadFile(c.log)
@@ -118,6 +136,7 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 		b, _ := os.ReadFile(c.log)
 		tb.Fatalf("cfssl serve did not listen: %v\n%s", err, b)
 	}
+	c.Port = ports[0]
 	c.URL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	return c
 }

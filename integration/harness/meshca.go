@@ -38,6 +38,9 @@ func BuildMeshca(dir string) (string, error) {
 type Meshca struct {
 	Addr      string // gRPC host:port
 	AdminAddr string // HTTP host:port
+	// BundleAddr is the SPIFFE bundle endpoint's host:port, when meshca
+	// serves one (--bundle-endpoint-listen).
+	BundleAddr string
 	// Started is how long the process took from exec to ready.
 	Started time.Duration
 	cmd     *exec.Cmd
@@ -105,7 +108,7 @@ func (m *Meshca) waitReady(addrFile string, timeout time.Duration) error {
 			if err != nil {
 				continue
 			}
-			m.Addr, m.AdminAddr = a.GRPC, a.Admin
+			m.Addr, m.AdminAddr, m.BundleAddr = a.GRPC, a.Admin, a.BundleEndpoint
 		}
 		r, err := client.Get("http://" + m.AdminAddr + "/readyz")
 		if err != nil {
@@ -145,6 +148,24 @@ func (m *Meshca) Stop() {
 		<-m.done
 	}
 }
+
+// Kill sends SIGKILL, as a crash would, and waits for the process to
+// exit.
+func (m *Meshca) Kill() {
+	if m.cmd.Process == nil {
+		return
+	}
+	_ = m.cmd.Process.Kill()
+	<-m.done
+}
+
+// Signal sends sig to the process (an error once it has exited), and
+// Pid is its id, for reading /proc; tests that freeze it (SIGSTOP) to look
+// at it before a Kill use both.
+func (m *Meshca) Signal(sig os.Signal) error { return m.cmd.Process.Signal(sig) }
+
+// Pid is the process id.
+func (m *Meshca) Pid() int { return m.cmd.Process.Pid }
 
 // Exited reports the exit state once the process has stopped.
 func (m *Meshca) Exited() *os.ProcessState {

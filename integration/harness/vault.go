@@ -168,6 +168,7 @@ const (
 type VaultRole struct {
 	AllowedURISANs string // both roles; default spiffe://cluster.local/*
 	KeyUsage       string // VaultMainRole's; default DigitalSignature
+	NotBefore      string // both roles' not_before_duration; default 120s
 }
 
 // ConfigurePKI mounts a PKI engine at mount, imports a as its issuer
@@ -177,9 +178,7 @@ type VaultRole struct {
 func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r VaultRole) {
 	tb.Helper()
 	ctx := context.Background()
-	if err := v.Client.Sys().MountWithContext(ctx, mount, &api.MountInput{Type: "pki", Config: api.MountConfigInput{MaxLeaseTTL: "87600h"}}); err != nil {
-		tb.Fatalf("mount %s: %v", mount, err)
-	}
+	v.MountPKI(tb, mount)
 	keyPEM, err := pemutil.EncodePrivateKey(a.Key)
 	if err != nil {
 		tb.Fatal(err)
@@ -191,11 +190,30 @@ func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r
 	if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/issuer/default", map[string]any{"leaf_not_after_behavior": "truncate"}); err != nil {
 		tb.Fatalf("issuer settings: %v", err)
 	}
+	v.ConfigureRoles(tb, mount, r)
+}
+
+// MountPKI mounts a PKI engine, with no issuer, at mount.
+func (v *Vault) MountPKI(tb testing.TB, mount string) {
+	tb.Helper()
+	if err := v.Client.Sys().MountWithContext(context.Background(), mount, &api.MountInput{Type: "pki", Config: api.MountConfigInput{MaxLeaseTTL: "87600h"}}); err != nil {
+		tb.Fatalf("mount %s: %v", mount, err)
+	}
+}
+
+// ConfigureRoles creates the roles docs/signers/vault.md documents in
+// mount: VaultMainRole and VaultRSARole, signing with the default issuer.
+func (v *Vault) ConfigureRoles(tb testing.TB, mount string, r VaultRole) {
+	tb.Helper()
+	ctx := context.Background()
 	if r.AllowedURISANs == "" {
 		r.AllowedURISANs = "spiffe://cluster.local/*"
 	}
 	if r.KeyUsage == "" {
 		r.KeyUsage = "DigitalSignature"
+	}
+	if r.NotBefore == "" {
+		r.NotBefore = "120s"
 	}
 	roles := map[string]map[string]any{
 		VaultMainRole: {"key_type": "any", "key_usage": r.KeyUsage},
@@ -207,7 +225,7 @@ func (v *Vault) ConfigurePKI(tb testing.TB, mount string, a *keymgr.Authority, r
 			"allowed_uri_sans": r.AllowedURISANs, "allow_any_name": false, "enforce_hostnames": false,
 			"require_cn": false, "use_csr_sans": true, "use_csr_common_name": false,
 			"ext_key_usage": "ServerAuth,ClientAuth", "basic_constraints_valid_for_non_ca": true, "no_store": true,
-			"ttl": "24h", "max_ttl": "24h", "not_before_duration": "120s",
+			"ttl": "24h", "max_ttl": "24h", "not_before_duration": r.NotBefore,
 		})
 		if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/roles/"+role, settings); err != nil {
 			tb.Fatalf("role %s: %v", role, err)

@@ -15,6 +15,8 @@ import (
 type Addresses struct {
 	GRPC  string `json:"grpc"`
 	Admin string `json:"admin,omitempty"`
+	// BundleEndpoint is the SPIFFE bundle endpoint's (HTTPS), when served.
+	BundleEndpoint string `json:"bundle_endpoint,omitempty"`
 }
 
 // Write stores a at path atomically: a reader sees all of it or nothing.

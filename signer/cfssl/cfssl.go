@@ -43,6 +43,9 @@ type backend interface {
 	sign(ctx context.Context, req cfsigner.SignRequest, usages csr.Usages) ([]byte, error)
 	// issuer returns the certificate cfssl signs with.
 	issuer(ctx context.Context) (*x509.Certificate, error)
+	// reissuer forgets stale, a certificate cfssl no longer signs with
+	// (its key was changed, for a root rotation), and reads the current one.
+	reissuer(ctx context.Context, stale *x509.Certificate) (*x509.Certificate, error)
 }
 
 // Signer is a cfssl backend.
@@ -87,6 +90,13 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, signer.Errorf(name, signer.KindInternal, "cfssl returned no single certificate: %v", err)
 	}
 	leaf := certs[0]
+	if leaf.CheckSignatureFrom(issuer) != nil {
+		// The server signs with another key than the one meshca read: an
+		// operator changed it. Learn the new certificate (once per change).
+		if fresh, err := s.backend.reissuer(ctx, issuer); err == nil && leaf.CheckSignatureFrom(fresh) == nil {
+			issuer, limit = fresh, keymgr.PathExpiry(fresh, s.chain...)
+		}
+	}
 	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
 		return nil, withHint(err, leaf)
 	}

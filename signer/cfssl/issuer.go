@@ -51,6 +51,17 @@ func (c *issuerCache) get(ctx context.Context) (*x509.Certificate, error) {
 	}
 }
 
+// forget drops the cached certificate if it is still stale, so that the
+// next get reads the server's current one; concurrent callers that saw
+// the same stale certificate cause one fetch, not one each.
+func (c *issuerCache) forget(stale *x509.Certificate) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cert != nil && c.cert.Equal(stale) {
+		c.cert = nil
+	}
+}
+
 func (c *issuerCache) run(f *issuerFetch) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()

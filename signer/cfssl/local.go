@@ -122,6 +122,10 @@ func (b *localBackend) harden(n string, p *config.SigningProfile) (*config.Signi
 
 func (b *localBackend) issuer(context.Context) (*x509.Certificate, error) { return b.cert, nil }
 
+func (b *localBackend) reissuer(context.Context, *x509.Certificate) (*x509.Certificate, error) {
+	return b.cert, nil
+}
+
 func (b *localBackend) sign(_ context.Context, req cfsigner.SignRequest, usages csr.Usages) ([]byte, error) {
 	p, err := cfsigner.Profile(b.signer, req.Profile)
 	if err != nil {

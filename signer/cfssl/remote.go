@@ -134,6 +134,11 @@ func (b *remoteBackend) issuer(ctx context.Context) (*x509.Certificate, error) {
 	return b.issuers.get(ctx)
 }
 
+func (b *remoteBackend) reissuer(ctx context.Context, stale *x509.Certificate) (*x509.Certificate, error) {
+	b.issuers.forget(stale)
+	return b.issuers.get(ctx)
+}
+
 func (b *remoteBackend) sign(ctx context.Context, req cfsigner.SignRequest, _ csr.Usages) ([]byte, error) {
 	body, err := json.Marshal(wireSignRequest{Hosts: req.Hosts, Request: req.Request, Profile: req.Profile, Label: req.Label})
 	if err != nil {
@@ -157,6 +162,16 @@ func (b *remoteBackend) sign(ctx context.Context, req cfsigner.SignRequest, _ cs
 		return nil, err
 	}
 	return []byte(res.Certificate), nil
+}
+
+// RemoteIssuer reads the certificate the cfssl server c names signs with
+// now (for c.Label and c.Profile), from its info endpoint.
+func RemoteIssuer(ctx context.Context, c RemoteConfig) (*x509.Certificate, error) {
+	s, err := NewRemote(c)
+	if err != nil {
+		return nil, err
+	}
+	return s.backend.(*remoteBackend).info(ctx, c.Label, c.Profile)
 }
 
 // info reads the certificate the server signs with for label and profile.

@@ -110,9 +110,22 @@ func New(c Config) (*Signer, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	client, err := newClient(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Signer{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
+}
+
+// newClient is a Vault client for c, without a token and without hidden
+// retries.
+func newClient(c Config) (*api.Client, error) {
 	cfg := api.DefaultConfig()
 	cfg.Address = c.Address
 	cfg.Timeout = c.Timeout
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
 	cfg.MaxRetries = 0 // meshca's clients retry; a hidden retry would blow their deadline
 	if c.CACertFile != "" {
 		if err := cfg.ConfigureTLS(&api.TLSConfig{CACert: c.CACertFile}); err != nil {
@@ -124,7 +137,7 @@ func New(c Config) (*Signer, error) {
 		return nil, fmt.Errorf("vault: %w", err)
 	}
 	client.ClearToken()
-	return &Signer{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
+	return client, nil
 }
 
 // Sign implements signer.Signer with <mount>/sign/<role>, the role

@@ -3,10 +3,9 @@ package trustprom_test
 import (
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestCounter(t *testing.T) {
@@ -15,30 +14,47 @@ func TestCounter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.ObserveWrite(trust.ResultCreated)
-	c.ObserveWrite(trust.ResultCreated)
-	c.ObserveWrite(trust.ResultUpdated)
+	cm, ctb := c.Kind(trustprom.KindConfigMap), c.Kind(trustprom.KindClusterTrustBundle)
+	cm.ObserveWrite(trust.ResultCreated)
+	cm.ObserveWrite(trust.ResultCreated)
+	cm.ObserveWrite(trust.ResultUpdated)
+	ctb.ObserveWrite(trust.ResultCreated)
+	ctb.ObserveWrite(trust.ResultNotOwned)
 
-	got := map[string]float64{}
+	type series struct{ kind, result string }
+	got := map[series]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "meshca_trust_configmap_writes_total" {
+		if mf.GetName() != "meshca_trust_writes_total" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			var s series
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "kind":
+					s.kind = l.GetValue()
+				case "result":
+					s.result = l.GetValue()
+				}
+			}
+			got[s] = m.GetCounter().GetValue()
 		}
 	}
-	want := map[string]float64{
-		trust.ResultCreated: 2, trust.ResultUpdated: 1,
-		trust.ResultConflict: 0, trust.ResultForbidden: 0, trust.ResultError: 0,
+	want := map[series]float64{
+		{"configmap", trust.ResultCreated}: 2, {"configmap", trust.ResultUpdated}: 1,
+		{"configmap", trust.ResultConflict}: 0, {"configmap", trust.ResultForbidden}: 0, {"configmap", trust.ResultError}: 0,
+		{"clustertrustbundle", trust.ResultCreated}: 1, {"clustertrustbundle", trust.ResultUpdated}: 0,
+		{"clustertrustbundle", trust.ResultConflict}: 0, {"clustertrustbundle", trust.ResultForbidden}: 0,
+		{"clustertrustbundle", trust.ResultInvalid}: 0, {"clustertrustbundle", trust.ResultNotOwned}: 1,
+		{"clustertrustbundle", trust.ResultError}: 0,
 	}
-	for result, w := range want {
-		if v, ok := got[result]; !ok || v != w {
-			t.Errorf("result=%q: %v (present %v), want %v", result, v, ok, w)
+	for s, w := range want {
+		if v, ok := got[s]; !ok || v != w {
+			t.Errorf("%+v: %v (present %v), want %v", s, v, ok, w)
 		}
 	}
 	if len(got) != len(want) {

@@ -1,0 +1,52 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+
+	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/keymgr/secretstore"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+)
+
+// RotatorLease is the Lease the replicas sharing a CA state Secret elect
+// the one that takes automatic rotation steps on.
+const RotatorLease = "meshca-root-rotator"
+
+// leaderIdentity names this replica in a Lease: its host name (the Pod's)
+// and a random suffix, unique across restarts.
+func leaderIdentity() string {
+	host, _ := os.Hostname()
+	return host + "-" + rand.String(6)
+}
+
+// campaign runs run while this replica holds the Lease namespace/lease,
+// and campaigns again when it loses it, until ctx ends: losing a lease
+// stops the work that needs it, never the CA. It returns run's own error.
+func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error, log *slog.Logger) error {
+	identity := leaderIdentity()
+	for {
+		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log)
+		if !errors.Is(err, trust.ErrLeadershipLost) || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
+	}
+}
+
+// electedOn makes run, the automatic rotation loop, run on one replica
+// at a time when the CA state is a Secret that replicas share; on a
+// state directory, which only this process (and the CLI) can reach, run
+// is returned as it is.
+func electedOn(store any, run func(context.Context) error, log *slog.Logger) func(context.Context) error {
+	s, ok := store.(*secretstore.Store)
+	if !ok {
+		return run
+	}
+	return func(ctx context.Context) error {
+		return campaign(ctx, s.Client, s.Namespace, RotatorLease, run, log)
+	}
+}

@@ -1,0 +1,104 @@
+package serve_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/serve"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// syncBuffer is a log destination the test reads while the server writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestAssembleClusterTrustBundleWithoutTheAPI: publishing a
+// ClusterTrustBundle to an apiserver that does not serve the API (the fake
+// one serves no group) is skipped with one log line; the server serves on,
+// the ConfigMap publisher beside it runs, and Run ends cleanly.
+func TestAssembleClusterTrustBundleWithoutTheAPI(t *testing.T) {
+	c := config(t)
+	var logs syncBuffer
+	c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	c.Trust = serve.Trust{Publish: true, ClusterTrustBundle: true, ClusterTrustBundleSigner: "meshca.io/svid", LeaseNamespace: "istio-system"}
+	p := start(t, c)
+	const skip = `"msg":"the apiserver serves no ClusterTrustBundle API (certificates.k8s.io/v1, certificates.k8s.io/v1beta1, certificates.k8s.io/v1alpha1); not publishing the trust bundle as a ClusterTrustBundle","name":"meshca.io:svid:cluster.local","signer_name":"meshca.io/svid"`
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), skip); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no skip line within 10s:\n%s", logs.String())
+		}
+	}
+	if _, err := client(t, p, c, token, nil).Fetch(context.Background(), web, caclient.Options{}); err != nil {
+		t.Fatalf("SVID after the skip: %v", err)
+	}
+	r, err := http.Get("http://" + p.Addresses().Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, m := range []string{
+		`meshca_trust_writes_total{kind="clustertrustbundle",result="created"} 0`,
+		`meshca_trust_writes_total{kind="configmap",result="created"}`,
+	} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+	if n := strings.Count(logs.String(), "not publishing the trust bundle as a ClusterTrustBundle"); n != 1 {
+		t.Errorf("%d skip lines, want 1", n)
+	}
+}
+
+// TestAssembleTrustRefusals: a publishing setting the assembly cannot use
+// names the flag at fault.
+func TestAssembleTrustRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		td    string
+		trust serve.Trust
+		field string
+	}{
+		{name: "no lease namespace", trust: serve.Trust{ClusterTrustBundle: true}, field: "trust-lease-namespace"},
+		{name: "bad signer name", trust: serve.Trust{ClusterTrustBundle: true, ClusterTrustBundleSigner: "svid", LeaseNamespace: "ns"},
+			field: "cluster-trust-bundle-signer-name"},
+		{name: "trust domain unfit for a name", td: "a..b", trust: serve.Trust{ClusterTrustBundle: true, LeaseNamespace: "ns"},
+			field: "trust-domain"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := config(t)
+			if tc.td != "" {
+				c.TrustDomain = spiffeid.RequireTrustDomainFromString(tc.td)
+			}
+			c.Trust = tc.trust
+			_, err := serve.Assemble(context.Background(), c)
+			var fe *serve.FieldError
+			if !errors.As(err, &fe) || fe.Field != tc.field {
+				t.Fatalf("err = %v, want a FieldError for %q", err, tc.field)
+			}
+		})
+	}
+}

@@ -1,0 +1,128 @@
+package keymgr
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// ExternalTrust serves the trust bundle of a CA state whose keys live in
+// an external backend (Vault, cfssl): meshca manages which roots are
+// trusted, the backend signs. It is the Follower's Target for those
+// backends, and tells the signing path which authority a leaf the backend
+// returned was issued under (Judge).
+type ExternalTrust struct {
+	td     spiffeid.TrustDomain
+	guards Guards
+	cur    atomic.Pointer[externalState]
+}
+
+type externalState struct {
+	state  *State
+	bundle *x509bundle.Bundle
+}
+
+// NewExternalTrust returns an ExternalTrust for td that serves nothing
+// until a Follower gives it a state. g is the activation guard applied to
+// leaves signed under a prepared authority (see Judge).
+func NewExternalTrust(td spiffeid.TrustDomain, g Guards) *ExternalTrust {
+	return &ExternalTrust{td: td, guards: g}
+}
+
+// Use implements Target: it needs an active authority and trusts the
+// state's bundle. Keys are not needed.
+func (e *ExternalTrust) Use(s *State, _ time.Time) error {
+	if s.Active() == nil {
+		return errors.New("keymgr: the CA state has no active authority")
+	}
+	roots := s.Bundle()
+	e.cur.Store(&externalState{state: s.Clone(), bundle: x509bundle.FromX509Authorities(e.td, roots)})
+	return nil
+}
+
+// GetX509BundleForTrustDomain implements x509bundle.Source.
+func (e *ExternalTrust) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	c := e.cur.Load()
+	switch {
+	case td != e.td:
+		return nil, fmt.Errorf("keymgr: no bundle for trust domain %q", td)
+	case c == nil:
+		return nil, errors.New("keymgr: no CA state loaded yet")
+	}
+	return c.bundle, nil
+}
+
+// RootNotAfter is when the earliest trusted root expires.
+func (e *ExternalTrust) RootNotAfter() time.Time {
+	if c := e.cur.Load(); c != nil {
+		return EarliestExpiry(c.bundle.X509Authorities()...)
+	}
+	return time.Time{}
+}
+
+// ChainNotAfter is when the active authority's signing path expires.
+func (e *ExternalTrust) ChainNotAfter() time.Time {
+	c := e.cur.Load()
+	if c == nil {
+		return time.Time{}
+	}
+	a := c.state.Active()
+	return PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)
+}
+
+// Judge returns the authority of the served state that issued leaf (with
+// intermediates, nearest first, as the backend returned them), or an
+// error an operator can act on when the leaf must not be handed out: no
+// trusted authority issued it, the authority is retired, or it is a
+// prepared one whose root has not been served long enough for workloads
+// to trust it (the activation guard at now). A backend switched to a new
+// key before `meshca root activate` allows it is caught here, and its
+// leaves are refused rather than break handshakes.
+func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Certificate, now time.Time) (*AuthorityRecord, error) {
+	c := e.cur.Load()
+	if c == nil {
+		return nil, errors.New("keymgr: no CA state loaded yet")
+	}
+	var rec *AuthorityRecord
+	for _, a := range c.state.Authorities {
+		if issuedUnder(a, leaf, intermediates) {
+			rec = a
+			break
+		}
+	}
+	switch {
+	case rec == nil:
+		return nil, fmt.Errorf("keymgr: the backend signed under %q, which is no authority of the CA state: prepare and activate its root with `meshca root`", leaf.Issuer)
+	case rec.Phase == PhaseRetired:
+		return nil, fmt.Errorf("keymgr: the backend signed under retired authority %.16s, which workloads no longer trust", rec.ID())
+	case rec.Phase == PhasePrepared:
+		if at := c.state.activationSafeAt(rec, e.guards); now.Before(at) {
+			return nil, &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: at, Now: now,
+				Reason: "the backend already signs under this prepared authority; " + c.state.activationWhy(rec, e.guards)}
+		}
+	}
+	return rec, nil
+}
+
+// issuedUnder reports whether a's signing certificate issued leaf, given
+// the intermediates the backend returned.
+func issuedUnder(a *AuthorityRecord, leaf *x509.Certificate, intermediates []*x509.Certificate) bool {
+	if len(intermediates) > 0 && intermediates[0].Equal(a.Cert) {
+		return true
+	}
+	return leaf.CheckSignatureFrom(a.Cert) == nil
+}
+
+// Intermediates is the path from r's signing certificate up to its root,
+// without the root: what a leaf issued under r is sent with.
+func (r *AuthorityRecord) Intermediates() []*x509.Certificate {
+	if r.Cert.Equal(r.Root) {
+		return nil
+	}
+	return append([]*x509.Certificate{r.Cert}, r.Chain...)
+}
