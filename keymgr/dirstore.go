@@ -298,3 +298,24 @@ func syncDir(dir string) error {
 	defer f.Close()
 	return f.Sync()
 }
+
+// Tidy completes what a Save cut short by a crash left undone after its
+// commit: the cacerts layout brought up to the state, the keys of retired
+// authorities destroyed, temporary files removed. It saves the stored
+// state on its own version, which writes only what differs; with nothing
+// stored it does nothing.
+func (d DirStore) Tidy(ctx context.Context) error {
+	s, v, err := d.Load(ctx)
+	switch {
+	case errors.Is(err, ErrNoState):
+		return nil
+	case err != nil:
+		return err
+	case v == "":
+		return nil // the single-root layout: migrating it is the server's job
+	}
+	if _, err := d.Save(ctx, s, v); err != nil && !errors.Is(err, ErrConflict) {
+		return err
+	}
+	return nil
+}

@@ -216,3 +216,47 @@ func checkRepaired(t *testing.T, d DirStore, next *State) {
 		t.Fatal("after the repairing Save, ca-cert.pem is not the active authority's")
 	}
 }
+
+// TestDirStoreTidy: a retire cut short after its commit leaves the
+// retired key on disk and the cacerts layout behind; Tidy, with no change
+// to the state, finishes the job, and on an empty directory does nothing.
+func TestDirStoreTidy(t *testing.T) {
+	ctx := context.Background()
+	at := time.Now().Add(-time.Hour)
+	d := DirStore{Dir: t.TempDir()}
+	if err := d.Tidy(ctx); err != nil {
+		t.Fatalf("Tidy of an empty directory: %v", err)
+	}
+	old, next := crashRecord(t, PhaseActive, at), crashRecord(t, PhasePrepared, at)
+	v, err := d.Save(ctx, &State{Sequence: 2, Authorities: []*AuthorityRecord{old, next}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey, err := os.ReadFile(filepath.Join(d.Dir, KeyEntry(old.Cert)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retired := moved(moved(old, PhasePrevious, at), PhaseRetired, at)
+	retired.Key = nil
+	final := &State{Sequence: 3, Authorities: []*AuthorityRecord{retired, moved(next, PhaseActive, at)}}
+	if _, err := d.Save(ctx, final, v); err != nil {
+		t.Fatal(err)
+	}
+	// What a crash between the commit and the cleanup leaves.
+	if err := os.WriteFile(filepath.Join(d.Dir, KeyEntry(old.Cert)), oldKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.Dir, FileCAKey), oldKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaveTempFiles(t, d.Dir)
+	before, vBefore, _ := d.Load(ctx)
+	if err := d.Tidy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkRepaired(t, d, final)
+	after, vAfter, err := d.Load(ctx)
+	if err != nil || vAfter != vBefore || after.Sequence != before.Sequence {
+		t.Fatalf("Tidy changed the state: version %s → %s, err %v", vBefore, vAfter, err)
+	}
+}

@@ -119,6 +119,9 @@ func (c Clusters) stateSecret(secret string) (keymgr.StateStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
+	// client-go's default 5/s would make the first requests after a
+	// restart (each reads the state before it records its leaf) queue.
+	cfg.QPS, cfg.Burst = 50, 100
 	newClient := c.NewClient
 	if newClient == nil {
 		newClient = func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }
