@@ -6,23 +6,42 @@ GOTEST_FLAGS ?= -race -count=1
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build test test-unit test-integration test-istio tools k8s proto proto-check bench demo check lint clean
+.PHONY: all build test test-unit test-integration test-istio tools k8s manifests proto proto-check bench demo check lint clean
 
 all: build
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/meshca ./cmd/meshca
 
+## image: the container image without a container daemon (hack/image, its
+## own module, with go-containerregistry): a static -trimpath build of
+## meshca stamped with VERSION, in an OCI image layout tarball with a
+## docker manifest.json (docker load, podman load, skopeo oci-archive:).
+## Every time in it is SOURCE_DATE_EPOCH (default: HEAD's commit time), so
+## the same tree and Go give the same digest. The Dockerfile makes the same
+## files with a daemon.
+.PHONY: image test-image
+IMAGE_TAR ?= _out/meshca-image.tar
+IMAGE_REPOSITORY ?= ghcr.io/meshca/meshca
+image:
+	cd hack/image && $(GO) run . -root $(CURDIR) -version $(VERSION) \
+	  -repository $(IMAGE_REPOSITORY) -out $(abspath $(IMAGE_TAR))
+
 ## test: everything — unit tests, then the integration tests against a real
 ## etcd + kube-apiserver and an unmodified Istio client.
-test: proto-check check test-unit test-integration test-istio
+test: proto-check check test-unit test-image test-integration test-istio
 
 test-unit:
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-# Build (cached) the real etcd and kube-apiserver (k8s), and cfssl and
-# Vault (tools), before go test starts, so that the first, long builds show
-# their progress and are not cut by a test timeout. The three builds run at
+# Builds meshca once, packs it twice (same bytes) and reads the image back.
+# A packer, not concurrent code: no -race, which slows its gzip tenfold.
+test-image:
+	cd hack/image && $(GO) test -count=1 -timeout 10m ./...
+
+# Build (cached) the real etcd and kube-apiserver (k8s), and cfssl, Vault
+# and helm (tools), before go test starts, so that the first, long builds
+# show their progress and are not cut by a test timeout. The builds run at
 # once: their module downloads overlap the others' compiling.
 k8s:
 	hack/deps.sh
@@ -31,7 +50,14 @@ k8s:
 tools:
 	hack/deps.sh
 	@set -e; integration/scripts/k8s.sh build & k=$$!; integration/scripts/vault.sh build & v=$$!; \
-	integration/scripts/cfssl.sh build & c=$$!; wait $$k; wait $$v; wait $$c
+	integration/scripts/cfssl.sh build & c=$$!; integration/scripts/helm.sh build & h=$$!; \
+	wait $$k; wait $$v; wait $$c; wait $$h
+
+# deploy/manifests/meshca.yaml is the Helm chart's defaults rendered by the
+# real helm; integration/chart's TestManifestsUpToDate fails while it is stale.
+manifests:
+	integration/scripts/helm.sh manifests > deploy/manifests/meshca.yaml.tmp
+	mv deploy/manifests/meshca.yaml.tmp deploy/manifests/meshca.yaml
 
 test-integration: tools
 	cd integration && $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...
@@ -69,10 +95,12 @@ check:
 	$(GO) vet ./...
 	cd integration && $(GO) vet ./...
 	$(GO) mod tidy -diff && cd integration && $(GO) mod tidy -diff && cd istioclient && $(GO) mod tidy -diff
+	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff
 
 lint: check
 	$(GO) run $(STATICCHECK) ./...
 	cd integration && $(GO) run $(STATICCHECK) ./...
+	cd hack/image && $(GO) run $(STATICCHECK) ./...
 
 clean:
 	rm -rf bin _out

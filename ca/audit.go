@@ -2,56 +2,234 @@ package ca
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"google.golang.org/grpc/codes"
 )
 
+// Kinds of audit event.
+const (
+	// EventCertificate is one CreateCertificate: issued or denied.
+	EventCertificate = "certificate"
+	// EventRotation is one root rotation step (prepare, activate, retire),
+	// taken by `meshca root` or by automatic rotation.
+	EventRotation = "rotation"
+	// EventConfig is the effective configuration of a starting server.
+	EventConfig = "config"
+)
+
+// Decisions of audit events.
+const (
+	DecisionIssued  = "issued"  // a certificate was returned
+	DecisionDenied  = "denied"  // a request was refused (Code and Reason say why)
+	DecisionTaken   = "taken"   // a rotation step passed its guard
+	DecisionForced  = "forced"  // a rotation step was taken with --force, overriding its guard
+	DecisionRefused = "refused" // a rotation step was refused by its guard, or failed
+	DecisionLoaded  = "loaded"  // a configuration was loaded
+)
+
+// Sources of rotation steps.
+const (
+	SourceCLI  = "cli"  // `meshca root`
+	SourceAuto = "auto" // automatic rotation in `meshca serve`
+)
+
+// AuditEvent is one decision. Fields left zero are left out of the
+// record. It never holds a token, a key or a CSR: only who asked, what
+// for, what was decided and why.
+type AuditEvent struct {
+	Time     time.Time
+	Event    string // EventCertificate, EventRotation or EventConfig
+	Decision string // DecisionIssued, DecisionDenied, ...
+	// Message is the record's human summary; empty takes one from Event
+	// and Decision.
+	Message string
+	// RequestID correlates the event with the client (x-request-id) or
+	// with one `meshca root` run.
+	RequestID string
+
+	// Who asked: the caller's SPIFFE ID (or, for `meshca root`, the OS
+	// user), how it authenticated, its Pod (namespace/name) and node, its
+	// address and its cluster.
+	Caller, Authn, Pod, Node, Peer, Cluster string
+
+	// What was asked and decided. Requested is the ImpersonatedIdentity
+	// asked for (empty: the caller's own); Identity is what was
+	// authorized. Code is the gRPC code, Reason a stable word for the
+	// decision (for a rotation step: the operator's --reason, or why
+	// automatic rotation took it), Detail what happened in full (never
+	// sent to the client).
+	Requested, Identity  string
+	Code, Reason, Detail string
+
+	// What was issued (certificates): the leaf's serial and NotAfter, the
+	// backend that signed (also of rotation steps), how long it took.
+	Serial   string
+	NotAfter time.Time
+	Backend  string
+	Latency  time.Duration
+
+	// Rotation steps: prepare, activate or retire; the authority's id;
+	// whether --force was given; SourceCLI or SourceAuto.
+	Verb, Authority string
+	Forced          bool
+	Source          string
+
+	// Configuration: meshca's version, every setting, the MESHCA_*
+	// variables that name no setting, the --config file read, if any.
+	Version    string
+	Settings   map[string]AuditSetting
+	IgnoredEnv []string
+	ConfigFile string
+}
+
+// AuditSetting is one setting's effective value (secrets redacted) and
+// where it came from: "flag", "config", "env MESHCA_...", "env <Istio
+// variable>" or "default".
+type AuditSetting struct {
+	Value  any    `json:"value"`
+	Source string `json:"source"`
+}
+
+// AuditSink receives the event of every decision. Implementations are
+// safe for concurrent use and do not block for long: they run on the
+// request path.
+type AuditSink interface {
+	Audit(ctx context.Context, e *AuditEvent)
+}
+
+// AuditLog writes events as structured log records: one JSON object per
+// line with NewAuditLog, whose fields are named in logkeys.go.
+type AuditLog struct {
+	h    slog.Handler
+	host string
+}
+
+// NewAuditLog writes one JSON line per event to w, e.g. os.Stdout or a
+// file opened for appending. Every record says "audit":true and the host
+// (Pod) name, so that it can be told apart, and its replica found, in a
+// stream mixed with other logs.
+func NewAuditLog(w io.Writer) *AuditLog {
+	host, _ := os.Hostname()
+	return &AuditLog{h: slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}), host: host}
+}
+
+// AuditLogger writes events through l's handler (into the operational
+// log): what a Config without an Audit sink gets.
+func AuditLogger(l *slog.Logger) *AuditLog { return &AuditLog{h: l.Handler()} }
+
+// Audit implements AuditSink.
+func (l *AuditLog) Audit(ctx context.Context, e *AuditEvent) {
+	level := slog.LevelInfo
+	if e.Decision == DecisionDenied || e.Decision == DecisionRefused || e.Decision == DecisionForced {
+		level = slog.LevelWarn
+	}
+	if !l.h.Enabled(ctx, level) {
+		return
+	}
+	t := e.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	r := slog.NewRecord(t.UTC(), level, e.message(), 0)
+	r.AddAttrs(e.attrs(l.host)...)
+	_ = l.h.Handle(ctx, r)
+}
+
+func (e *AuditEvent) message() string {
+	switch {
+	case e.Message != "":
+		return e.Message
+	case e.Event == EventCertificate:
+		return "certificate request"
+	case e.Event == EventRotation && e.Decision == DecisionRefused:
+		return "root rotation step refused"
+	case e.Event == EventRotation:
+		return "root rotation step"
+	case e.Event == EventConfig:
+		return "configuration loaded"
+	}
+	return "audit"
+}
+
+// attrs lays the event out in a fixed order, leaving zero fields out.
+func (e *AuditEvent) attrs(host string) []slog.Attr {
+	a := []slog.Attr{slog.Bool(logAudit, true), slog.String(logEvent, e.Event), slog.String(logDecision, e.Decision)}
+	str := func(key, v string) {
+		if v != "" {
+			a = append(a, slog.String(key, v))
+		}
+	}
+	str(logRequestID, e.RequestID)
+	str(logHost, host)
+	str(logCaller, e.Caller)
+	str(logMethod, e.Authn)
+	str(logPod, e.Pod)
+	str(logNode, e.Node)
+	str(logPeer, e.Peer)
+	str(logCluster, e.Cluster)
+	str(logRequested, e.Requested)
+	str(logIdentity, e.Identity)
+	str(logCode, e.Code)
+	str(logReason, e.Reason)
+	str(logDetail, e.Detail)
+	str(logSerial, e.Serial)
+	if !e.NotAfter.IsZero() {
+		a = append(a, slog.Time(logNotAfter, e.NotAfter.UTC()))
+	}
+	str(logBackend, e.Backend)
+	if e.Latency != 0 {
+		a = append(a, slog.Duration(logLatency, e.Latency))
+	}
+	str(logVerb, e.Verb)
+	str(logAuthority, e.Authority)
+	if e.Event == EventRotation {
+		a = append(a, slog.Bool(logForced, e.Forced))
+	}
+	str(logSource, e.Source)
+	str(logVersion, e.Version)
+	str(logConfigFile, e.ConfigFile)
+	if len(e.Settings) > 0 {
+		a = append(a, slog.Any(logSettings, e.Settings))
+	}
+	if len(e.IgnoredEnv) > 0 {
+		a = append(a, slog.Any(logIgnoredEnv, e.IgnoredEnv))
+	}
+	return a
+}
+
 // finish records the one audit event and the metrics of a request and
 // returns the status the client receives. The detail of a refusal is
-// logged, never sent; tokens and keys never reach either.
+// audited, never sent; tokens and keys never reach either.
 func (s *Server) finish(ctx context.Context, r *request, err error, start time.Time) error {
 	o := classify(err)
-	elapsed := s.c.Now().Sub(start)
+	now := s.c.Now()
+	elapsed := now.Sub(start)
 	s.c.Metrics.observe(o, elapsed)
-	attrs := []slog.Attr{
-		slog.Bool(logAudit, true),
-		slog.String(logCode, o.Code.String()),
-		slog.String(logReason, o.Reason),
-		slog.String(logBackend, s.c.SignerName),
-		slog.Duration(logLatency, elapsed),
-	}
-	if r.peer != "" {
-		attrs = append(attrs, slog.String(logPeer, r.peer))
-	}
-	if r.creds.ClusterID != "" {
-		attrs = append(attrs, slog.String(logCluster, r.creds.ClusterID))
-	}
+	e := &AuditEvent{Time: now, Event: EventCertificate, Decision: DecisionIssued, RequestID: r.id,
+		Peer: r.peer, Cluster: r.creds.ClusterID, Requested: r.requested,
+		Code: o.Code.String(), Reason: o.Reason, Backend: s.c.SignerName, Latency: elapsed}
 	if c := r.caller; c != nil {
-		attrs = append(attrs, slog.String(logCaller, c.ID.String()), slog.String(logMethod, c.Method))
+		e.Caller, e.Authn, e.Node = c.ID.String(), c.Method, c.Node
 		if c.PodName != "" {
-			attrs = append(attrs, slog.String(logPod, c.Namespace+"/"+c.PodName))
+			e.Pod = c.Namespace + "/" + c.PodName
 		}
-		if c.Node != "" {
-			attrs = append(attrs, slog.String(logNode, c.Node))
-		}
-	}
-	if r.requested != "" {
-		attrs = append(attrs, slog.String(logRequested, r.requested))
 	}
 	if !r.identity.IsZero() {
-		attrs = append(attrs, slog.String(logIdentity, r.identity.String()))
+		e.Identity = r.identity.String()
 	}
-	level := slog.LevelInfo
 	if o.Code != codes.OK {
-		level = slog.LevelWarn
-		attrs = append(attrs, slog.String(logDetail, o.Detail))
+		e.Decision, e.Detail = DecisionDenied, o.Detail
 	}
 	if r.leaf != nil {
-		attrs = append(attrs, slog.String(logSerial, r.leaf.SerialNumber.Text(16)),
-			slog.Time(logNotAfter, r.leaf.NotAfter))
+		e.Serial, e.NotAfter = r.leaf.SerialNumber.Text(16), r.leaf.NotAfter
 	}
-	s.c.Logger.LogAttrs(ctx, level, "certificate request", attrs...)
+	s.c.Audit.Audit(ctx, e)
+	if o.Code == codes.Internal {
+		s.c.Logger.ErrorContext(ctx, "certificate request failed inside the CA", logRequestID, r.id, logReason, o.Reason, logDetail, o.Detail)
+	}
 	return o.Status()
 }

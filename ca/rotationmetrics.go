@@ -38,6 +38,9 @@ func NewRotationMetrics(reg prometheus.Registerer) *RotationMetrics {
 	for _, p := range []keymgr.Phase{keymgr.PhasePrepared, keymgr.PhaseActive, keymgr.PhasePrevious, keymgr.PhaseRetired} {
 		m.phases.WithLabelValues(string(p))
 	}
+	for _, v := range []string{keymgr.VerbPrepare, keymgr.VerbActivate, keymgr.VerbRetire} {
+		m.steps.WithLabelValues(v)
+	}
 	reg.MustRegister(m.sequence, m.phases, m.rootAfter, m.steps, m.unusable)
 	return m
 }

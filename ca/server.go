@@ -59,7 +59,9 @@ type Config struct {
 	// Clusters maps the clusterid header to the cluster that reviews the
 	// token and authorizes the request; "" selects the local cluster.
 	Clusters ClusterSource
-	Signer   signer.Signer
+	// Signer is the backend; its latency and errors go to Metrics
+	// (signer.Observe), whichever backend it is.
+	Signer signer.Signer
 	// SignerName labels metrics and audit events ("local", "vault", ...).
 	SignerName string
 	// Bundles is the trust bundle: every issued chain must verify to it,
@@ -88,7 +90,10 @@ type Config struct {
 	CertRenewalTTL time.Duration
 	Metrics        *Metrics
 	Logger         *slog.Logger
-	Now            func() time.Time
+	// Audit receives one event per request; nil writes them through
+	// Logger (AuditLogger).
+	Audit AuditSink
+	Now   func() time.Time
 }
 
 // Server implements IstioCertificateService.
@@ -146,17 +151,23 @@ func New(c Config) (*Server, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Audit == nil {
+		c.Audit = AuditLogger(c.Logger)
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	if c.SignerName == "" {
 		c.SignerName = "unnamed"
 	}
+	c.Metrics.initBackend(c.SignerName)
+	c.Signer = signer.Observe(c.Signer, c.SignerName, c.Metrics)
 	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer)}, nil
 }
 
 // request is one CreateCertificate call as it moves through the steps.
 type request struct {
+	id        string
 	creds     Credentials
 	peer      string
 	caller    *Caller
@@ -173,7 +184,7 @@ func (s *Server) CreateCertificate(ctx context.Context, in *authpb.IstioCertific
 	// WithTimeout keeps the earlier of the two deadlines.
 	ctx, cancel := context.WithTimeout(ctx, s.c.RequestTimeout)
 	defer cancel()
-	r := &request{}
+	r := &request{id: requestID(ctx)}
 	resp, err := s.serve(ctx, in, r)
 	return resp, s.finish(ctx, r, err, start)
 }
@@ -198,7 +209,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		return nil, refuse(codes.ResourceExhausted, "too_many_requests", "CA is at its concurrency limit, retry later", nil)
+		return nil, refuse(codes.ResourceExhausted, reasonTooManyRequests, "CA is at its concurrency limit, retry later", nil)
 	}
 	s.c.Metrics.inFlight.Inc()
 	defer s.c.Metrics.inFlight.Dec()
@@ -219,9 +230,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if err != nil {
 		return nil, err
 	}
-	signStart := s.c.Now()
 	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.identity, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)})
-	s.c.Metrics.signDuration.WithLabelValues(s.c.SignerName).Observe(s.c.Now().Sub(signStart).Seconds())
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +244,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
 	release, err := s.authn.acquire(ctx, peerKey(r.peer))
 	if err != nil {
-		return nil, refuse(codes.ResourceExhausted, "too_many_authentications",
+		return nil, refuse(codes.ResourceExhausted, reasonTooManyAuthentications,
 			"too many requests from this address are authenticating at once, retry later", err)
 	}
 	defer release()

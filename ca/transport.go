@@ -43,15 +43,18 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), td 
 // NewGRPCServer returns a gRPC server over TLS serving s. The header list
 // of a request is bounded by s's MaxHeaderBytes (grpc-go would otherwise
 // accept 16 MiB), so that a huge token is refused by the transport before
-// it is held in memory.
+// it is held in memory. Every RPC is counted and timed by method and code
+// in s's Metrics (grpc_server_*), its series there from the start.
 func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.Server {
 	opts = append([]grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(tc)),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 		grpc.MaxHeaderListSize(uint32(s.c.MaxHeaderBytes)),
+		grpc.ChainUnaryInterceptor(s.c.Metrics.grpc.UnaryServerInterceptor()),
 	}, opts...)
 	g := grpc.NewServer(opts...)
 	authpb.RegisterIstioCertificateServiceServer(g, s)
+	s.c.Metrics.grpc.InitializeMetrics(g)
 	return g
 }
 

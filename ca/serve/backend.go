@@ -68,6 +68,8 @@ type Backend struct {
 	CfsslRemote  *cfssl.RemoteConfig
 	CfsslLocal   *cfssl.LocalConfig
 	Vault        *vault.Config
+	// audit receives automatic rotation steps (Config.Audit).
+	audit ca.AuditSink
 }
 
 // backend is the assembled signer with its trust bundle, serving
@@ -86,9 +88,10 @@ type backend struct {
 	sequence atomic.Uint64
 }
 
-func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
+func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
+	leaders *ca.LeaderMetrics, log *slog.Logger) (*backend, error) {
 	if c.Kind == BackendLocal {
-		return newLocal(ctx, c, td, names, newStore, reg, log)
+		return newLocal(ctx, c, td, names, newStore, reg, leaders, log)
 	}
 	if len(c.TrustAnchors) > 0 == (c.StateDir != "" || c.StateSecret != "") {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs exactly one of the pinned trust bundle and a CA state")}
@@ -98,7 +101,9 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	switch {
 	case c.Kind == BackendVault && c.Vault != nil:
 		var s *vault.Signer
-		if s, err = vault.New(*c.Vault); err != nil {
+		vc := *c.Vault
+		vc.Observer = ca.NewVaultMetrics(reg, nil)
+		if s, err = vault.New(vc); err != nil {
 			return nil, &FieldError{Field: "vault-addr", Err: err}
 		}
 		be.signer, be.runners = s, append(be.runners, s.Run)
@@ -160,9 +165,20 @@ func openState(c Backend, newStore storeOpener) (keymgr.StateStore, string, erro
 	return store, "state-secret", nil
 }
 
+// tidy completes, on a state directory, the cleanup a crash cut short
+// (a retired key left on disk, say); a failure is logged, not fatal.
+func tidy(ctx context.Context, store keymgr.StateStore, log *slog.Logger) {
+	if d, ok := store.(*keymgr.DirStore); ok {
+		if err := d.Tidy(ctx); err != nil {
+			log.Warn("CA state directory not tidied", "error", err)
+		}
+	}
+}
+
 // newLocal is the built-in CA: a plugged-in CA from CADir, or the CA
 // state in a store, followed as it rotates.
-func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
+func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
+	leaders *ca.LeaderMetrics, log *slog.Logger) (*backend, error) {
 	sources := 0
 	for _, set := range []bool{c.StateDir != "", c.StateSecret != "", c.CADir != ""} {
 		if set {
@@ -193,6 +209,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if err := completeMigration(ctx, store, c.MaxTTL, log); err != nil {
 		return nil, &FieldError{Field: field, Err: err}
 	}
+	tidy(ctx, store, log)
 	st, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) {
 		a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL})
 		if err != nil {
@@ -245,7 +262,8 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt},
 			OnStep: func(s keymgr.Step) {
 				metrics.Step(s.Verb)
-				log.Info("automatic rotation step", "audit", true, "verb", s.Verb, "authority", s.ID, "why", s.Why)
+				c.audit.Audit(ctx, &ca.AuditEvent{Event: ca.EventRotation, Decision: ca.DecisionTaken, Message: "automatic rotation step",
+					Source: ca.SourceAuto, Caller: "meshca", Verb: s.Verb, Authority: s.ID, Reason: s.Why, Backend: BackendLocal})
 				if _, err := f.Sync(ctx); err != nil {
 					log.Error("CA state not used", "error", err)
 				}
@@ -253,7 +271,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 			OnError: func(err error) { log.Error("automatic rotation failed", "error", err) }}
 		// The state's compare-and-swap keeps replicas from taking one step
 		// twice; the Lease keeps them from racing for it at all.
-		be.runners = append(be.runners, electedOn(store, r.Run, log))
+		be.runners = append(be.runners, electedOn(store, r.Run, leaders, log))
 	}
 	return be, nil
 }

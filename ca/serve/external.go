@@ -24,6 +24,7 @@ func (be *backend) followExternal(ctx context.Context, c Backend, td spiffeid.Tr
 	if err != nil {
 		return nil, err
 	}
+	tidy(ctx, store, log)
 	trust := keymgr.NewExternalTrust(td, c.Rotation)
 	metrics := ca.NewRotationMetrics(reg)
 	f := &keymgr.Follower{Store: store, Target: trust,

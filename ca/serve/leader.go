@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -26,10 +27,13 @@ func leaderIdentity() string {
 // campaign runs run while this replica holds the Lease namespace/lease,
 // and campaigns again when it loses it, until ctx ends: losing a lease
 // stops the work that needs it, never the CA. It returns run's own error.
-func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error, log *slog.Logger) error {
+// leaders shows whether this replica leads.
+func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error,
+	leaders *ca.LeaderMetrics, log *slog.Logger) error {
 	identity := leaderIdentity()
+	leading := leaders.Lease(lease)
 	for {
-		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log)
+		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log, leading)
 		if !errors.Is(err, trust.ErrLeadershipLost) || ctx.Err() != nil {
 			return err
 		}
@@ -41,12 +45,12 @@ func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease
 // at a time when the CA state is a Secret that replicas share; on a
 // state directory, which only this process (and the CLI) can reach, run
 // is returned as it is.
-func electedOn(store any, run func(context.Context) error, log *slog.Logger) func(context.Context) error {
+func electedOn(store any, run func(context.Context) error, leaders *ca.LeaderMetrics, log *slog.Logger) func(context.Context) error {
 	s, ok := store.(*secretstore.Store)
 	if !ok {
 		return run
 	}
 	return func(ctx context.Context) error {
-		return campaign(ctx, s.Client, s.Namespace, RotatorLease, run, log)
+		return campaign(ctx, s.Client, s.Namespace, RotatorLease, run, leaders, log)
 	}
 }

@@ -50,6 +50,9 @@ type Config struct {
 	Backend     Backend
 	Trust       Trust
 	Logger      *slog.Logger
+	// Audit receives one event per decision: every request and every
+	// automatic rotation step. Nil writes them through Logger.
+	Audit ca.AuditSink
 	// BundleEndpoint serves the trust bundle for SPIFFE federation; off
 	// when its Listen is empty.
 	BundleEndpoint BundleEndpoint
@@ -74,6 +77,10 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Audit == nil {
+		c.Audit = ca.AuditLogger(c.Logger)
+	}
+	c.Backend.audit = c.Audit
 	if c.Backend.MaxTTL <= 0 {
 		c.Backend.MaxTTL = cmp.Or(c.MaxTTL, ca.DefaultMaxTTL)
 	}
@@ -83,7 +90,8 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if err != nil {
 		return nil, err
 	}
-	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, c.Logger)
+	leaders := ca.NewLeaderMetrics(reg)
+	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, leaders, c.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +109,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, CertRenewalTTL: c.CertRenewalTTL,
 		MaxInFlight: c.MaxInFlight, MaxAuthnPerPeer: c.MaxAuthnPerPeer, RequestTimeout: c.RequestTimeout,
 		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes,
-		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger,
+		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger, Audit: c.Audit,
 	})
 	if err != nil {
 		return nil, err
@@ -118,7 +126,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		p.admin = &http.Server{Handler: ca.AdminHandler(reg, cl.set.Ready), ReadHeaderTimeout: 5 * time.Second}
 	}
 	if c.Trust.enabled() {
-		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, c.Logger)
+		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, leaders, c.Logger)
 		if err != nil {
 			p.lis.Close()
 			if p.adminLis != nil {

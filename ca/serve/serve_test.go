@@ -166,12 +166,18 @@ func TestAssembleServes(t *testing.T) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	r.Body.Close()
+	const handledOK = `grpc_server_handled_total{grpc_code="OK",grpc_method="CreateCertificate",grpc_service="istio.v1.auth.IstioCertificateService",grpc_type="unary"} 2`
 	for m, want := range map[string]bool{
-		"citadel_server_success_cert_issuance_count 2": true,
-		"meshca_tokenreview_cache_misses_total":        true,
-		"meshca_trust_bundle_sequence 1":               true,
-		`meshca_ca_authorities{phase="active"} 1`:      true,
-		"meshca_remote_cluster_refused_total":          false, // no Secret namespace watched
+		"citadel_server_success_cert_issuance_count 2":                   true,
+		"meshca_tokenreview_cache_misses_total":                          true,
+		"meshca_trust_bundle_sequence 1":                                 true,
+		`meshca_ca_authorities{phase="active"} 1`:                        true,
+		"meshca_remote_cluster_refused_total":                            false, // no Secret namespace watched
+		handledOK:                                                        true,
+		`meshca_sign_errors_total{backend="local",kind="unavailable"} 0`: true,
+		`meshca_rate_limited_total{reason="too_many_requests"} 0`:        true,
+		"meshca_leader":                                                  false, // no Lease campaigned for
+		"meshca_vault_":                                                  false,
 	} {
 		if got := strings.Contains(string(body), m); got != want {
 			t.Errorf("/metrics: %q present = %v, want %v", m, got, want)

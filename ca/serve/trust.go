@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
 	"github.com/meshca/meshca/internal/pemutil"
@@ -50,7 +51,7 @@ func (c Trust) enabled() bool { return c.Publish || c.ClusterTrustBundle }
 // be serves, and returns them with the function that tells them of a
 // change.
 func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, reg prometheus.Registerer,
-	log *slog.Logger) (func(context.Context) error, func(), error) {
+	leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, func(), error) {
 	sel := labels.Everything()
 	if c.Selector != "" {
 		var err error
@@ -104,8 +105,9 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 		}
 		return g.Wait()
 	}
+	leading := leaders.Lease(TrustLease)
 	run := func(ctx context.Context) error {
-		return trust.RunLeaderElected(ctx, client, c.LeaseNamespace, TrustLease, identity, lead, log)
+		return trust.RunLeaderElected(ctx, client, c.LeaseNamespace, TrustLease, identity, lead, log, leading)
 	}
 	return run, func() {
 		for _, f := range changed {

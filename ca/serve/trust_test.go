@@ -63,6 +63,7 @@ func TestAssembleClusterTrustBundleWithoutTheAPI(t *testing.T) {
 	for _, m := range []string{
 		`meshca_trust_writes_total{kind="clustertrustbundle",result="created"} 0`,
 		`meshca_trust_writes_total{kind="configmap",result="created"}`,
+		`meshca_leader{lease="meshca-trust-publisher"}`,
 	} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("/metrics lacks %s", m)

@@ -34,8 +34,12 @@ var ErrLeadershipLost = errors.New("trust: leadership lost")
 // error; the lease is released), or leadership is lost
 // (ErrLeadershipLost). The lease is released when ctx ends, so another
 // candidate takes over within about RetryPeriod.
+//
+// Each of observe hears true when this candidate starts leading and
+// false when it stops (and at the end, whether it led or not): metrics of
+// leadership.
 func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespace, leaseName, identity string,
-	run func(context.Context) error, log *slog.Logger) error {
+	run func(context.Context) error, log *slog.Logger, observe ...func(leading bool)) error {
 	switch {
 	case client == nil:
 		return errors.New("trust: leader election: client is required")
@@ -50,6 +54,11 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With(logLease, namespace+"/"+leaseName, logIdentity, identity)
+	leading := func(b bool) {
+		for _, o := range observe {
+			o(b)
+		}
+	}
 	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -76,11 +85,15 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 					return
 				}
 				log.Info("leading")
+				leading(true)
 				err := run(lctx)
+				// Also here: OnStoppedLeading may have come before this
+				// goroutine said true.
+				leading(false)
 				runDone <- runResult{err: err, byItself: lctx.Err() == nil}
 				cancel() // release the lease when run stops by itself
 			},
-			OnStoppedLeading: func() {},
+			OnStoppedLeading: func() { leading(false) },
 			OnNewLeader: func(id string) {
 				if id != identity {
 					log.Info("following", logLeader, id)

@@ -3,9 +3,12 @@ package trust_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -66,6 +69,79 @@ func TestRunLeaderElectedReturns(t *testing.T) {
 			}
 			if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
 				t.Errorf("lease still held by %q after return", *h)
+			}
+		})
+	}
+}
+
+// leadership records what a RunLeaderElected observer hears.
+type leadership struct {
+	mu    sync.Mutex
+	heard []bool
+}
+
+func (l *leadership) observe(leading bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.heard = append(l.heard, leading)
+}
+
+func (l *leadership) last() (bool, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.heard) == 0 {
+		return false, false
+	}
+	return l.heard[len(l.heard)-1], true
+}
+
+// TestRunLeaderElectedObserves: the observer says true while run runs
+// (the candidate leads) and false once it stopped; a candidate that
+// never gets the Lease, held by another, never hears true.
+func TestRunLeaderElectedObserves(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		heldBy   string
+		wantLead bool
+	}{
+		{name: "leads", wantLead: true},
+		{name: "held by another", heldBy: "other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			if tc.heldBy != "" {
+				now, secs := metav1.NewMicroTime(time.Now()), int32(60)
+				_, err := client.CoordinationV1().Leases("ns").Create(context.Background(), &coordinationv1.Lease{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "lease"},
+					Spec: coordinationv1.LeaseSpec{HolderIdentity: &tc.heldBy, LeaseDurationSeconds: &secs,
+						AcquireTime: &now, RenewTime: &now},
+				}, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			l := &leadership{}
+			var during []bool
+			err := trust.RunLeaderElected(ctx, client, "ns", "lease", "me", func(lctx context.Context) error {
+				last, _ := l.last()
+				during = append(during, last)
+				cancel()
+				<-lctx.Done()
+				return nil
+			}, nil, l.observe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if led := len(during) > 0; led != tc.wantLead || slices.Contains(during, false) {
+				t.Fatalf("run ran %d times hearing %v, want leading=%v", len(during), during, tc.wantLead)
+			}
+			if last, ok := l.last(); !ok || last {
+				t.Errorf("observer heard %v at the end, want false", l.heard)
+			}
+			if !tc.wantLead && slices.Contains(l.heard, true) {
+				t.Errorf("observer heard %v without leading", l.heard)
 			}
 		})
 	}

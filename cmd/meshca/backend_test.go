@@ -91,18 +91,19 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 			flags: []string{"--cfssl-key-encipherment-profile", "rsa4096", "--vault-rsa-role", "rsa-only", "--vault-relogin-backoff", "5s"},
 			want:  want{keProfile: "rsa4096", rsaRole: "rsa-only", backoff: 5 * time.Second}},
 		{name: "bad backoff in the file", file: write("bad.yaml", "vault:\n  reloginBackoff: soon\n"), err: "--vault-relogin-backoff (vault.reloginBackoff)"},
-		{name: "unknown key", file: write("typo.yaml", "vault:\n  rsa_role: x\n"), err: `unknown field "rsa_role"`},
+		{name: "unknown key", file: write("typo.yaml", "vault:\n  rsa_role: x\n"), err: `unknown field "vault.rsa_role"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var b backendFlags
 			fl := pflag.NewFlagSet("t", pflag.ContinueOnError)
 			b.register(fl)
+			fl.String("config", "", "")
 			if err := fl.Parse(tt.flags); err != nil {
 				t.Fatal(err)
 			}
 			if tt.file != "" {
-				err := b.loadConfigFile(tt.file, fl)
+				_, err := resolveSettings(fl, []string{envName("config") + "=" + tt.file})
 				if tt.err != "" {
 					if err == nil || !strings.Contains(err.Error(), tt.err) {
 						t.Fatalf("err = %v, want %q", err, tt.err)

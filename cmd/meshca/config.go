@@ -1,56 +1,27 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
-	"time"
+	"sort"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 )
 
-// fileConfig is the --config file: the signer selection and one section
-// per backend. Secrets are never values here: only paths of files holding
-// them (or environment variables).
-type fileConfig struct {
-	Signer          string       `json:"signer"`
-	TrustAnchors    string       `json:"trustAnchors"`
-	ServingCertFile string       `json:"servingCertFile"`
-	ServingKeyFile  string       `json:"servingKeyFile"`
-	Cfssl           *cfsslConfig `json:"cfssl"`
-	Vault           *vaultConfig `json:"vault"`
-}
+// The --config file of serve is a YAML map with one key per flag: the
+// flag's name in camelCase (--trust-domain is trustDomain, --default-ttl
+// defaultTTL, --serving-dns-names servingDNSNames), and the backends'
+// flags in one section per backend (--cfssl-url is cfssl.url, --vault-role
+// vault.role; docs/signers/). Lists are YAML lists, durations strings
+// such as "24h". Unknown keys are errors. Secrets are never values here:
+// only paths of files holding them (or environment variables).
 
-type vaultConfig struct {
-	Addr                string `json:"addr"`
-	CAFile              string `json:"caFile"`
-	PKIMount            string `json:"pkiMount"`
-	Role                string `json:"role"`
-	RSARole             string `json:"rsaRole"`
-	ReloginBackoff      string `json:"reloginBackoff"`
-	TokenFile           string `json:"tokenFile"`
-	AppRoleRoleID       string `json:"appRoleRoleID"`
-	AppRoleSecretIDFile string `json:"appRoleSecretIDFile"`
-	AppRoleMount        string `json:"appRoleMount"`
-	KubernetesRole      string `json:"kubernetesRole"`
-	KubernetesTokenFile string `json:"kubernetesTokenFile"`
-	KubernetesMount     string `json:"kubernetesMount"`
-}
-
-type cfsslConfig struct {
-	URL         string `json:"url"`
-	Profile     string `json:"profile"`
-	KEProfile   string `json:"keyEnciphermentProfile"`
-	Label       string `json:"label"`
-	AuthKeyFile string `json:"authKeyFile"`
-	TLSCAFile   string `json:"tlsCAFile"`
-	CACert      string `json:"caCert"`
-	CAKey       string `json:"caKey"`
-	Chain       string `json:"chain"`
-	Config      string `json:"config"`
-}
-
-// field names a setting as a flag and as a config file key, for errors.
+// field names a setting as a flag and as a config file key where the key
+// is not the flag's camelCase: the backend sections.
 var field = map[string]string{
 	"signer": "signer", "trust-anchors": "trustAnchors", "serving-cert-file": "servingCertFile", "serving-key-file": "servingKeyFile",
 	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-key-encipherment-profile": "cfssl.keyEnciphermentProfile",
@@ -64,61 +35,23 @@ var field = map[string]string{
 	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",
 }
 
-// loadConfigFile fills the backend settings from path; a flag given on the
-// command line wins over the file. Unknown keys are errors.
-func (b *backendFlags) loadConfigFile(path string, fl *pflag.FlagSet) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("--config: %w", err)
+// initialisms are written in capitals in config keys, as in Go names.
+var initialisms = map[string]string{"id": "ID", "ttl": "TTL", "dns": "DNS", "ca": "CA", "url": "URL", "tls": "TLS", "spiffe": "SPIFFE", "rsa": "RSA"}
+
+// configKey is the config file key of a flag.
+func configKey(flag string) string {
+	if k, ok := field[flag]; ok {
+		return k
 	}
-	var c fileConfig
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		return fmt.Errorf("--config %s: %w", path, err)
-	}
-	set := func(flag string, dst *string, v string) {
-		if v != "" && !fl.Changed(flag) {
-			*dst = v
+	words := strings.Split(flag, "-")
+	for i, w := range words[1:] {
+		if up, ok := initialisms[w]; ok {
+			words[i+1] = up
+		} else if w != "" {
+			words[i+1] = strings.ToUpper(w[:1]) + w[1:]
 		}
 	}
-	set("signer", &b.signer, c.Signer)
-	set("trust-anchors", &b.trustAnchors, c.TrustAnchors)
-	set("serving-cert-file", &b.servingCert, c.ServingCertFile)
-	set("serving-key-file", &b.servingKey, c.ServingKeyFile)
-	if s := c.Cfssl; s != nil {
-		set("cfssl-url", &b.cfsslURL, s.URL)
-		set("cfssl-profile", &b.cfsslProfile, s.Profile)
-		set("cfssl-key-encipherment-profile", &b.cfsslKEProf, s.KEProfile)
-		set("cfssl-label", &b.cfsslLabel, s.Label)
-		set("cfssl-auth-key-file", &b.cfsslAuthFile, s.AuthKeyFile)
-		set("cfssl-tls-ca-file", &b.cfsslTLSCA, s.TLSCAFile)
-		set("cfssl-ca-cert", &b.cfsslCACert, s.CACert)
-		set("cfssl-ca-key", &b.cfsslCAKey, s.CAKey)
-		set("cfssl-chain", &b.cfsslChain, s.Chain)
-		set("cfssl-config", &b.cfsslConfig, s.Config)
-	}
-	if v := c.Vault; v != nil {
-		w := &b.vault
-		set("vault-addr", &w.addr, v.Addr)
-		set("vault-ca-file", &w.caFile, v.CAFile)
-		set("vault-pki-mount", &w.mount, v.PKIMount)
-		set("vault-role", &w.role, v.Role)
-		set("vault-rsa-role", &w.rsaRole, v.RSARole)
-		if v.ReloginBackoff != "" && !fl.Changed("vault-relogin-backoff") {
-			d, err := time.ParseDuration(v.ReloginBackoff)
-			if err != nil {
-				return fmt.Errorf("--config %s: %s: %w", path, name("vault-relogin-backoff"), err)
-			}
-			w.reloginBackoff = d
-		}
-		set("vault-token-file", &w.tokenFile, v.TokenFile)
-		set("vault-approle-role-id", &w.approleRoleID, v.AppRoleRoleID)
-		set("vault-approle-secret-id-file", &w.approleSecretIDFile, v.AppRoleSecretIDFile)
-		set("vault-approle-mount", &w.approleMount, v.AppRoleMount)
-		set("vault-kubernetes-role", &w.k8sRole, v.KubernetesRole)
-		set("vault-kubernetes-token-file", &w.k8sTokenFile, v.KubernetesTokenFile)
-		set("vault-kubernetes-mount", &w.k8sMount, v.KubernetesMount)
-	}
-	return nil
+	return strings.Join(words, "")
 }
 
 // name renders a setting for an error: "--cfssl-url (cfssl.url)".
@@ -127,4 +60,109 @@ func name(flag string) string {
 		return "--" + flag + " (" + k + ")"
 	}
 	return "--" + flag
+}
+
+// readConfigFile reads path and returns the values it gives, by flag
+// name, for the flags of fl except skip: one string per scalar, one per
+// element of a list. A key set to null is left out.
+func readConfigFile(path string, fl *pflag.FlagSet, skip map[string]bool) (map[string][]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("--config %s: %w", path, err)
+	}
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("--config %s: %w", path, err)
+	}
+	if doc == nil {
+		return map[string][]string{}, nil
+	}
+	top, ok := doc.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("--config %s: want a map of settings, not %s", path, jsonKind(doc))
+	}
+	flags := map[string]string{} // config key -> flag
+	fl.VisitAll(func(f *pflag.Flag) {
+		if !skip[f.Name] {
+			flags[configKey(f.Name)] = f.Name
+		}
+	})
+	out := map[string][]string{}
+	if err := flatten("", top, flags, out); err != nil {
+		return nil, fmt.Errorf("--config %s: %w", path, err)
+	}
+	return out, nil
+}
+
+// flatten walks m, whose keys are prefixed with prefix, into out.
+func flatten(prefix string, m map[string]any, flags map[string]string, out map[string][]string) error {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		key := prefix + k
+		v := m[k]
+		if sub, ok := v.(map[string]any); ok {
+			if err := flatten(key+".", sub, flags, out); err != nil {
+				return err
+			}
+			continue
+		}
+		flag, ok := flags[key]
+		if !ok {
+			return fmt.Errorf("unknown field %q", key)
+		}
+		if v == nil {
+			continue
+		}
+		vals, err := scalars(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		out[flag] = vals
+	}
+	return nil
+}
+
+// scalars renders a YAML scalar, or a list of them, as flag values.
+func scalars(v any) ([]string, error) {
+	switch v := v.(type) {
+	case string:
+		return []string{v}, nil
+	case json.Number:
+		return []string{v.String()}, nil
+	case bool:
+		return []string{fmt.Sprint(v)}, nil
+	case []any:
+		out := make([]string, 0, len(v))
+		for _, e := range v {
+			s, err := scalars(e)
+			if err != nil || len(s) != 1 {
+				return nil, fmt.Errorf("a list holds only strings, numbers and booleans, not %s", jsonKind(e))
+			}
+			out = append(out, s[0])
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("want a string, number, boolean or list, not %s", jsonKind(v))
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "a map"
+	case []any:
+		return "a list"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%T", v)
 }

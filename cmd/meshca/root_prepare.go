@@ -27,6 +27,7 @@ type prepareFlags struct {
 	external    bool
 	reason      string
 	signer      rootSignerFlags
+	audit       auditFlags
 }
 
 func newRootPrepareCommand() *cobra.Command {
@@ -41,6 +42,11 @@ func newRootPrepareCommand() *cobra.Command {
 			"root whose key lives in an external backend (Vault, cfssl): meshca then manages trust only.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
 			store, err := f.store.open()
@@ -50,6 +56,7 @@ func newRootPrepareCommand() *cobra.Command {
 			f.signer.out = cmd.OutOrStdout()
 			made, err := f.inBackend(ctx, store)
 			if err != nil {
+				audit.step(ctx, "prepare", "", false, f.reason, err)
 				return rootError(err)
 			}
 			var added *keymgr.AuthorityRecord
@@ -70,9 +77,10 @@ func newRootPrepareCommand() *cobra.Command {
 				return s.Prepare(rec, time.Now(), f.reasonOr("prepared by meshca root prepare"))
 			})
 			if err != nil {
+				audit.step(ctx, "prepare", authorityID(added), false, f.reason, err)
 				return rootError(err)
 			}
-			auditStep(cmd, "prepare", added.ID(), false, f.reason, nil)
+			audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
 			rec, _ := st.Lookup(added.ID())
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
 				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
@@ -92,6 +100,7 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.BoolVar(&f.external, "external", false, "import only the root of an external backend (--cert): trust without a key")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	f.signer.register(fl)
+	f.audit.register(fl, "standard error")
 	return cmd
 }
 
@@ -217,4 +226,12 @@ func readOne(flag, path string) (*x509.Certificate, error) {
 		return nil, fmt.Errorf("%s: %s holds %d certificates, want one", flag, path, len(certs))
 	}
 	return certs[0], nil
+}
+
+// authorityID is rec's id, or "" before there is one.
+func authorityID(rec *keymgr.AuthorityRecord) string {
+	if rec == nil {
+		return ""
+	}
+	return rec.ID()
 }

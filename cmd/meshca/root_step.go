@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
@@ -18,6 +17,7 @@ type stepFlags struct {
 	force  bool
 	reason string
 	margin time.Duration
+	audit  auditFlags
 }
 
 func newRootActivateCommand() *cobra.Command {
@@ -56,11 +56,23 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			if f.force && f.reason == "" {
 				return &exitError{code: exitUsage, err: errors.New("--force needs --reason: say why the guard is overridden")}
 			}
+			audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
 			store, err := f.store.open()
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
+			}
+			if d, ok := store.(*keymgr.DirStore); ok {
+				// Finish a step a crash cut short after its commit (a
+				// retired key left on disk), even if this one is refused.
+				if err := d.Tidy(ctx); err != nil {
+					return &exitError{code: exitUsage, err: err}
+				}
 			}
 			f.signer.out = cmd.OutOrStdout()
 			be, err := f.signer.backend(ctx)
@@ -72,7 +84,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 				if id, err = tryStep(ctx, store, args, phase, step, f, func(rec *keymgr.AuthorityRecord) error {
 					return inBackend(be, ctx, rec)
 				}); err != nil {
-					auditStep(cmd, cmd.Name(), id, f.force, f.reason, err)
+					audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
 					return rootError(err)
 				}
 			}
@@ -85,10 +97,10 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 				return step(s, id, time.Now(), f)
 			})
 			if err != nil {
-				auditStep(cmd, cmd.Name(), id, f.force, f.reason, err)
+				audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
 				return rootError(err)
 			}
-			auditStep(cmd, cmd.Name(), id, f.force, f.reason, nil)
+			audit.step(ctx, cmd.Name(), id, f.force, f.reason, nil)
 			rec, _ := st.Lookup(id)
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
 			return nil
@@ -99,6 +111,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
 	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultActivationMargin, "activate: margin added to half the longest leaf lifetime")
+	f.audit.register(cmd.Flags(), "standard error")
 	return cmd
 }
 
@@ -145,20 +158,4 @@ func pick(s *keymgr.State, args []string, phase keymgr.Phase) (*keymgr.Authority
 		return nil, fmt.Errorf("no %s authority: see meshca root status", phase)
 	}
 	return nil, fmt.Errorf("%d authorities are %s: name one (meshca root status lists them)", len(found), phase)
-}
-
-// auditStep writes the audit event of a rotation step to standard error:
-// what was asked, on which authority, whether a guard was overridden and
-// why, and how it ended.
-func auditStep(cmd *cobra.Command, verb, id string, forced bool, reason string, err error) {
-	attrs := []any{"audit", true, "verb", verb, "authority", id, "forced", forced}
-	if reason != "" {
-		attrs = append(attrs, "reason", reason)
-	}
-	log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
-	if err != nil {
-		log.Warn("root rotation step refused", append(attrs, "error", err.Error())...)
-		return
-	}
-	log.Info("root rotation step", attrs...)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -62,28 +64,38 @@ type serveFlags struct {
 	backdate       time.Duration
 	b              backendFlags
 	bundle         bundleEndpointFlags
+	audit          auditFlags
+	// settings says where each flag got its value (resolveSettings).
+	settings *settings
 }
 
 func newServeCommand() *cobra.Command {
+	cmd, _ := newServe()
+	return cmd
+}
+
+// newServe is the serve command and the flags it fills.
+func newServe() (*cobra.Command, *serveFlags) {
 	f := &serveFlags{}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the Istio CA API",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.configFile != "" {
-				if err := f.b.loadConfigFile(f.configFile, cmd.Flags()); err != nil {
-					return err
-				}
+			s, err := resolveSettings(cmd.Flags(), os.Environ())
+			if err != nil {
+				return err
 			}
-			return f.run(cmd.Context())
+			f.settings = s
+			return f.run(cmd.Context(), cmd.Flags(), cmd.OutOrStdout())
 		},
 	}
 	fl := cmd.Flags()
 	f.log.register(cmd)
 	f.b.register(fl)
 	f.bundle.register(fl)
-	fl.StringVar(&f.configFile, "config", "", "YAML file with the signer selection and one section per backend (docs/signers/); flags given on the command line win")
+	f.audit.register(fl, "standard output")
+	fl.StringVar(&f.configFile, "config", "", "YAML file of settings, one key per flag in camelCase and the backends' in sections (docs/signers/); below the command line, above MESHCA_* and Istio's variables (docs/istio.md); or set "+envName("config"))
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.addressFile, "address-file", "", "write the bound gRPC and admin addresses here as JSON once listening (useful with port 0)")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
@@ -124,7 +136,7 @@ func newServeCommand() *cobra.Command {
 	fl.StringVar(&f.secretNS, "remote-secret-namespace", os.Getenv("POD_NAMESPACE"),
 		"namespace of the local cluster watched for Secrets labelled "+kube.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
 	fl.StringSliceVar(&f.remoteAllow, kube.KubeconfigAllowFlag, nil, fmt.Sprintf("kubeconfig fields that remote-cluster Secrets may use, refused by default as they run a command or read a local file: %v (--remote-cluster files are trusted)", kube.KubeconfigFeatures))
-	return cmd
+	return cmd, f
 }
 
 // validate checks the flags without I/O and returns what they say, the
@@ -226,24 +238,37 @@ func backdateOption(d time.Duration) time.Duration {
 	return d
 }
 
-func (f *serveFlags) run(ctx context.Context) error {
+// run validates the flags of fl, writes the configuration's audit event
+// (to stdout unless --audit-log-file) and serves until ctx ends.
+func (f *serveFlags) run(ctx context.Context, fl *pflag.FlagSet, stdout io.Writer) error {
 	log, err := f.log.logger()
 	if err != nil {
-		return err
+		return f.settings.explain(err)
 	}
 	c, err := f.validate()
 	if err != nil {
+		return f.settings.explain(err)
+	}
+	audit, file, err := f.audit.open(stdout)
+	if err != nil {
 		return err
 	}
-	c.Logger = log
+	if file != nil {
+		defer file.Close()
+		reopenOnHangup(ctx, file, log)
+	}
+	if f.settings != nil {
+		audit.Audit(ctx, configEvent(fl, f.settings))
+	}
+	c.Logger, c.Audit = log, audit
 	if err := f.b.load(&c.Backend, log); err != nil {
-		return err
+		return f.settings.explain(err)
 	}
 	parts, err := serve.Assemble(ctx, c)
 	if err != nil {
 		var fe *serve.FieldError
 		if errors.As(err, &fe) {
-			return fmt.Errorf("%s: %w", name(fe.Field), fe.Err)
+			return f.settings.explain(fmt.Errorf("%s: %w", name(fe.Field), fe.Err))
 		}
 		return err
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +8,6 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/keymgr"
-	"github.com/spf13/pflag"
 )
 
 // validServeFlags are flags that validate.
@@ -133,60 +130,6 @@ func TestServeBackdate(t *testing.T) {
 	}
 	if fl := newServeCommand().Flags().Lookup("backdate"); fl == nil || fl.DefValue != keymgr.Backdate.String() {
 		t.Fatalf("--backdate flag %+v, want default %v", fl, keymgr.Backdate)
-	}
-}
-
-func TestConfigFile(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	good := write("good.yaml", "signer: cfssl\ntrustAnchors: /r.pem\nservingCertFile: /s.pem\nservingKeyFile: /s.key\ncfssl:\n  url: http://cfssl:8888\n  profile: mesh\n  authKeyFile: /k\n")
-	tests := []struct {
-		name  string
-		file  string
-		flags []string
-		check func(t *testing.T, b backendFlags)
-		want  string
-	}{
-		{name: "file", file: good, check: func(t *testing.T, b backendFlags) {
-			if b.signer != "cfssl" || b.cfsslURL != "http://cfssl:8888" || b.cfsslProfile != "mesh" || b.cfsslAuthFile != "/k" {
-				t.Fatalf("got %+v", b)
-			}
-		}},
-		{name: "flag wins", file: good, flags: []string{"--cfssl-profile", "other"}, check: func(t *testing.T, b backendFlags) {
-			if b.cfsslProfile != "other" {
-				t.Fatalf("profile %q", b.cfsslProfile)
-			}
-		}},
-		{name: "unknown key", file: write("typo.yaml", "signer: cfssl\ncfssl:\n  ulr: x\n"), want: `unknown field "ulr"`},
-		{name: "secret value is not a field", file: write("secret.yaml", "cfssl:\n  authKey: 0123\n"), want: `unknown field "authKey"`},
-		{name: "missing file", file: filepath.Join(dir, "nope.yaml"), want: "no such file"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var b backendFlags
-			fl := pflag.NewFlagSet("t", pflag.ContinueOnError)
-			b.register(fl)
-			if err := fl.Parse(tt.flags); err != nil {
-				t.Fatal(err)
-			}
-			err := b.loadConfigFile(tt.file, fl)
-			if tt.want != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.want) {
-					t.Fatalf("err = %v, want %q", err, tt.want)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			tt.check(t, b)
-		})
 	}
 }
 

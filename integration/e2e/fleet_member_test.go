@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -126,10 +127,18 @@ func (m *member) closeClient() {
 	}
 }
 
+// fleetRenewJitter is how much earlier than at half its leaf's life a
+// member may renew. Certificates count whole seconds, so every half-life
+// falls on a half second: without jitter the whole fleet would renew in
+// the same tenth of a second, every second, which workloads whose leaves
+// live a day never do (istio-agent jitters too). Never later: the guards
+// count on a renewal by half the life.
+const fleetRenewJitter = time.Second
+
 // renewLoop renews first after delay, which spreads the fleet's
 // renewals as workloads started at different times would be, then at
 // half the current leaf's life, NotBefore to NotAfter, as istio-agent
-// counts it, until ctx ends.
+// counts it, less up to fleetRenewJitter, until ctx ends.
 func (m *member) renewLoop(ctx context.Context, f *fleet, delay time.Duration) {
 	at := time.Now().Add(delay)
 	for {
@@ -148,7 +157,7 @@ func (m *member) renewLoop(ctx context.Context, f *fleet, delay time.Duration) {
 			}
 		}
 		leaf := m.current().caSVID.Chain[0]
-		at = leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2)
+		at = leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore)/2 - rand.N(fleetRenewJitter))
 	}
 }
 

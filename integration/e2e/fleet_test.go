@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/integration/harness"
-	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -30,68 +30,47 @@ const (
 	fleetMargin = keymgr.DefaultFollowInterval + time.Second
 )
 
+// fleetTD is the fleet's trust domain, meshca's default.
+var fleetTD = spiffeid.RequireTrustDomainFromString("cluster.local")
+
 // TestRotationFleetHandshakes: root rotation breaks no handshake. A fleet
 // of workloads, each renewing its SVID at half its leaf's life and
 // trusting only the bundle of its own last reply, checks every ordered
 // pair with a real mutual-TLS handshake (go-spiffe tlsconfig) again and
-// again, while the CLI drives prepare → activate → retire as fast as the
-// guards allow.
+// again, while the CLI drives prepare → activate → retire on the state
+// directory as fast as the guards allow.
 func TestRotationFleetHandshakes(t *testing.T) {
-	began := time.Now()
-	s := startServer(t, "--backdate", fleetBackdate.String(), "--auto-rotate=false")
-	td := spiffeid.RequireTrustDomainFromString("cluster.local")
-	fleet := newFleet(t, s, td)
-	oldRoot := fleet.oldRoot
-	t.Logf("fleet of %d workloads ready after %v", len(fleet.members), time.Since(began).Round(time.Millisecond))
+	fleetRun{
+		start: func(t *testing.T) fleetCA {
+			s := startServer(t, "--backdate", fleetBackdate.String(), "--auto-rotate=false")
+			return fleetCA{addrs: []string{s.Addr}, store: keymgr.DirStore{Dir: s.stateDir}, cli: []string{"--state-dir", s.stateDir}}
+		},
+		rotate: cliRotation,
+	}.run(t)
+}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	stop := fleet.run(ctx)
-	defer stop()
-	defer cancel()
-	if err := fleet.listen(); err != nil {
-		t.Fatal(err)
-	}
+// TestRotationFleetSecretStore: the same, with the CA state in a Secret
+// of the real apiserver, which the server follows and the CLI rotates.
+func TestRotationFleetSecretStore(t *testing.T) {
+	fleetRun{
+		size: 30,
+		start: func(t *testing.T) fleetCA {
+			ns := cluster.Namespace(t, "fleet-state")
+			m := harness.StartMeshca(t, bin, "--state-secret", ns+"/meshca-ca", "--kubeconfig", cluster.Kubeconfig,
+				"--backdate", fleetBackdate.String(), "--auto-rotate=false")
+			return fleetCA{addrs: []string{m.Addr}, store: &secretstore.Store{Client: cluster.Client, Namespace: ns, Name: "meshca-ca"},
+				cli: []string{"--state-secret", ns + "/meshca-ca", "--kubeconfig", cluster.Kubeconfig}}
+		},
+		rotate: cliRotation,
+	}.run(t)
+}
 
-	fleet.waitFor(t, "handshakes before the rotation", 10*time.Second, func() bool { return fleet.handshakes.Load() >= 500 })
-	st := "--state-dir=" + s.stateDir
-	rotationBegan := time.Now()
-	untilDone(t, "prepare", 10*time.Second, "prepare", st, "--reason", "e2e fleet rotation")
-	// No waiting for the fleet between the steps: the guards alone decide.
-	untilDone(t, "activate", 3*fleetLeafTTL, "activate", st, "--margin", fleetMargin.String())
-	activated := time.Since(rotationBegan)
-	untilDone(t, "retire", 3*fleetLeafTTL, "retire", st)
-	retired := time.Since(rotationBegan)
-	fleet.waitFor(t, "every workload trusting only the new root", 3*fleetLeafTTL, func() bool {
-		return fleet.all(func(m *member) bool {
-			r := m.current().caSVID.Roots
-			return len(r) == 1 && !r[0].Equal(oldRoot)
-		})
-	})
-	rotated := time.Since(rotationBegan)
-	// A little longer on the new root alone, then stop and count.
-	time.Sleep(fleetLeafTTL / 2)
-	cancel()
-	stop()
-
-	f := fleet
-	t.Logf("rotation: activated after %v, retired after %v, old root gone from every bundle after %v",
-		activated.Round(time.Millisecond), retired.Round(time.Millisecond), rotated.Round(time.Millisecond))
-	t.Logf("handshakes %d (%d full sweeps of the %d ordered pairs, %d between leaves of different roots), failures %d",
-		f.handshakes.Load(), f.handshakes.Load()/int64(f.pairs()), f.pairs(), f.mixed.Load(), f.failures.Load())
-	t.Logf("CSR requests %d (leaves of the old root %d, of the new root %d), failed requests %d; test took %v",
-		f.requests.Load(), f.oldLeaves.Load(), f.newLeaves.Load(), f.requestErrors.Load(), time.Since(began).Round(time.Millisecond))
-	if n := f.failures.Load(); n != 0 {
-		t.Errorf("%d handshakes failed; the first:\n%s", n, strings.Join(f.firstErrors(), "\n"))
-	}
-	if n := f.requestErrors.Load(); n != 0 {
-		t.Errorf("%d CSR requests failed; the first:\n%s", n, strings.Join(f.firstErrors(), "\n"))
-	}
-	switch {
-	case f.oldLeaves.Load() == 0 || f.newLeaves.Load() == 0:
-		t.Errorf("leaves of the old root %d, of the new root %d: both roots should have signed", f.oldLeaves.Load(), f.newLeaves.Load())
-	case f.mixed.Load() == 0:
-		t.Error("no handshake between leaves of different roots: the rotation was never exercised under load")
-	}
+// cliRotation drives prepare → activate → retire with `meshca root` as
+// fast as the guards allow, without waiting for the fleet between steps.
+func cliRotation(t *testing.T, ca fleetCA) {
+	untilDone(t, "prepare", 10*time.Second, append([]string{"prepare", "--reason", "e2e fleet rotation"}, ca.cli...)...)
+	untilDone(t, "activate", 3*fleetLeafTTL, append([]string{"activate", "--margin", fleetMargin.String()}, ca.cli...)...)
+	untilDone(t, "retire", 3*fleetLeafTTL, append([]string{"retire"}, ca.cli...)...)
 }
 
 // untilDone runs `meshca root args...` until it succeeds: a refusal by a
@@ -115,7 +94,9 @@ func untilDone(t *testing.T, step string, timeout time.Duration, args ...string)
 type fleet struct {
 	members []*member
 	// oldRoot is the root the fleet starts with.
-	oldRoot                     *x509.Certificate
+	oldRoot *x509.Certificate
+	// checkers is how many handshakes are in flight.
+	checkers                    int
 	handshakes, failures, mixed atomic.Int64
 	requests, requestErrors     atomic.Int64
 	oldLeaves, newLeaves        atomic.Int64
@@ -127,20 +108,18 @@ type fleet struct {
 	errs                        []string
 }
 
-// newFleet creates the workloads in two namespaces, each with its own
-// service account, Pod and token, and fetches every first SVID.
-func newFleet(t *testing.T, s *server, td spiffeid.TrustDomain) *fleet {
+// newFleet creates size workloads in two namespaces, each with its own
+// service account, Pod and token, spread over the CA servers at addrs,
+// and fetches every first SVID.
+func newFleet(t *testing.T, addrs []string, oldRoot *x509.Certificate, size int) *fleet {
 	t.Helper()
-	roots, err := pemutil.ParseCertificates(s.rootsPEM)
-	if err != nil || len(roots) != 1 {
-		t.Fatalf("%d roots before the rotation: %v", len(roots), err)
-	}
-	f := &fleet{oldRoot: roots[0], listening: make(chan struct{})}
+	f := &fleet{oldRoot: oldRoot, checkers: fleetCheckers, listening: make(chan struct{})}
 	namespaces := []string{cluster.Namespace(t, "fleet-a"), cluster.Namespace(t, "fleet-b")}
-	for i := range fleetSize {
+	for i := range size {
 		w := cluster.NewWorkload(t, namespaces[i%2], fmt.Sprintf("wl-%02d", i), fmt.Sprintf("node-%d", i%5))
-		m := &member{id: workloadID(w), td: td, tokenFile: harness.WriteToken(t, w.Token), caAddr: s.Addr}
-		f.members = append(f.members, m)
+		// Both namespaces on every server.
+		addr := addrs[i/2%len(addrs)]
+		f.members = append(f.members, &member{id: workloadID(w), td: fleetTD, tokenFile: harness.WriteToken(t, w.Token), caAddr: addr})
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(f.members))
@@ -175,7 +154,7 @@ func (f *fleet) run(ctx context.Context) (stop func()) {
 			return
 		case <-f.listening:
 		}
-		for range fleetCheckers {
+		for range f.checkers {
 			f.wg.Go(func() {
 				for ctx.Err() == nil {
 					f.check(ctx)
@@ -240,7 +219,8 @@ func (f *fleet) waitFor(t *testing.T, what string, timeout time.Duration, cond f
 	t.Helper()
 	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v (handshakes %d, failures %d)", what, timeout, f.handshakes.Load(), f.failures.Load())
+			t.Fatalf("still waiting for %s after %v (handshakes %d, failures %d, failed requests %d); the first errors:\n%s", what, timeout,
+				f.handshakes.Load(), f.failures.Load(), f.requestErrors.Load(), strings.Join(f.firstErrors(), "\n"))
 		}
 	}
 }

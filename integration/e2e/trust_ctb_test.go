@@ -16,14 +16,13 @@ import (
 	"github.com/meshca/meshca/keymgr"
 	certv1 "k8s.io/api/certificates/v1"
 	certv1beta1 "k8s.io/api/certificates/v1beta1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
 // meshcaSigner is the signer name the tests link the ClusterTrustBundle
-// to, the one deploy/manifests grants attest on.
+// to, the one the chart's values grant attest on in these tests.
 const meshcaSigner = "meshca.io/svid"
 
 // ctbTrustDomain is a trust domain of one test: the ClusterTrustBundle is
@@ -255,16 +254,13 @@ func TestClusterTrustBundleOtherAPIVersions(t *testing.T) {
 }
 
 // TestClusterTrustBundleManifestsRBAC: meshca running as the
-// ServiceAccount of deploy/manifests publishes the ConfigMaps and the
+// ServiceAccount of the Helm chart, installed with its ClusterTrustBundle
+// for meshca.io/svid on, publishes the ConfigMaps and the
 // ClusterTrustBundle of its signer, elected on its Lease in istio-system;
 // the attest grant is for that signer alone.
 func TestClusterTrustBundleManifestsRBAC(t *testing.T) {
-	ctx := context.Background()
-	if _, err := cluster.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	apply(t, filepath.Join(harness.RepoRoot(), "deploy", "manifests", "meshca.yaml"))
-	kubeconfig := saKubeconfig(t, cluster.Token(t, "istio-system", "meshca", "", nil, time.Hour))
+	applyChart(t, "--set", "trust.clusterTrustBundle.enabled=true", "--set", "trust.clusterTrustBundle.signerName="+meshcaSigner)
+	kubeconfig := cluster.ServiceAccountKubeconfig(t, "istio-system", "meshca")
 	td := ctbTrustDomain(t, "ctb-rbac")
 	lbls, sel := runLabel(t)
 	apps := trustNamespace(t, "ctb-rbac-apps", lbls)

@@ -82,11 +82,16 @@ func StartMeshcaProcess(bin string, args ...string) (*Meshca, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Audit events go to standard output: Logs holds both streams.
+	stdout, err := m.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	if err := m.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("harness: start meshca: %w", err)
 	}
-	go m.readLogs(stderr)
+	go m.readLogs(stderr, stdout)
 	if err := m.waitReady(addrFile, 30*time.Second); err != nil {
 		m.Stop()
 		return nil, fmt.Errorf("harness: %w\n%s", err, m.Logs())
@@ -122,17 +127,28 @@ func (m *Meshca) waitReady(addrFile string, timeout time.Duration) error {
 	return fmt.Errorf("meshca was not ready within %v", timeout)
 }
 
-func (m *Meshca) readLogs(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		m.logs.WriteString(sc.Text() + "\n")
+// readLogs copies the lines of every stream into the logs, then waits
+// for the process (which must follow every read).
+func (m *Meshca) readLogs(streams ...io.Reader) {
+	var wg sync.WaitGroup
+	for _, r := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				m.logs.WriteString(sc.Text() + "\n")
+			}
+		}()
 	}
+	wg.Wait()
 	_ = m.cmd.Wait()
 	close(m.done)
 }
 
-// Logs returns everything meshca logged so far.
+// Logs returns everything meshca logged so far: its operational log
+// (standard error) and its audit events (standard output), line by line.
 func (m *Meshca) Logs() string { return m.logs.String() }
 
 // Stop sends SIGTERM and waits for the process to exit.

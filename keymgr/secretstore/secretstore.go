@@ -81,11 +81,10 @@ func (s Store) Save(ctx context.Context, st *keymgr.State, base keymgr.Version) 
 	case cur.Type != corev1.SecretTypeOpaque:
 		return "", s.errorf("is of type %q, want %q", cur.Type, corev1.SecretTypeOpaque)
 	}
+	// The labels of a Secret someone else made (a Helm chart, which owns
+	// app.kubernetes.io/managed-by) stay theirs: meshca labels only the
+	// Secrets it creates.
 	next := cur.DeepCopy()
-	if next.Labels == nil {
-		next.Labels = map[string]string{}
-	}
-	next.Labels[LabelManagedBy] = ManagedBy
 	next.Data, next.StringData = data, nil
 	updated, err := s.secrets().Update(ctx, next, metav1.UpdateOptions{})
 	switch {

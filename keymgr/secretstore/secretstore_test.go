@@ -109,7 +109,7 @@ func TestSaveFillsEmptySecret(t *testing.T) {
 		t.Fatal("Save did not update the Secret")
 	case updated.ResourceVersion != "3":
 		t.Fatalf("update precondition resourceVersion %q, want 3", updated.ResourceVersion)
-	case updated.Labels["team"] != "mesh" || updated.Annotations["note"] != "kept" || updated.Labels[secretstore.LabelManagedBy] != secretstore.ManagedBy:
+	case updated.Labels["team"] != "mesh" || updated.Annotations["note"] != "kept" || updated.Labels[secretstore.LabelManagedBy] != "":
 		t.Fatalf("labels %v, annotations %v", updated.Labels, updated.Annotations)
 	}
 	got, _, err := st.Load(context.Background())

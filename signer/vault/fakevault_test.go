@@ -45,6 +45,27 @@ type fakeVault struct {
 	logins  int
 	revoked []string
 	signed  []string // the roles that signed, in order
+	// tokens is how logins hand out tokens (set it before the first).
+	tokens fakeTokens
+}
+
+// fakeTokens shape the tokens fakeVault hands out. The zero value is
+// tokens of an hour that do not renew.
+type fakeTokens struct {
+	lease      int  // seconds a login's token lives; 0: 3600, -1: forever
+	renewable  bool // auth/token/renew-self renews it to renewLease
+	renewLease int
+	failLogins bool // logins answer 500
+}
+
+func (t fakeTokens) loginLease() int {
+	switch t.lease {
+	case 0:
+		return 3600
+	case -1:
+		return 0
+	}
+	return t.lease
 }
 
 // fakeRoles are the roles of fakeVault and the key usages they grant.
@@ -95,20 +116,34 @@ func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	f.mu.Lock()
+	tok := f.tokens
+	f.mu.Unlock()
 	switch r.URL.Path {
-	case "/v1/auth/approle/login":
+	case "/v1/auth/approle/login", "/v1/auth/token/lookup-self":
+		if tok.failLogins {
+			writeJSON(w, http.StatusInternalServerError, map[string]any{"errors": []string{"login backend down"}})
+			return
+		}
 		f.mu.Lock()
 		f.logins++
 		n := f.logins
 		f.mu.Unlock()
+		if r.URL.Path == "/v1/auth/token/lookup-self" { // a TokenFile login
+			writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{"ttl": tok.loginLease(), "renewable": tok.renewable}})
+			return
+		}
 		writeJSON(w, http.StatusOK, map[string]any{"auth": map[string]any{
-			"client_token": fmt.Sprintf("tok-%d", n), "lease_duration": 3600, "renewable": false,
+			"client_token": fmt.Sprintf("tok-%d", n), "lease_duration": tok.loginLease(), "renewable": tok.renewable,
 		}})
-	case "/v1/auth/token/lookup-self": // a TokenFile login
-		f.mu.Lock()
-		f.logins++
-		f.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{"ttl": 3600, "renewable": false}})
+	case "/v1/auth/token/renew-self":
+		if !tok.renewable {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"errors": []string{"lease is not renewable"}})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"auth": map[string]any{
+			"client_token": token, "lease_duration": tok.renewLease, "renewable": true,
+		}})
 	case "/v1/auth/token/revoke-self":
 		f.mu.Lock()
 		f.revoked = append(f.revoked, token)

@@ -85,8 +85,10 @@ func (s *Signer) runLogin(call *loginCall) {
 	if call.err == nil {
 		s.client.SetToken(secret.Auth.ClientToken)
 		s.login = secret
+		s.observeLoginLocked(secret)
 	} else {
 		s.login = nil
+		s.observeLogoutLocked()
 	}
 	s.inflight = nil
 	s.mu.Unlock()
@@ -146,19 +148,32 @@ func (s *Signer) Run(ctx context.Context) error {
 			continue
 		}
 		go w.Start()
-		select {
-		case <-ctx.Done():
-			w.Stop()
+		if !s.watch(ctx, w, secret) {
 			return nil
-		case <-s.relogin:
-			w.Stop()
-		case err := <-w.DoneCh():
-			s.report(err)
-			w.Stop()
-			s.forget(secret)
 		}
 	}
 	return nil
+}
+
+// watch follows the renewals of login's token until the watcher gives
+// up (the login is forgotten), a new login is asked for, or ctx ends
+// (false).
+func (s *Signer) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.relogin:
+			return true
+		case r := <-w.RenewCh():
+			s.renewed(login, r)
+		case err := <-w.DoneCh():
+			s.report(err)
+			s.forget(login)
+			return true
+		}
+	}
 }
 
 // report passes a login failure to Config.OnLoginError.
@@ -174,6 +189,7 @@ func (s *Signer) forget(secret *api.Secret) {
 	defer s.mu.Unlock()
 	if s.login == secret {
 		s.login = nil
+		s.observeLogoutLocked()
 	}
 }
 

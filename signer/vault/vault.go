@@ -62,9 +62,12 @@ type Config struct {
 	// refusing to sign (403). Within it, a 403 fails as signer.KindRefused
 	// without a login. Zero means DefaultReloginBackoff.
 	ReloginBackoff time.Duration
-	// Now is the clock that ReloginBackoff is measured on; nil means
-	// time.Now.
+	// Now is the clock that ReloginBackoff and the token's expiry are
+	// measured on; nil means time.Now.
 	Now func() time.Time
+	// Observer hears whether the signer holds a token and when it
+	// expires; nil ignores it.
+	Observer Observer
 }
 
 // DefaultReloginBackoff is Config.ReloginBackoff when it is not set.

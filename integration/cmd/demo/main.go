@@ -92,7 +92,7 @@ func run(ctx context.Context, out string, keep bool) error {
 		return fmt.Errorf("meshca issue: %w", err)
 	}
 	for _, line := range strings.Split(m.Logs(), "\n") {
-		if strings.Contains(line, `"audit":true`) {
+		if strings.Contains(line, `"audit":true`) && strings.Contains(line, `"event":"certificate"`) {
 			step("meshca's audit event:\n    %s", line)
 		}
 	}

@@ -1,0 +1,214 @@
+package ca_test
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/internal/testca"
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
+	"github.com/meshca/meshca/signer"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// sample returns the value of the series name{labels} in g (a
+// histogram's count), and whether it exists.
+func sample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n := 0
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
+					n++
+				}
+			}
+			if n == len(labels) {
+				switch {
+				case m.Counter != nil:
+					return m.GetCounter().GetValue(), true
+				case m.Gauge != nil:
+					return m.GetGauge().GetValue(), true
+				case m.Histogram != nil:
+					return float64(m.GetHistogram().GetSampleCount()), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+func wantSample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, want float64) {
+	t.Helper()
+	got, ok := sample(t, g, name, labels)
+	if !ok || got != want {
+		t.Errorf("%s%v = %v (exported: %v), want %v", name, labels, got, ok, want)
+	}
+}
+
+// TestGRPCMetrics: every RPC is counted by method and code through the
+// grpc-ecosystem provider, and every code's series exists from the start.
+func TestGRPCMetrics(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	f := newFixture(t, root.Authority(), options{})
+	if _, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.client(t, "bad", nil).Fetch(context.Background(), frontend, caclient.Options{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("bad token: %v, want Unauthenticated", err)
+	}
+	method := map[string]string{"grpc_service": "istio.v1.auth.IstioCertificateService", "grpc_method": "CreateCertificate", "grpc_type": "unary"}
+	with := func(k, v string) map[string]string {
+		l := map[string]string{k: v}
+		for k, v := range method {
+			l[k] = v
+		}
+		return l
+	}
+	for _, tt := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"grpc_server_started_total", method, 2},
+		{"grpc_server_handled_total", with("grpc_code", "OK"), 1},
+		{"grpc_server_handled_total", with("grpc_code", "Unauthenticated"), 1},
+		{"grpc_server_handled_total", with("grpc_code", "ResourceExhausted"), 0},
+		{"grpc_server_handling_seconds", method, 2},
+		{"meshca_requests_total", map[string]string{"code": "OK", "reason": "ok"}, 1},
+		{"meshca_requests_total", map[string]string{"code": "Unauthenticated", "reason": "test_bad_token"}, 1},
+		{"meshca_sign_duration_seconds", map[string]string{"backend": "local"}, 1},
+		{"meshca_sign_errors_total", map[string]string{"backend": "local", "kind": "unavailable"}, 0},
+		{"citadel_server_csr_sign_err_count", map[string]string{"error": "CA_NOT_READY"}, 0},
+		{"meshca_rate_limited_total", map[string]string{"reason": "too_many_requests"}, 0},
+	} {
+		wantSample(t, f.reg, tt.name, tt.labels, tt.want)
+	}
+}
+
+// TestSignErrorMetrics: every backend error is counted once by backend
+// and kind, and timed like an answer.
+func TestSignErrorMetrics(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	for _, kind := range []signer.Kind{signer.KindUnavailable, signer.KindRefused, signer.KindInternal} {
+		t.Run(string(kind), func(t *testing.T) {
+			f := newFixture(t, root.Authority(), options{signer: failingSigner{kind}})
+			if _, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{}); err == nil {
+				t.Fatal("the failing backend issued")
+			}
+			for _, k := range []signer.Kind{signer.KindUnavailable, signer.KindRefused, signer.KindInternal} {
+				want := 0.0
+				if k == kind {
+					want = 1
+				}
+				wantSample(t, f.reg, "meshca_sign_errors_total", map[string]string{"backend": "local", "kind": string(k)}, want)
+			}
+			wantSample(t, f.reg, "meshca_sign_duration_seconds", map[string]string{"backend": "local"}, 1)
+		})
+	}
+}
+
+// blockingSigner holds every request until released.
+type blockingSigner struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingSigner) Sign(ctx context.Context, _ *signer.Request) (*signer.Response, error) {
+	s.started <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+	}
+	return nil, signer.Errorf("test", signer.KindUnavailable, "released")
+}
+
+// TestRateLimitMetrics: a request refused because every issuance slot is
+// taken is counted as rate limited, by reason.
+func TestRateLimitMetrics(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
+	f := newFixture(t, root.Authority(), options{signer: bs, config: func(c *ca.Config) { c.MaxInFlight = 1 }})
+	in := &authpb.IstioCertificateRequest{Csr: frontendCSR(t)}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, _ = f.srv.CreateCertificate(inProcess(context.Background(), "198.51.100.1:4000", "frontend-token"), in)
+	})
+	<-bs.started
+	_, err := f.srv.CreateCertificate(inProcess(context.Background(), "198.51.100.2:4000", "frontend-token"), in)
+	close(bs.release)
+	wg.Wait()
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second request: %v, want ResourceExhausted", err)
+	}
+	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "too_many_requests"}, 1)
+	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "too_many_authentications"}, 0)
+}
+
+// TestVaultMetrics: the gauges follow the Vault signer's observer.
+func TestVaultMetrics(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name         string
+		event        func(m *ca.VaultMetrics)
+		loggedIn     float64
+		ttl          float64
+		ttlIsForever bool
+	}{
+		{name: "before the first login", event: func(*ca.VaultMetrics) {}},
+		{name: "logged in", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(time.Hour)) }, loggedIn: 1, ttl: 3600},
+		{name: "token expired", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(-time.Minute)) }, loggedIn: 1},
+		{name: "token never expires", event: func(m *ca.VaultMetrics) { m.LoggedIn(time.Time{}) }, loggedIn: 1, ttlIsForever: true},
+		{name: "logged out", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(time.Hour)); m.LoggedOut() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m := ca.NewVaultMetrics(reg, func() time.Time { return now })
+			tt.event(m)
+			wantSample(t, reg, "meshca_vault_logged_in", nil, tt.loggedIn)
+			got, _ := sample(t, reg, "meshca_vault_token_ttl_seconds", nil)
+			if tt.ttlIsForever && !math.IsInf(got, 1) || !tt.ttlIsForever && got != tt.ttl {
+				t.Errorf("meshca_vault_token_ttl_seconds = %v, want %v (forever: %v)", got, tt.ttl, tt.ttlIsForever)
+			}
+		})
+	}
+}
+
+// TestLeaderMetrics: one series per Lease, 0 until this replica leads.
+func TestLeaderMetrics(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := ca.NewLeaderMetrics(reg)
+	rotator, publisher := m.Lease("meshca-root-rotator"), m.Lease("meshca-trust-publisher")
+	steps := []struct {
+		do                   func()
+		rotatorW, publisherW float64
+	}{
+		{func() {}, 0, 0},
+		{func() { rotator(true) }, 1, 0},
+		{func() { publisher(true) }, 1, 1},
+		{func() { rotator(false) }, 0, 1},
+	}
+	for i, s := range steps {
+		s.do()
+		for lease, want := range map[string]float64{"meshca-root-rotator": s.rotatorW, "meshca-trust-publisher": s.publisherW} {
+			got, ok := sample(t, reg, "meshca_leader", map[string]string{"lease": lease})
+			if !ok || got != want {
+				t.Errorf("step %d: meshca_leader{lease=%q} = %v (exported: %v), want %v", i, lease, got, ok, want)
+			}
+		}
+	}
+}

@@ -1,0 +1,124 @@
+{{/*
+The signing backend: its flags, and the Secrets they read as files. Called
+with (dict "ctx" $ "root" true|false): `meshca root` takes the backend's
+address, login and TLS flags, `meshca serve` all of them.
+*/}}
+
+{{- define "meshca.signerArgs" -}}
+{{- $s := .ctx.Values.signer -}}
+{{- if ne $s.type "local" }}
+- --signer={{ $s.type }}
+{{- end }}
+{{- if not .root }}
+{{- if $s.trustAnchors.secretName }}
+- --trust-anchors=/etc/meshca/trust-anchors/{{ $s.trustAnchors.key }}
+{{- end }}
+{{- if $s.servingCertificate.secretName }}
+- --serving-cert-file=/etc/meshca/serving/tls.crt
+- --serving-key-file=/etc/meshca/serving/tls.key
+{{- end }}
+{{- end }}
+{{- if eq $s.type "cfssl" }}
+{{- $c := $s.cfssl }}
+- --cfssl-url={{ $c.url }}
+{{- with $c.profile }}
+- --cfssl-profile={{ . }}
+{{- end }}
+{{- with $c.label }}
+- --cfssl-label={{ . }}
+{{- end }}
+{{- if $c.tlsCA.secretName }}
+- --cfssl-tls-ca-file=/etc/meshca/cfssl-tls-ca/{{ $c.tlsCA.key }}
+{{- end }}
+{{- if not .root }}
+{{- with $c.keyEnciphermentProfile }}
+- --cfssl-key-encipherment-profile={{ . }}
+{{- end }}
+{{- if $c.authKey.secretName }}
+- --cfssl-auth-key-file=/etc/meshca/cfssl-auth/{{ $c.authKey.key }}
+{{- end }}
+{{- end }}
+{{- else if eq $s.type "vault" }}
+{{- $vt := $s.vault }}
+- --vault-addr={{ $vt.addr }}
+- --vault-pki-mount={{ $vt.pkiMount }}
+- --vault-role={{ $vt.role }}
+{{- with $vt.rsaRole }}
+- --vault-rsa-role={{ . }}
+{{- end }}
+{{- if $vt.tlsCA.secretName }}
+- --vault-ca-file=/etc/meshca/vault-tls-ca/{{ $vt.tlsCA.key }}
+{{- end }}
+{{- $a := $vt.auth }}
+{{- if eq $a.method "kubernetes" }}
+- --vault-kubernetes-role={{ $a.kubernetes.role }}
+{{- with $a.kubernetes.mount }}
+- --vault-kubernetes-mount={{ . }}
+{{- end }}
+{{- if $a.kubernetes.audience }}
+- --vault-kubernetes-token-file=/var/run/secrets/vault/token
+{{- end }}
+{{- else if eq $a.method "token" }}
+- --vault-token-file=/etc/meshca/vault-token/{{ $a.token.key }}
+{{- else if eq $a.method "approle" }}
+- --vault-approle-role-id={{ $a.approle.roleID }}
+- --vault-approle-secret-id-file=/etc/meshca/vault-approle/{{ $a.approle.secretID.key }}
+{{- with $a.approle.mount }}
+- --vault-approle-mount={{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* meshca.signerSecrets: name → {secret, mount} of every Secret the backend reads. */}}
+{{- define "meshca.signerSecrets" -}}
+{{- $s := .ctx.Values.signer -}}
+{{- $m := dict -}}
+{{- if not .root -}}
+{{- if $s.trustAnchors.secretName -}}{{- $_ := set $m "trust-anchors" $s.trustAnchors.secretName -}}{{- end -}}
+{{- if $s.servingCertificate.secretName -}}{{- $_ := set $m "serving" $s.servingCertificate.secretName -}}{{- end -}}
+{{- end -}}
+{{- if eq $s.type "cfssl" -}}
+{{- if $s.cfssl.tlsCA.secretName -}}{{- $_ := set $m "cfssl-tls-ca" $s.cfssl.tlsCA.secretName -}}{{- end -}}
+{{- if and (not .root) $s.cfssl.authKey.secretName -}}{{- $_ := set $m "cfssl-auth" $s.cfssl.authKey.secretName -}}{{- end -}}
+{{- else if eq $s.type "vault" -}}
+{{- $a := $s.vault.auth -}}
+{{- if $s.vault.tlsCA.secretName -}}{{- $_ := set $m "vault-tls-ca" $s.vault.tlsCA.secretName -}}{{- end -}}
+{{- if eq $a.method "token" -}}{{- $_ := set $m "vault-token" $a.token.secretName -}}{{- end -}}
+{{- if eq $a.method "approle" -}}{{- $_ := set $m "vault-approle" $a.approle.secretID.secretName -}}{{- end -}}
+{{- end -}}
+{{- toJson $m -}}
+{{- end -}}
+
+{{- define "meshca.signerVolumes" -}}
+{{- range $name, $secret := include "meshca.signerSecrets" . | fromJson }}
+- name: {{ $name }}
+  secret:
+    secretName: {{ $secret }}
+    defaultMode: 288 # 0440: readable by the Pod's fsGroup
+{{- end }}
+{{- $v := .ctx.Values.signer.vault }}
+{{- if and (eq .ctx.Values.signer.type "vault") (eq $v.auth.method "kubernetes") $v.auth.kubernetes.audience }}
+- name: vault-sa-token
+  projected:
+    sources:
+    - serviceAccountToken:
+        audience: {{ $v.auth.kubernetes.audience }}
+        expirationSeconds: 3600
+        path: token
+{{- end }}
+{{- end -}}
+
+{{- define "meshca.signerMounts" -}}
+{{- range $name, $secret := include "meshca.signerSecrets" . | fromJson }}
+- name: {{ $name }}
+  mountPath: /etc/meshca/{{ $name }}
+  readOnly: true
+{{- end }}
+{{- $v := .ctx.Values.signer.vault }}
+{{- if and (eq .ctx.Values.signer.type "vault") (eq $v.auth.method "kubernetes") $v.auth.kubernetes.audience }}
+- name: vault-sa-token
+  mountPath: /var/run/secrets/vault
+  readOnly: true
+{{- end }}
+{{- end -}}

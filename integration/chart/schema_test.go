@@ -1,0 +1,79 @@
+package chart
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshca/meshca/integration/harness"
+)
+
+// TestChartRejectsBadValues: helm refuses each of these values files
+// before rendering anything, with a message naming the key: the schema's
+// (values.schema.json) for a single key, the templates' fail for rules
+// across keys, which JSON schema cannot express.
+func TestChartRejectsBadValues(t *testing.T) {
+	const schema = "values don't meet the specifications of the schema(s)"
+	tests := []struct {
+		name, values string
+		want         []string
+	}{
+		{"wrong type", `replicaCount: "2"`,
+			[]string{schema, "at '/replicaCount': got string, want integer"}},
+		{"list for a string", `ca: {trustDomain: [cluster.local]}`,
+			[]string{schema, "at '/ca/trustDomain': got array, want string"}},
+		{"unknown top-level key", `replicas: 3`,
+			[]string{schema, "additional properties 'replicas' not allowed"}},
+		{"misspelt nested key", `trust: {rootCertConfigmaps: {enabled: false}}`,
+			[]string{schema, "at '/trust': additional properties 'rootCertConfigmaps' not allowed"}},
+		{"credential in plain text", `signer: {vault: {auth: {token: {value: hvs.secret}}}}`,
+			[]string{schema, "at '/signer/vault/auth/token': additional properties 'value' not allowed"}},
+		{"TTL in days", `ca: {defaultTTL: 1d}`,
+			[]string{schema, "at '/ca/defaultTTL': '1d' does not match pattern"}},
+		{"TTL that is no duration", `ca: {maxTTL: "90 days"}`,
+			[]string{schema, "at '/ca/maxTTL': '90 days' does not match pattern"}},
+		{"unknown signer", `signer: {type: awskms}`,
+			[]string{schema, "at '/signer/type': value must be one of 'local', 'cfssl', 'vault'"}},
+		{"directory state with two replicas", `state: {type: directory}`,
+			[]string{schema, "at '/replicaCount': maximum: got 2, want 1"}},
+		{"directory state with three replicas", "replicaCount: 3\nstate: {type: directory}",
+			[]string{schema, "at '/replicaCount': maximum: got 3, want 1"}},
+		{"maxTTL below defaultTTL", `ca: {defaultTTL: 48h, maxTTL: 24h}`,
+			[]string{"ca.maxTTL (24h) is below ca.defaultTTL (48h)"}},
+		{"maxTTL below defaultTTL in mixed units", `ca: {defaultTTL: 1h30m, maxTTL: 5399s}`,
+			[]string{"ca.maxTTL (5399s) is below ca.defaultTTL (1h30m)"}},
+		{"root outlived by its leaves", `rootRotation: {rootLifetime: 720h}`,
+			[]string{"rootRotation.rootLifetime (720h) must be longer than ca.maxTTL (2160h)"}},
+		{"vault without a serving certificate", `signer: {type: vault}`,
+			[]string{"signer.servingCertificate.secretName is required with signer.type vault"}},
+		{"vault without an address", `signer: {type: vault, servingCertificate: {secretName: s}}`,
+			[]string{"signer.vault.addr is required with signer.type vault"}},
+		{"vault AppRole without its secret id", "signer:\n  type: vault\n  servingCertificate: {secretName: s}\n" +
+			"  vault: {addr: https://v:8200, role: r, auth: {method: approle, approle: {roleID: x}}}",
+			[]string{"signer.vault.auth.approle.roleID and signer.vault.auth.approle.secretID.secretName are required"}},
+		{"cfssl without trust anchors", "signer: {type: cfssl, servingCertificate: {secretName: s}, cfssl: {url: https://c:8888}}\nstate: {type: none}",
+			[]string{"signer.trustAnchors.secretName is required with signer.type cfssl and state.type none"}},
+		{"plugged-in CA with vault", "signer: {type: vault}\nstate: {type: cacerts}",
+			[]string{"state.type cacerts is a plugged-in CA for the local signer, not signer.type vault"}},
+		{"local signer without a state", `state: {type: none}`,
+			[]string{"state.type none needs an external signer"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(file, []byte(tt.values+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := harness.HelmTemplate(helm, "meshca", "istio-system", "--values", file)
+			if err == nil {
+				t.Fatalf("rendered %d bytes, want a refusal", len(out))
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("refusal does not say %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,99 @@
+package chart
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestChartVariants renders the choices no scenario file makes (the other
+// CA states and Vault logins, the trust publishers switched over), checks
+// what each changes, and dry-runs the result.
+func TestChartVariants(t *testing.T) {
+	ns := cluster.Namespace(t, "chart-variants")
+	const vault = "signer:\n  type: vault\n  servingCertificate: {secretName: serving}\n  vault:\n    addr: https://vault:8200\n    role: spiffe\n"
+	tests := []struct {
+		name, values string
+		check        func(*testing.T, []*unstructured.Unstructured)
+	}{
+		{"directory state", "replicaCount: 1\nstate: {type: directory}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			d := deployment(t, objs)
+			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--state-dir=/var/lib/meshca", "--auto-rotate=true"}, []string{"--state-secret"})
+			if d.Spec.Strategy.Type != "Recreate" {
+				t.Errorf("strategy %s: two Pods must never share the state volume", d.Spec.Strategy.Type)
+			}
+			wantClaim(t, "Deployment", d.Spec.Template.Spec.Volumes)
+			wantClaim(t, "CronJob", cronJob(t, objs, "activate").Spec.JobTemplate.Spec.Template.Spec.Volumes)
+			if k := kinds(objs); k["PersistentVolumeClaim"] != 1 || k["Secret"] != 0 || k["Role"] != 1 {
+				t.Errorf("rendered kinds %v: want the claim, no state Secret, no rotation Role (a directory needs no Secret access)", k)
+			}
+		}},
+		{"plugged-in cacerts", "replicaCount: 3\nstate: {type: cacerts, cacerts: {secretName: cacerts}}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			d := deployment(t, objs)
+			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--ca-dir=/etc/cacerts"}, []string{"--state-secret", "--auto-rotate"})
+			wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"cacerts": "cacerts"})
+			if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
+				t.Errorf("rendered kinds %v: an imported CA has no state to rotate", k)
+			}
+		}},
+		{"vault kubernetes login", vault + "    auth: {method: kubernetes, kubernetes: {role: meshca}}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			d := deployment(t, objs)
+			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--vault-kubernetes-role=meshca"},
+				[]string{"--vault-kubernetes-token-file", "--vault-token-file", "--vault-approle"})
+			wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "serving"})
+		}},
+		{"vault kubernetes login with an audience", vault + "    auth: {method: kubernetes, kubernetes: {role: meshca, mount: k8s-east, audience: vault}}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				d := deployment(t, objs)
+				wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--vault-kubernetes-role=meshca",
+					"--vault-kubernetes-mount=k8s-east", "--vault-kubernetes-token-file=/var/run/secrets/vault/token"}, nil)
+				var projected *corev1.ProjectedVolumeSource
+				for _, v := range d.Spec.Template.Spec.Volumes {
+					if v.Name == "vault-sa-token" {
+						projected = v.Projected
+					}
+				}
+				if projected == nil || projected.Sources[0].ServiceAccountToken.Audience != "vault" {
+					t.Errorf("volumes %+v: want a service-account token projected for audience vault", d.Spec.Template.Spec.Volumes)
+				}
+			}},
+		{"vault token login", vault + "    auth: {method: token, token: {secretName: vault-token, key: t}}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			d := deployment(t, objs)
+			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--vault-token-file=/etc/meshca/vault-token/t"}, []string{"--vault-kubernetes-role"})
+			wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "serving", "vault-token": "vault-token"})
+		}},
+		{"trust publishers switched over", "trust:\n  rootCertConfigMaps: {enabled: false}\n  clusterTrustBundle: {enabled: true, signerName: meshca.io/svid}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				d := deployment(t, objs)
+				wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--publish-cluster-trust-bundle",
+					"--cluster-trust-bundle-signer-name=meshca.io/svid"}, []string{"--publish-root-cert-configmaps"})
+				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "clustertrustbundles", "signers"})
+				if r := clusterRole(t, objs).Rules[3]; r.ResourceNames[0] != "meshca.io/svid" || r.Verbs[0] != "attest" {
+					t.Errorf("signer rule %+v: want attest on meshca.io/svid alone", r)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(file, []byte(tt.values+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			objs := render(t, ns, "--values", file)
+			checkPodSecurity(t, objs)
+			tt.check(t, objs)
+			apply(t, objs, true)
+		})
+	}
+}
+
+// wantClaim: the volumes are exactly the state claim.
+func wantClaim(t *testing.T, what string, vols []corev1.Volume) {
+	t.Helper()
+	if len(vols) != 1 || vols[0].PersistentVolumeClaim == nil || vols[0].PersistentVolumeClaim.ClaimName != "meshca-state" {
+		t.Errorf("%s volumes %+v: want the claim meshca-state", what, vols)
+	}
+}

@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Messages of authorization refusals.
+const (
+	deniedMsg    = "this caller may not request other identities"
+	malformedMsg = "ImpersonatedIdentity must be one SPIFFE ID spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+	notStringMsg = "ImpersonatedIdentity must be one SPIFFE ID string"
+)
+
+// impersonationAttacks: node-proxy requests for identities the caller may
+// not have. README: PermissionDenied for an untrusted caller, a workload
+// not on the caller's node or a foreign trust domain; InvalidArgument for
+// a malformed ImpersonatedIdentity; Unauthenticated when the caller's own
+// Pod is not live.
+func (a *arena) impersonationAttacks(t *testing.T) []attack {
+	apps, sys := a.apps, a.system
+	cluster.NewWorkload(t, apps, "db", "node-b")
+	nosy := cluster.NewWorkload(t, apps, "nosy", "node-a")
+	fake := cluster.NewWorkload(t, apps, "ztunnel", "node-a") // ztunnel's name, the wrong namespace
+	for sa, phase := range map[string]corev1.PodPhase{"batch": corev1.PodFailed, "finished": corev1.PodSucceeded} {
+		cluster.ServiceAccount(t, apps, sa)
+		setPhase(t, cluster.Pod(t, apps, sa+"-0", sa, "node-a"), phase)
+	}
+	cluster.ServiceAccount(t, apps, "pending")
+	cluster.Pod(t, apps, "pending-0", "pending", "") // not scheduled yet
+	unbound := cluster.Token(t, sys, "ztunnel", "", []string{"istio-ca"}, time.Hour)
+	cluster.Pod(t, sys, "ztunnel-failed", "ztunnel", "node-a")
+	failedZ := cluster.Token(t, sys, "ztunnel", "ztunnel-failed", []string{"istio-ca"}, time.Hour)
+	setPhase(t, getPod(t, sys, "ztunnel-failed"), corev1.PodFailed)
+	cluster.Pod(t, sys, "ztunnel-unscheduled", "ztunnel", "")
+	unscheduledZ := cluster.Token(t, sys, "ztunnel", "ztunnel-unscheduled", []string{"istio-ca"}, time.Hour)
+	a.secret(nosy.Token, fake.Token, unbound, failedZ, unscheduledZ)
+
+	z, web := a.ztunnelA.Token, a.webID.String()
+	base := "spiffe://cluster.local/ns/" + apps + "/sa/"
+	const PD, IA = codes.PermissionDenied, codes.InvalidArgument
+	malformed := func(name, id string) attack {
+		return attack{name: "impersonation/" + name, do: a.impersonating(t, z, id), code: IA, msg: malformedMsg, reason: "malformed_identity"}
+	}
+	return []attack{
+		{name: "impersonation/untrusted caller", do: a.impersonating(t, nosy.Token, web), code: PD, msg: deniedMsg, reason: "untrusted_caller"},
+		{name: "impersonation/ztunnel's name in another namespace", do: a.impersonating(t, fake.Token, web), code: PD, msg: deniedMsg,
+			reason: "untrusted_caller"},
+		{name: "impersonation/workload on another node", do: a.impersonating(t, z, a.id("db").String()), code: PD, msg: deniedMsg, reason: "not_on_node"},
+		{name: "impersonation/Failed Pod", do: a.impersonating(t, z, a.id("batch").String()), code: PD, msg: deniedMsg, reason: "not_on_node"},
+		{name: "impersonation/Succeeded Pod", do: a.impersonating(t, z, a.id("finished").String()), code: PD, msg: deniedMsg, reason: "not_on_node"},
+		{name: "impersonation/Pod not yet scheduled", do: a.impersonating(t, z, a.id("pending").String()), code: PD, msg: deniedMsg,
+			reason: "not_on_node"},
+		{name: "impersonation/no such service account", do: a.impersonating(t, z, a.id("ghost").String()), code: PD, msg: deniedMsg,
+			reason: "not_on_node"},
+		{name: "impersonation/foreign trust domain", do: a.impersonating(t, z, "spiffe://evil.example/ns/"+apps+"/sa/web"), code: PD,
+			msg: "requested identity is not in this CA's trust domain", reason: "foreign_trust_domain"},
+		{name: "impersonation/node proxy token not bound to a Pod", do: a.impersonating(t, unbound, web), code: PD, msg: deniedMsg,
+			reason: "caller_not_pod_bound"},
+		{name: "impersonation/node proxy Pod not yet scheduled", do: a.impersonating(t, unscheduledZ, web), code: PD, msg: deniedMsg,
+			reason: "caller_node_unknown"},
+		{name: "impersonation/node proxy Pod Failed", do: a.impersonating(t, failedZ, web), code: codes.Unauthenticated, msg: tokenMsg,
+			reason: "caller_pod_terminated"},
+		malformed("path traversal", base+"../../"+sys+"/sa/ztunnel"),
+		malformed("dot segment", base+"./web"),
+		malformed("extra segments", base+"web/extra"),
+		malformed("missing segments", "spiffe://cluster.local/ns/"+apps),
+		malformed("trailing slash", base+"web/"),
+		malformed("empty service account", base),
+		malformed("percent-encoded letter", base+"w%65b"),
+		malformed("percent-encoded slashes", "spiffe://cluster.local/ns/"+apps+"%2Fsa%2Fweb"),
+		malformed("two IDs, comma", web+","+a.id("db").String()),
+		malformed("two IDs, space", web+" "+a.id("db").String()),
+		malformed("two IDs, newline", web+"\n"+a.id("db").String()),
+		malformed("port in the trust domain", "spiffe://cluster.local:443/ns/"+apps+"/sa/web"),
+		malformed("user info in the trust domain", "spiffe://admin@cluster.local/ns/"+apps+"/sa/web"),
+		malformed("upper-case scheme", "SPIFFE://cluster.local/ns/"+apps+"/sa/web"),
+		malformed("https scheme", "https://cluster.local/ns/"+apps+"/sa/web"),
+		malformed("query", web+"?sa=admin"),
+		malformed("fragment", web+"#admin"),
+		malformed("NUL byte", web+"\x00admin"),
+		malformed("homoglyph", base+"w\u0435b"), // Cyrillic е
+		// The caller asks for itself in the metadata but for the victim in
+		// the CSR: the CSR check still binds it to its own identity.
+		{name: "impersonation/self in metadata, victim in CSR", code: IA, msg: "may only receive " + a.ztunnelID(), reason: "csr_identity_mismatch",
+			do: a.do(probe{token: z, req: &authpb.IstioCertificateRequest{Csr: newCSR(t, a.webID),
+				Metadata: meta(authpb.MetaImpersonatedIdentity, structpb.NewStringValue(a.ztunnelID()))}})},
+	}
+}
+
+func (a *arena) ztunnelID() string {
+	return "spiffe://cluster.local/ns/" + a.system + "/sa/ztunnel"
+}
+
+func setPhase(t *testing.T, p *corev1.Pod, phase corev1.PodPhase) {
+	t.Helper()
+	p.Status.Phase = phase
+	if _, err := cluster.Client.CoreV1().Pods(p.Namespace).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getPod(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	p, err := cluster.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// metadataAttacks: the request's metadata struct as an attacker shapes
+// it. A non-string or nested ImpersonatedIdentity is InvalidArgument; an
+// unknown key is ignored (wire contract: CA_HEADER_* and fields meshca
+// does not know must not fail a request), so a key that only resembles
+// ImpersonatedIdentity changes nothing: the CSR for the victim is then
+// refused as a CSR for another identity. A request over the 64 KiB message
+// limit is refused by gRPC with ResourceExhausted, as issue 11's limits
+// item asks of every limit.
+func (a *arena) metadataAttacks(t *testing.T) []attack {
+	z, web := a.ztunnelA.Token, a.webID.String()
+	csrPEM := newCSR(t, a.webID)
+	with := func(token string, m *structpb.Struct) func(context.Context) (*authpb.IstioCertificateResponse, error) {
+		return a.do(probe{token: token, req: &authpb.IstioCertificateRequest{Csr: csrPEM, ValidityDuration: 86400, Metadata: m}})
+	}
+	notString := func(name string, v *structpb.Value) attack {
+		return attack{name: "metadata/ImpersonatedIdentity " + name, do: with(z, meta(authpb.MetaImpersonatedIdentity, v)),
+			code: codes.InvalidArgument, msg: notStringMsg, reason: "malformed_identity"}
+	}
+	lookalike := func(name, key string) attack {
+		return attack{name: "metadata/" + name, do: with(z, meta(key, structpb.NewStringValue(web))), code: codes.InvalidArgument,
+			msg: "may only receive " + a.ztunnelID(), reason: "csr_identity_mismatch"}
+	}
+	huge := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i := range 1000 {
+		huge.Fields[fmt.Sprintf("key-%04d", i)] = structpb.NewStringValue(strings.Repeat("x", 80))
+	}
+	list, _ := structpb.NewList([]any{web, web})
+	return []attack{
+		{name: "metadata/huge struct (90 KB)", do: with(z, huge), transport: true, code: codes.ResourceExhausted, msg: "larger than max"},
+		notString("a number", structpb.NewNumberValue(1)),
+		notString("a bool", structpb.NewBoolValue(true)),
+		notString("null", structpb.NewNullValue()),
+		notString("a list of two IDs", structpb.NewListValue(list)),
+		notString("nested in a struct", structpb.NewStructValue(meta(authpb.MetaImpersonatedIdentity, structpb.NewStringValue(web)))),
+		lookalike("lower-case key", "impersonatedidentity"),
+		lookalike("key with a trailing space", authpb.MetaImpersonatedIdentity+" "),
+		lookalike("key with a zero-width space", "Impersonated\u200bIdentity"),
+		// An empty ImpersonatedIdentity asks for the caller's own identity,
+		// which the victim's CSR is not.
+		{name: "metadata/empty ImpersonatedIdentity", code: codes.InvalidArgument,
+			do:  with(z, meta(authpb.MetaImpersonatedIdentity, structpb.NewStringValue(""))),
+			msg: "may only receive " + a.ztunnelID(), reason: "csr_identity_mismatch"},
+	}
+}
+
+// nested returns a value of depth levels of lists in lists.
+func nested(depth int) *structpb.Value {
+	v := structpb.NewStringValue("bottom")
+	for range depth {
+		v = structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{v}})
+	}
+	return v
+}

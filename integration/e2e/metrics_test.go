@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// issueMetrics are the metrics issue 10 asks a running meshca to export:
+// Istio's citadel_server_* names kept; gRPC server metrics by method and
+// code (go-grpc-middleware's provider); Vault login state and token TTL;
+// signer latency and errors by backend; rotation state and the bundle
+// sequence; leader status; rate-limit rejections.
+var issueMetrics = []string{
+	"citadel_server_csr_count",
+	"citadel_server_authentication_failure_count",
+	"citadel_server_success_cert_issuance_count",
+	"citadel_server_csr_sign_err_count",
+	"citadel_server_root_cert_expiry_timestamp",
+	"citadel_server_root_cert_expiry_seconds",
+	"citadel_server_cert_chain_expiry_timestamp",
+	"citadel_server_cert_chain_expiry_seconds",
+	"grpc_server_started_total",
+	"grpc_server_handled_total",
+	"grpc_server_handling_seconds",
+	"meshca_vault_logged_in",
+	"meshca_vault_token_ttl_seconds",
+	"meshca_sign_duration_seconds",
+	"meshca_sign_errors_total",
+	"meshca_ca_authorities",
+	"meshca_ca_root_expiry_timestamp",
+	"meshca_rotation_steps_total",
+	"meshca_trust_bundle_sequence",
+	"meshca_leader",
+	"meshca_rate_limited_total",
+}
+
+// vaultOnly tells the metrics only a meshca signing with Vault exports.
+func vaultOnly(name string) bool { return strings.HasPrefix(name, "meshca_vault_") }
+
+// wantSample is a sample a scrape must hold, with a value in [min, max].
+type wantSample struct {
+	name     string
+	labels   map[string]string
+	min, max float64
+}
+
+func checkSamples(t *testing.T, e *exposition, want []wantSample) {
+	t.Helper()
+	for _, w := range want {
+		v, ok := e.value(w.name, w.labels)
+		if !ok || v < w.min || v > w.max {
+			t.Errorf("%s%v = %v (exported once: %v), want in [%v, %v]", w.name, w.labels, v, ok, w.min, w.max)
+		}
+	}
+}
+
+// TestMetrics scrapes two running meshcas after one issued and one refused
+// request each: the built-in CA with the trust publisher on (so that it
+// campaigns for a Lease), and the Vault backend. Between them they must
+// export every metric issue 10 names and every metric that the Grafana
+// dashboard's queries and the alerts' expressions use.
+func TestMetrics(t *testing.T) {
+	var builtin, withVault *exposition
+	t.Run("built-in", func(t *testing.T) { builtin = scrapeBuiltin(t) })
+	t.Run("vault", func(t *testing.T) { withVault = scrapeVault(t) })
+	if builtin == nil || withVault == nil {
+		t.Fatal("no scrape to check")
+	}
+	exporter := func(name string) *exposition {
+		if vaultOnly(name) {
+			return withVault
+		}
+		return builtin
+	}
+	t.Run("named in the issue", func(t *testing.T) {
+		for _, name := range issueMetrics {
+			if !exporter(name).exports(name) {
+				t.Errorf("%s is not exported", name)
+			}
+		}
+	})
+	t.Run("used by the dashboard and the alerts", func(t *testing.T) {
+		queries := append(dashboardQueries(t), alertExpressions(t)...)
+		used := map[string]bool{}
+		for _, q := range queries {
+			names := promqlMetricNames(q.expr)
+			if len(names) == 0 {
+				t.Errorf("%s: found no meshca, citadel or grpc metric in %q", q.where, q.expr)
+			}
+			for _, name := range names {
+				used[name] = true
+				if !exporter(name).exports(name) {
+					t.Errorf("%s uses %s, which a running meshca does not export: %q", q.where, name, q.expr)
+				}
+			}
+		}
+		t.Logf("%d queries use %d metric names", len(queries), len(used))
+	})
+}
+
+// request sends one request that is issued, with w's bound token, and
+// one that is refused, with a token that is no JWT.
+func request(t *testing.T, issue func(token string) error, w *harness.Workload) {
+	t.Helper()
+	if err := issue(w.Token); err != nil {
+		t.Fatalf("issued request: %v", err)
+	}
+	if err := issue("not-a-token"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("refused request: %v, want Unauthenticated", err)
+	}
+}
+
+func scrapeBuiltin(t *testing.T) *exposition {
+	s := startServer(t, "--publish-root-cert-configmaps", "--trust-lease-namespace", cluster.Namespace(t, "metrics-lease"),
+		"--trust-namespace-selector", "meshca.io/metrics-test=none")
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "metrics"), "frontend", "node-a")
+	request(t, func(token string) error {
+		_, err := s.client(t, token).Fetch(context.Background(), workloadID(w), caclient.Options{})
+		return err
+	}, w)
+	// The single replica takes the fresh Lease at once.
+	var e *exposition
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		e = scrapeMetrics(t, s.AdminAddr)
+		if v, _ := e.value("meshca_leader", map[string]string{"lease": "meshca-trust-publisher"}); v == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	method := map[string]string{"grpc_service": "istio.v1.auth.IstioCertificateService", "grpc_method": "CreateCertificate"}
+	code := func(c string) map[string]string {
+		return map[string]string{"grpc_method": "CreateCertificate", "grpc_code": c}
+	}
+	checkSamples(t, e, []wantSample{
+		{"grpc_server_started_total", method, 2, 2},
+		{"grpc_server_handled_total", code("OK"), 1, 1},
+		{"grpc_server_handled_total", code("Unauthenticated"), 1, 1},
+		{"grpc_server_handled_total", code("ResourceExhausted"), 0, 0},
+		{"grpc_server_handling_seconds_count", method, 2, 2},
+		{"citadel_server_success_cert_issuance_count", nil, 1, 1},
+		{"citadel_server_authentication_failure_count", nil, 1, 1},
+		{"meshca_requests_total", map[string]string{"code": "OK"}, 1, 1},
+		{"meshca_requests_total", map[string]string{"code": "Unauthenticated", "reason": "token_malformed"}, 1, 1},
+		{"meshca_sign_duration_seconds_count", map[string]string{"backend": "local"}, 1, 1},
+		{"meshca_sign_errors_total", map[string]string{"backend": "local", "kind": "unavailable"}, 0, 0},
+		{"meshca_rate_limited_total", map[string]string{"reason": "too_many_requests"}, 0, 0},
+		{"meshca_rate_limited_total", map[string]string{"reason": "too_many_authentications"}, 0, 0},
+		{"meshca_leader", map[string]string{"lease": "meshca-trust-publisher"}, 1, 1},
+		{"meshca_ca_authorities", map[string]string{"phase": "active"}, 1, 1},
+		{"meshca_trust_bundle_sequence", nil, 1, 1e9},
+		{"meshca_rotation_steps_total", map[string]string{"verb": "prepare"}, 0, 0},
+		{"citadel_server_root_cert_expiry_seconds", nil, 365 * 86400, 11 * 365 * 86400},
+	})
+	return e
+}
+
+func scrapeVault(t *testing.T) *exposition {
+	vaultBin, err := harness.VaultBinary()
+	if err != nil {
+		t.Fatalf("the real Vault is required: %v", err)
+	}
+	v := harness.StartVault(t, vaultBin)
+	root := testca.NewRoot(t, "metrics corp root", testca.Options{})
+	inter := root.NewIntermediate(t, "metrics vault intermediate", testca.Options{})
+	v.ConfigurePKI(t, "pki", inter.Authority(), harness.VaultRole{})
+	// A renewable token of an hour, as an operator's would be (the dev
+	// root token never expires).
+	renewable := true
+	tok, err := v.Client.Auth().Token().CreateWithContext(context.Background(),
+		&api.TokenCreateRequest{Policies: []string{"root"}, TTL: "1h", Renewable: &renewable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := keymgr.IssueServing(inter.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servingKey, err := pemutil.EncodePrivateKey(serving.PrivateKey.(crypto.Signer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	m := harness.StartMeshca(t, bin, "--signer", "vault", "--kubeconfig", cluster.Kubeconfig,
+		"--vault-addr", v.Addr, "--vault-pki-mount", "pki", "--vault-role", harness.VaultMainRole,
+		"--vault-token-file", file("vault.token", []byte(tok.Auth.ClientToken)),
+		"--trust-anchors", file("anchors.pem", pemutil.EncodeCertificates(root.Cert)),
+		"--serving-cert-file", file("serving.pem", pemutil.EncodeCertificates(serving.Leaf, inter.Cert)),
+		"--serving-key-file", file("serving-key.pem", servingKey))
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "metrics-vault"), "frontend", "node-a")
+	roots := x509.NewCertPool()
+	roots.AddCert(root.Cert)
+	request(t, func(token string) error {
+		c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, token)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, err = c.Fetch(context.Background(), workloadID(w), caclient.Options{})
+		return err
+	}, w)
+	e := scrapeMetrics(t, m.AdminAddr)
+	checkSamples(t, e, []wantSample{
+		{"meshca_vault_logged_in", nil, 1, 1},
+		{"meshca_vault_token_ttl_seconds", nil, 50 * 60, 3600},
+		{"meshca_sign_duration_seconds_count", map[string]string{"backend": "vault"}, 1, 1},
+		{"meshca_sign_errors_total", map[string]string{"backend": "vault", "kind": "refused"}, 0, 0},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "CreateCertificate", "grpc_code": "OK"}, 1, 1},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "CreateCertificate", "grpc_code": "Unauthenticated"}, 1, 1},
+	})
+	return e
+}
