@@ -102,6 +102,9 @@ type Server struct {
 	c     Config
 	slots chan struct{}
 	authn *peerLimiter
+	// decode is the gRPC server's codec (NewGRPCServer), which keeps the
+	// errors of requests that did not decode; nil without one.
+	decode *requestCodec
 }
 
 // New returns a Server. It starts nothing.
@@ -194,6 +197,10 @@ func (s *Server) CreateCertificate(ctx context.Context, in *authpb.IstioCertific
 // authenticate never hold one.
 func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, r *request) (*authpb.IstioCertificateResponse, error) {
 	var err error
+	if err := s.decode.takeError(in); err != nil {
+		return nil, refuse(codes.InvalidArgument, "request_malformed",
+			"the request message does not decode as an IstioCertificateRequest: "+err.Error(), nil)
+	}
 	if r.creds, r.peer, err = credentialsFrom(ctx, s.c.MaxTokenBytes); err != nil {
 		return nil, err
 	}
@@ -219,7 +226,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.identity, err = cluster.Authorizer.Authorize(ctx, r.caller, r.requested); err != nil {
 		return nil, err
 	}
-	req, err := csr.Parse([]byte(in.GetCsr()))
+	req, err := csr.ParseFor([]byte(in.GetCsr()), &s.c.Policy.Keys)
 	if err != nil {
 		return nil, err
 	}

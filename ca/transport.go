@@ -46,8 +46,10 @@ func TLSConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error), td 
 // it is held in memory. Every RPC is counted and timed by method and code
 // in s's Metrics (grpc_server_*), its series there from the start.
 func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.Server {
+	s.decode = newRequestCodec()
 	opts = append([]grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(tc)),
+		grpc.ForceServerCodecV2(s.decode),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 		grpc.MaxHeaderListSize(uint32(s.c.MaxHeaderBytes)),
 		grpc.ChainUnaryInterceptor(s.c.Metrics.grpc.UnaryServerInterceptor()),

@@ -86,6 +86,10 @@ func (p KeyPolicy) Check(pub any) error {
 		if p.RSAMinBits == 0 || bits < p.RSAMinBits || bits > p.RSAMaxBits {
 			return errorf(ReasonKey, "RSA key of %d bits is not allowed (allowed: %s)", bits, p.allowed())
 		}
+	case nil:
+		// x509 leaves the key nil for an algorithm it does not know (Ed448,
+		// say).
+		return errorf(ReasonKey, "the key's algorithm is not supported (allowed: %s)", p.allowed())
 	default:
 		return errorf(ReasonKey, "key type %T is not allowed (allowed: %s)", pub, p.allowed())
 	}

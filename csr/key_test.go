@@ -126,7 +126,7 @@ func TestKeyPolicyCheck(t *testing.T) {
 		{"default RSA-8193", def, rsaPublicKey(8193), "RSA key of 8193 bits"},
 		{"default RSA-16384", def, rsaPublicKey(16384), "RSA key of 16384 bits"},
 		{"default X25519", def, x25519.PublicKey(), "key type *ecdh.PublicKey is not allowed"},
-		{"default nil", def, nil, "key type <nil> is not allowed"},
+		{"default nil", def, nil, "the key's algorithm is not supported"},
 		{"default private key", def, p256Key(), "key type *ecdsa.PrivateKey is not allowed"},
 		{"RSA only, RSA-3072", rsaOnly, rsaPublicKey(3072), ""},
 		{"RSA only, RSA-2048", rsaOnly, rsaPublicKey(2048), "(allowed: RSA 3072-4096)"},

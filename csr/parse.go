@@ -19,6 +19,13 @@ const (
 // Parse decodes exactly one PEM PKCS#10 request and verifies its signature.
 // Anything but white space around the block is refused.
 func Parse(data []byte) (*x509.CertificateRequest, error) {
+	return ParseFor(data, nil)
+}
+
+// ParseFor is Parse that, when keys is not nil, refuses a key keys does
+// not allow before it verifies the signature: an attacker's RSA-16384
+// request costs a parse, not a 16384-bit verification.
+func ParseFor(data []byte, keys *KeyPolicy) (*x509.CertificateRequest, error) {
 	if len(data) > MaxPEMSize {
 		return nil, errorf(ReasonTooLarge, "CSR is %d bytes, the limit is %d", len(data), MaxPEMSize)
 	}
@@ -38,6 +45,11 @@ func Parse(data []byte) (*x509.CertificateRequest, error) {
 	req, err := x509.ParseCertificateRequest(block.Bytes)
 	if err != nil {
 		return nil, errorf(ReasonMalformed, "cannot parse PKCS#10: %v", err)
+	}
+	if keys != nil {
+		if err := keys.Check(req.PublicKey); err != nil {
+			return nil, err
+		}
 	}
 	if err := req.CheckSignature(); err != nil {
 		return nil, errorf(ReasonSignature, "CSR signature does not verify: %v", err)

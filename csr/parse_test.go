@@ -3,6 +3,7 @@ package csr_test
 import (
 	"bytes"
 	"encoding/pem"
+	"errors"
 	"strings"
 	"testing"
 
@@ -137,4 +138,35 @@ func pemDER(t testing.TB, data []byte) []byte {
 		t.Fatal("no PEM block")
 	}
 	return block.Bytes
+}
+
+// TestParseForChecksTheKeyFirst: a key the policy refuses is refused as
+// such, before its signature is verified (a forged RSA request must not
+// cost a verification of its size).
+func TestParseForChecksTheKeyFirst(t *testing.T) {
+	data := ztunnelPEM(t, rsa2048Key(), testID)
+	block, _ := pem.Decode(data)
+	block.Bytes[len(block.Bytes)-1] ^= 0xff // break the signature
+	broken := pem.EncodeToMemory(block)
+	ecOnly, err := csr.ParseKeyPolicy("ecdsa-p256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		keys *csr.KeyPolicy
+		want csr.Reason
+	}{
+		{"no key policy: the signature", nil, csr.ReasonSignature},
+		{"a policy that allows the key: the signature", &csr.KeyPolicy{RSAMinBits: 2048, RSAMaxBits: 4096}, csr.ReasonSignature},
+		{"a policy that refuses the key: the key", &ecOnly, csr.ReasonKey},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := csr.ParseFor(broken, tt.keys)
+			var ce *csr.Error
+			if !errors.As(err, &ce) || ce.Reason != tt.want {
+				t.Fatalf("ParseFor = %v, want reason %s", err, tt.want)
+			}
+		})
+	}
 }

@@ -148,7 +148,9 @@ func reviewErrorReason(msg string) string {
 		return "token_expired"
 	case strings.Contains(msg, "audience"):
 		return "audience_mismatch"
-	case strings.Contains(msg, "not found"), strings.Contains(msg, "has been deleted"), strings.Contains(msg, "does not match"):
+	case strings.Contains(msg, "not found"), strings.Contains(msg, "has been deleted"), strings.Contains(msg, "does not match"),
+		// 1.37 says this of a token whose Pod or Secret is gone
+		strings.Contains(msg, "has been invalidated"):
 		return "token_bound_object_gone"
 	}
 	return "token_invalid"

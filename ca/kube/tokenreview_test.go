@@ -42,6 +42,8 @@ func TestIdentityFromReview(t *testing.T) {
 			s.Error = `token audiences ["x"] is invalid for the target audiences ["istio-ca"]`
 		}, reason: "audience_mismatch"},
 		{name: "pod gone", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = `pods "frontend-1" not found` }, reason: "token_bound_object_gone"},
+		{name: "token invalidated (1.37: its Pod is gone)", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "service account token has been invalidated" },
+			reason: "token_bound_object_gone"},
 		{name: "other error", mutate: func(s *authnv1.TokenReviewStatus) { s.Error = "invalid bearer token" }, reason: "token_invalid"},
 		{name: "not authenticated", mutate: func(s *authnv1.TokenReviewStatus) { s.Authenticated = false }, reason: "token_not_authenticated"},
 		{name: "wrong audience", mutate: func(s *authnv1.TokenReviewStatus) { s.Audiences = []string{"api"} }, reason: "audience_mismatch"},

@@ -55,7 +55,7 @@ func (a *arena) csrAttacks(t *testing.T) []attack {
 		inv("trailing garbage", good+"garbage", "data after the CSR", "malformed"),
 		inv("leading garbage", "garbage\n"+good, "data before the CSR", "malformed"),
 		// DER bytes themselves are not a proto3 string (invalid UTF-8):
-		// see knownBugs. Base64 without the PEM armour is.
+		// see fixedBugs. Base64 without the PEM armour is.
 		inv("DER, base64 without PEM armour", base64.StdEncoding.EncodeToString(block.Bytes), "no PEM block found", "malformed"),
 		inv("empty", "", "no PEM block found", "malformed"),
 		inv("PEM of a certificate", strings.ReplaceAll(good, "CERTIFICATE REQUEST", "CERTIFICATE"), `PEM block is "CERTIFICATE"`, "malformed"),
@@ -89,7 +89,7 @@ func (a *arena) csrAttacks(t *testing.T) []attack {
 			"extension 2.5.29.30 is not allowed", "extension"),
 		inv("RSA-1024", build(t, rsa1024, &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{own}}), "RSA key of 1024 bits is not allowed", "key_policy"),
 		// The server's latency for it is in the log (audit latency); see
-		// knownBugs for the order of the checks.
+		// fixedBugs for the order of the checks.
 		inv("RSA-16384", big16kCSR, "RSA key of 16384 bits is not allowed", "key_policy"),
 		// About the largest key whose CSR fits 16 KiB of PEM.
 		inv("RSA-40960", build(t, bigRSA[1], &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{own}}),
@@ -98,10 +98,9 @@ func (a *arena) csrAttacks(t *testing.T) []attack {
 			"ECDSA curve P-224 is not allowed", "key_policy"),
 		inv("ECDSA P-521 (not in the default policy)", build(t, ecKey(t, elliptic.P521()), &x509.CertificateRequest{ExtraExtensions: []pkix.Extension{own}}),
 			"ECDSA curve P-521 is not allowed", "key_policy"),
-		// Go's x509 parses an Ed448 key as an unknown algorithm and cannot
-		// verify its signature, so it is refused at the signature step,
-		// before the key policy: InvalidArgument either way.
-		inv("Ed448", ed448CSR(t, with(own)), "algorithm unimplemented", "bad_signature"),
+		// Go's x509 parses an Ed448 key as an unknown algorithm (a nil
+		// key): the key policy refuses it before any signature check.
+		inv("Ed448", ed448CSR(t, with(own)), "the key's algorithm is not supported", "key_policy"),
 		inv("huge CSR (24 KiB, under the message limit)", with(own, pkix.Extension{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 3},
 			Value: make([]byte, 18<<10)}), "the limit is 16384", "too_large"),
 		{name: "csr/over the 64 KiB message limit", do: a.asWeb(strings.Repeat("A", 70<<10)), transport: true, code: codes.ResourceExhausted,

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -45,26 +44,18 @@ func TestAttack(t *testing.T) {
 	var refused []attack
 	for _, rows := range [][]attack{
 		a.tokenAttacks(t), a.impersonationAttacks(t), a.metadataAttacks(t),
-		a.csrAttacks(t), a.ttlAttacks(t), a.mtlsAttacks(t),
+		a.csrAttacks(t), a.ttlAttacks(t), a.mtlsAttacks(t), a.fixedBugs(t),
 	} {
 		refused = append(refused, rows...)
 	}
-	accepted, bugs := a.accepted(t), a.knownBugs(t)
-	t.Logf("set up in %v: %d refused attacks, %d accepted requests, %d known server bugs",
-		time.Since(start).Round(time.Millisecond), len(refused)+1, len(accepted), len(bugs))
+	accepted := a.accepted(t)
+	t.Logf("set up in %v: %d refused attacks, %d accepted requests",
+		time.Since(start).Round(time.Millisecond), len(refused)+1, len(accepted))
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) { a.run(t, tt) })
 	}
 	for _, tt := range accepted {
 		t.Run(tt.name, func(t *testing.T) { a.accept(t, tt) })
-	}
-	for _, tt := range bugs {
-		t.Run(tt.name, func(t *testing.T) {
-			if os.Getenv("MESHCA_ATTACK_BUGS") == "" {
-				t.Skipf("known server bug (MESHCA_ATTACK_BUGS=1 runs it): %s", tt.bug)
-			}
-			a.run(t, tt)
-		})
 	}
 	// Last: it retires the root that signed the workload's certificate.
 	retired := a.retiredRootAttack(t)
@@ -88,8 +79,6 @@ type attack struct {
 	// transport: refused before meshca's handler (TLS handshake, HTTP/2
 	// or gRPC message limits), so the request is not even counted.
 	transport bool
-	// bug names the server bug a row of knownBugs shows.
-	bug string
 }
 
 // arena is the server and the cluster objects the attacks use.

@@ -80,7 +80,7 @@ func (a *arena) tokenAttacks(t *testing.T) []attack {
 		// TokenReview does not vouch for it for audience istio-ca.
 		{name: "token/legacy unbound Secret token", do: with(tok["legacy"]), code: U, msg: tokenMsg,
 			reason: "audience_mismatch"},
-		// The audit reason should be token_bound_object_gone: see knownBugs.
+		// Its audit reason is pinned in fixedBugs.
 		{name: "token/deleted Pod", do: with(tok["gone"]), code: U, msg: tokenMsg,
 			reason: "token_bound_object_gone|caller_pod_missing|token_invalid"},
 		{name: "token/Pod replaced under the same name", do: with(tok["phoenix"]), code: U, msg: tokenMsg,

@@ -148,7 +148,11 @@ func FuzzParseCertificatesStrict(f *testing.F) {
 			}
 			consumed := rest[:len(rest)-len(next)]
 			if !bytes.HasPrefix(bytes.TrimSpace(consumed), []byte("-----BEGIN ")) || bytes.Count(consumed, []byte("-----BEGIN")) != 1 {
-				t.Fatalf("ParseCertificates accepted %q before a block", consumed[:bytes.Index(consumed, []byte("-----BEGIN"))])
+				skipped := consumed[:bytes.LastIndex(consumed, []byte("-----BEGIN"))]
+				if len(skipped) > 100 {
+					skipped = append(skipped[:100:100], "..."...)
+				}
+				t.Fatalf("ParseCertificates skipped %q before a certificate", skipped)
 			}
 			rest = next
 		}

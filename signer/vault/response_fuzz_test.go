@@ -1,0 +1,132 @@
+package vault
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"errors"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/signer"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// fuzzLogin is a login method that is never called: the fuzz target
+// reads answers, it does not talk to Vault.
+type fuzzLogin struct{}
+
+func (fuzzLogin) Login(context.Context, *api.Client) (*api.Secret, error) {
+	return nil, errors.New("no login in a fuzz target")
+}
+
+// vaultSignAnswer is the JSON body of a <mount>/sign/<role> answer.
+func vaultSignAnswer(tb testing.TB, data map[string]any) []byte {
+	tb.Helper()
+	b, err := json.Marshal(map[string]any{
+		"request_id": "5f0c1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", "lease_id": "", "renewable": false, "lease_duration": 0,
+		"data": data, "wrap_info": nil, "warnings": nil, "auth": nil,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+// FuzzSignResponse feeds the Vault signer any body for its
+// <mount>/sign/<role> call: decoded as the Vault client decodes it
+// (api.ParseSecret), then read by Signer.response, which picks the
+// certificate and the CA chain out of it and checks them; and by
+// certificateOf, which reads the issuers `meshca root --signer vault`
+// creates. Nothing may panic. response fails only with a vault
+// *signer.Error; a certificate it returns passes signer.CheckIssued for
+// the request; and when the certificate field holds the leaf alone, no
+// root travels among the intermediates.
+func FuzzSignResponse(f *testing.F) {
+	now := time.Now()
+	opts := testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour)}
+	root := testca.NewRoot(f, "vault root", opts)
+	inter := root.NewIntermediate(f, "vault intermediate", opts)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		f.Fatal(err)
+	}
+	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/cart")
+	p, err := csr.Build(key, id)
+	if err != nil {
+		f.Fatal(err)
+	}
+	cr, err := csr.Parse(p)
+	if err != nil {
+		f.Fatal(err)
+	}
+	req := &signer.Request{CSR: cr, ID: id, TTL: 24 * time.Hour, Usages: csr.WorkloadUsages(cr.PublicKey)}
+	san, err := csr.MarshalURISAN(id.String())
+	if err != nil {
+		f.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(9), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(req.TTL),
+		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
+	}, inter.Cert, cr.PublicKey, inter.Key)
+	if err != nil {
+		f.Fatal(err)
+	}
+	leafPEM := string(pemutil.EncodeCertificates(&x509.Certificate{Raw: der}))
+	interPEM, rootPEM := string(pemutil.EncodeCertificates(inter.Cert)), string(pemutil.EncodeCertificates(root.Cert))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": leafPEM, "issuing_ca": interPEM, "ca_chain": []string{interPEM, rootPEM},
+		"expiration": now.Add(req.TTL).Unix(), "serial_number": "09"}))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": leafPEM, "issuing_ca": interPEM}))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": leafPEM + interPEM, "ca_chain": []any{interPEM, 7, nil}}))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": rootPEM, "issuing_ca": rootPEM}))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": leafPEM, "ca_chain": []string{"junk"}}))
+	f.Add(vaultSignAnswer(f, map[string]any{"certificate": 5}))
+	f.Add(vaultSignAnswer(f, nil))
+	f.Add([]byte(`{"data":{"certificate":"` + "-----BEGIN CERTIFICATE-----\\n-----END CERTIFICATE-----\\n" + `"}}`))
+	f.Add([]byte(`{"errors":["permission denied"]}`))
+	f.Add([]byte{})
+
+	s, err := New(Config{Address: "https://vault.vault.svc:8200", Role: "mesh", Auth: fuzzLogin{}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		secret, err := api.ParseSecret(bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		if c, err := certificateOf(secret, "certificate"); err == nil && c == nil {
+			t.Fatal("certificateOf returned neither a certificate nor an error")
+		}
+		resp, err := s.response(req, secret, "mesh")
+		if err != nil {
+			var se *signer.Error
+			if !errors.As(err, &se) || se.Backend != name || (se.Kind != signer.KindRefused && se.Kind != signer.KindInternal) {
+				t.Fatalf("response failed with %v (%T), not a vault *signer.Error", err, err)
+			}
+			return
+		}
+		if err := signer.CheckIssued(name, req, resp.Leaf, time.Time{}); err != nil {
+			t.Fatalf("response returned a certificate that breaks the rules: %v", err)
+		}
+		certPEM, _ := secret.Data["certificate"].(string)
+		if certs, err := pemutil.ParseCertificates([]byte(certPEM)); err == nil && len(certs) == 1 {
+			for _, c := range resp.Intermediates {
+				if keymgr.IsSelfSigned(c) {
+					t.Fatalf("response returned the root %q among the intermediates", c.Subject)
+				}
+			}
+		}
+	})
+}
