@@ -238,22 +238,11 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, err
 	}
 	metrics := ca.NewRotationMetrics(reg)
-	f := &keymgr.Follower{Store: store, Target: mgr,
-		OnError: func(err error) {
-			metrics.Unusable()
-			log.Error("CA state not used", "error", err)
-		},
-		OnChange: func(s *keymgr.State) {
-			metrics.Observe(s)
-			be.sequence.Store(s.Sequence)
-			for _, f := range be.onChange {
-				f()
-			}
-			if err := rot.Renew(); err != nil {
-				log.Error("serving certificate renewal failed", "error", err)
-			}
-			log.Info("CA state in service", "active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence)
-		}}
+	f := be.follower(store, mgr, metrics, log, func() {
+		if err := rot.Renew(); err != nil {
+			log.Error("serving certificate renewal failed", "error", err)
+		}
+	})
 	if _, err := f.Sync(ctx); err != nil {
 		return nil, &FieldError{Field: field, Err: err}
 	}
@@ -274,6 +263,29 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		be.runners = append(be.runners, electedOn(store, r.Run, leaders, log))
 	}
 	return be, nil
+}
+
+// follower keeps target on the state in store, and tells the metrics, the
+// bundle's listeners (be.onChange) and then, when set, renewed of every
+// state it puts in service.
+func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metrics *ca.RotationMetrics, log *slog.Logger,
+	renewed func()) *keymgr.Follower {
+	return &keymgr.Follower{Store: store, Target: target,
+		OnError: func(err error) {
+			metrics.Unusable()
+			log.Error("CA state not used", "error", err)
+		},
+		OnChange: func(s *keymgr.State) {
+			metrics.Observe(s)
+			be.sequence.Store(s.Sequence)
+			for _, f := range be.onChange {
+				f()
+			}
+			if renewed != nil {
+				renewed()
+			}
+			log.Info("CA state in service", "active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence)
+		}}
 }
 
 // completeMigration saves a state directory found in the single-root

@@ -26,20 +26,7 @@ func (be *backend) followExternal(ctx context.Context, c Backend, td spiffeid.Tr
 	}
 	tidy(ctx, store, log)
 	trust := keymgr.NewExternalTrust(td, c.Rotation)
-	metrics := ca.NewRotationMetrics(reg)
-	f := &keymgr.Follower{Store: store, Target: trust,
-		OnError: func(err error) {
-			metrics.Unusable()
-			log.Error("CA state not used", "error", err)
-		},
-		OnChange: func(s *keymgr.State) {
-			metrics.Observe(s)
-			be.sequence.Store(s.Sequence)
-			for _, f := range be.onChange {
-				f()
-			}
-			log.Info("CA state in service", "active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence)
-		}}
+	f := be.follower(store, trust, ca.NewRotationMetrics(reg), log, nil)
 	if _, err := f.Sync(ctx); err != nil {
 		if errors.Is(err, keymgr.ErrNoState) {
 			err = fmt.Errorf("%w: import the backend's root first: meshca root prepare --external --cert root.pem", err)
