@@ -157,7 +157,8 @@ func (e *AuditEvent) message() string {
 
 // attrs lays the event out in a fixed order, leaving zero fields out.
 func (e *AuditEvent) attrs(host string) []slog.Attr {
-	a := []slog.Attr{slog.Bool(logAudit, true), slog.String(logEvent, e.Event), slog.String(logDecision, e.Decision)}
+	a := make([]slog.Attr, 0, 24) // every field of a certificate event, in one allocation
+	a = append(a, slog.Bool(logAudit, true), slog.String(logEvent, e.Event), slog.String(logDecision, e.Decision))
 	str := func(key, v string) {
 		if v != "" {
 			a = append(a, slog.String(key, v))
@@ -206,6 +207,8 @@ func (e *AuditEvent) attrs(host string) []slog.Attr {
 // audited, never sent; tokens and keys never reach either.
 func (s *Server) finish(ctx context.Context, r *request, err error, start time.Time) error {
 	o := classify(err)
+	sendRequestID(ctx, r.id, o.RetryAfter > 0)
+	setRetryPushback(ctx, o.RetryAfter)
 	now := s.c.Now()
 	elapsed := now.Sub(start)
 	s.c.Metrics.observe(o, elapsed)

@@ -48,7 +48,7 @@ type Step struct {
 // Authorize returns the identity the caller may receive for a request that
 // asked for requested ("" for the caller's own identity).
 func (a *NodeAuthorizer) Authorize(ctx context.Context, c *Caller, requested string) (spiffeid.ID, error) {
-	return a.authorize(ctx, c, requested, func(Step) {})
+	return a.authorize(ctx, c, requested, nil)
 }
 
 // Trace is Authorize that also reports every check it makes.
@@ -56,14 +56,19 @@ func (a *NodeAuthorizer) Trace(ctx context.Context, c *Caller, requested string,
 	return a.authorize(ctx, c, requested, trace)
 }
 
+// authorize decides; trace, when not nil, hears every check. Without it
+// (the request path) the inputs and notes of passed checks are not built.
 func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested string, trace func(Step)) (spiffeid.ID, error) {
+	tracing := trace != nil
 	check := func(name, input string, err error, note string) error {
-		trace(Step{Check: name, Input: input, Err: err, Note: note})
+		if tracing {
+			trace(Step{Check: name, Input: input, Err: err, Note: note})
+		}
 		return err
 	}
 	if requested == "" {
 		if c.PodName != "" && a.Pods != nil {
-			if _, err := a.callerPod(ctx, c, check); err != nil {
+			if _, err := a.callerPod(ctx, c, check, tracing); err != nil {
 				return spiffeid.ID{}, err
 			}
 		}
@@ -75,8 +80,11 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 		return c.ID, check("identity", "own identity", nil, c.ID.String())
 	}
 	target, err := a.parseTarget(requested)
-	if err := check("requested identity", requested, err, "well-formed, in trust domain "+a.TrustDomain.Name()); err != nil {
-		return spiffeid.ID{}, err
+	if err != nil {
+		return spiffeid.ID{}, check("requested identity", requested, err, "")
+	}
+	if tracing {
+		_ = check("requested identity", requested, nil, "well-formed, in trust domain "+a.TrustDomain.Name())
 	}
 	if target == c.ID {
 		return a.authorize(ctx, c, "", trace)
@@ -95,7 +103,7 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 			errors.New("node proxy token is not bound to a Pod")), "")
 	}
 	_ = check("trusted node account", account, nil, "trusted")
-	pod, err := a.callerPod(ctx, c, check)
+	pod, err := a.callerPod(ctx, c, check, tracing)
 	if err != nil {
 		return spiffeid.ID{}, err
 	}
@@ -107,18 +115,23 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 		return spiffeid.ID{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(codes.PermissionDenied, "caller_node_unknown", denied,
 			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name)), "")
 	}
-	_ = check("caller node", pod.Namespace+"/"+pod.Name, nil, node+" (from the "+source+")")
+	if tracing {
+		_ = check("caller node", pod.Namespace+"/"+pod.Name, nil, node+" (from the "+source+")")
+	}
 	ns, sa, _ := parseWorkloadID(target)
-	input := fmt.Sprintf("%s/%s on node %s", ns, sa, node)
+	input := func() string { return fmt.Sprintf("%s/%s on node %s", ns, sa, node) }
 	pods, err := a.Pods.OnNode(ctx, ns, sa, node)
 	if err != nil {
-		return spiffeid.ID{}, check("workload on node", input, podLookupError(err), "")
+		return spiffeid.ID{}, check("workload on node", input(), podLookupError(err), "")
 	}
 	if len(pods) == 0 {
-		return spiffeid.ID{}, check("workload on node", input, refuse(codes.PermissionDenied, "not_on_node", denied,
+		return spiffeid.ID{}, check("workload on node", input(), refuse(codes.PermissionDenied, "not_on_node", denied,
 			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node)), "")
 	}
-	return target, check("workload on node", input, nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
+	if tracing {
+		_ = check("workload on node", input(), nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
+	}
+	return target, nil
 }
 
 func keys(m map[string]bool) []string {
@@ -153,8 +166,11 @@ func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
 // callerPod checks that the Pod a token is bound to still exists, is the
 // same Pod (UID) and runs the token's service account. The apiserver
 // keeps accepting a deleted Pod's token for a few seconds; this does not.
-func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error) (*kube.PodInfo, error) {
+func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error, tracing bool) (*kube.PodInfo, error) {
 	pod, err := a.lookupCallerPod(ctx, c)
+	if err == nil && !tracing {
+		return pod, nil
+	}
 	input := fmt.Sprintf("%s/%s uid %s", c.Namespace, c.PodName, c.PodUID)
 	if err != nil {
 		return nil, check("caller pod", input, err, "")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/csr"
@@ -26,6 +27,10 @@ type Error struct {
 	Msg string
 	// Err is the detail for the log; it may be nil.
 	Err error
+	// RetryAfter, for ResourceExhausted, is when the client may retry;
+	// it is sent as a RetryInfo detail and a grpc-retry-pushback-ms
+	// trailer (retryhint.go).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -49,14 +54,24 @@ type Outcome struct {
 	Detail string // logged, never sent
 	// SignErr is Istio's citadel_server_csr_sign_err_count label, or "".
 	SignErr string
+	// RetryAfter is when the client may retry a refusal of a limit; 0
+	// gives no hint.
+	RetryAfter time.Duration
 }
 
-// Status returns the gRPC status the client receives.
+// Status returns the gRPC status the client receives: with a RetryInfo
+// detail when the outcome says when to retry.
 func (o Outcome) Status() error {
 	if o.Code == codes.OK {
 		return nil
 	}
-	return status.Error(o.Code, o.Msg)
+	st := status.New(o.Code, o.Msg)
+	if o.RetryAfter > 0 {
+		if withInfo, err := st.WithDetails(retryInfo(o.RetryAfter)); err == nil {
+			st = withInfo
+		}
+	}
+	return st.Err()
 }
 
 // Istio's citadel_server_csr_sign_err_count labels.
@@ -82,7 +97,7 @@ func classify(err error) Outcome {
 	)
 	switch {
 	case errors.As(err, &ce):
-		o := Outcome{Code: ce.Code, Reason: ce.Reason, Msg: ce.Msg, Detail: err.Error()}
+		o := Outcome{Code: ce.Code, Reason: ce.Reason, Msg: ce.Msg, Detail: err.Error(), RetryAfter: ce.RetryAfter}
 		if ce.Reason == reasonTTL {
 			o.SignErr = signErrTTL
 		} else if ce.Code == codes.Internal {

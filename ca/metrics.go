@@ -40,14 +40,6 @@ type ExpirySource interface {
 	ChainNotAfter() time.Time
 }
 
-// Reasons of the ResourceExhausted refusals: an issuance slot
-// (MaxInFlight) or a peer's authentication budget (MaxAuthnPerPeer) was
-// not to be had.
-const (
-	reasonTooManyRequests        = "too_many_requests"
-	reasonTooManyAuthentications = "too_many_authentications"
-)
-
 // signErrorKinds are the kind label values of meshca_sign_errors_total:
 // signer's kinds, and canceled (the client gave up; not the backend's
 // fault).
@@ -95,7 +87,8 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 		}, []string{"backend", "kind"}),
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_rate_limited_total",
-			Help: "Requests refused with ResourceExhausted by reason (too_many_requests: --max-in-flight; too_many_authentications: --max-authn-per-peer).",
+			Help: "Requests refused with ResourceExhausted by reason (too_many_requests: --max-in-flight; too_many_authentications: --max-authn-per-peer; " +
+				"peer_authn_failures: --authn-failure-rate-per-peer; caller_rate, caller_in_flight: --caller-*; node_proxy_rate, node_proxy_in_flight: --node-proxy-*).",
 		}, []string{"reason"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_requests_in_flight", Help: "CreateCertificate requests being served.",
@@ -123,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 	for _, e := range istioSignErrors {
 		m.signErrors.WithLabelValues(e)
 	}
-	for _, r := range []string{reasonTooManyRequests, reasonTooManyAuthentications} {
+	for _, r := range rateLimitReasons {
 		m.rateLimited.WithLabelValues(r)
 	}
 	reg.MustRegister(m.csrCount, m.authnFailures, m.issued, m.signErrors, m.requests, m.duration,

@@ -16,6 +16,7 @@ import (
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
@@ -39,9 +40,11 @@ func requireRefusal(t *testing.T, err error, want ...codes.Code) *Error {
 }
 
 // FuzzRequestMessage feeds the server's reading of a CreateCertificate
-// message any wire bytes: the message as protobuf decodes it, then the
+// message any wire bytes: the server's codec (requestCodec), then the
 // ImpersonatedIdentity metadata (requestedIdentity, parseTarget) and the
-// requested TTL (Server.ttl). None may panic. The identity asked for is
+// requested TTL (Server.ttl). None may panic. The codec hands the handler
+// every message: what protobuf decodes, as it decodes it; anything else
+// empty, with the error to take once. The identity asked for is
 // the metadata's string exactly, a value of another kind is
 // InvalidArgument, and an accepted target is one workload ID of our trust
 // domain, written as sent. A TTL is either refused as InvalidArgument,
@@ -78,15 +81,30 @@ func FuzzRequestMessage(f *testing.F) {
 	add(&authpb.IstioCertificateRequest{Metadata: meta(structpb.NewStructValue(meta(structpb.NewStringValue(id.String()))))})
 	add(&authpb.IstioCertificateRequest{Metadata: meta(structpb.NewStringValue("spiffe://cluster.local/ns/shop/sa/cart/../../x"))})
 	add(&authpb.IstioCertificateRequest{Metadata: meta(structpb.NewNullValue())})
+	f.Add([]byte{0x0a, 0x01, 0xff}) // a csr field that is not UTF-8: protobuf refuses it
 	f.Add([]byte{})
 
 	td := spiffeid.RequireTrustDomainFromString("cluster.local")
 	a := &NodeAuthorizer{TrustDomain: td}
 	s := &Server{c: Config{DefaultTTL: DefaultTTL, MaxTTL: DefaultMaxTTL, CertRenewalTTL: time.Hour}}
+	codec := newRequestCodec()
 	f.Fuzz(func(t *testing.T, wire []byte) {
-		var in authpb.IstioCertificateRequest
-		if err := proto.Unmarshal(wire, &in); err != nil {
+		var in, want authpb.IstioCertificateRequest
+		if err := codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, &in); err != nil {
+			t.Fatalf("the codec refused a request instead of handing it to the handler: %v", err)
+		}
+		decodeErr, wantErr := codec.takeError(&in), proto.Unmarshal(wire, &want)
+		switch {
+		case (decodeErr == nil) != (wantErr == nil):
+			t.Fatalf("the codec says %v, protobuf %v", decodeErr, wantErr)
+		case codec.takeError(&in) != nil:
+			t.Fatal("the codec's error was taken twice")
+		case decodeErr != nil && proto.Size(&in) != 0:
+			t.Fatalf("a request that does not decode reached the handler with %v", &in)
+		case decodeErr != nil:
 			return
+		case !proto.Equal(&in, &want):
+			t.Fatalf("the codec decoded %v, protobuf %v", &in, &want)
 		}
 		requested, err := requestedIdentity(&in)
 		v, present := in.GetMetadata().GetFields()[metaImpersonate]

@@ -26,18 +26,26 @@ func NewRequestID() string {
 
 // requestID is the id of the request in ctx: the client's x-request-id
 // when it sent exactly one of at most 128 printable ASCII characters
-// without spaces or quotes, else a new one. It is set as a response
-// header.
+// without spaces or quotes, else a new one. sendRequestID sends it back.
 func requestID(ctx context.Context) string {
-	md, _ := metadata.FromIncomingContext(ctx)
-	id := ""
-	if v := md.Get(RequestIDHeader); len(v) == 1 && validRequestID(v[0]) {
-		id = v[0]
-	} else {
-		id = NewRequestID()
+	if v := metadata.ValueFromIncomingContext(ctx, RequestIDHeader); len(v) == 1 && validRequestID(v[0]) {
+		return v[0]
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(RequestIDHeader, id)) // fails only without a gRPC stream (direct calls in tests)
-	return id
+	return NewRequestID()
+}
+
+// sendRequestID sets id as the x-request-id response header, or as a
+// trailer when inTrailer: a refusal that a client's retry policy may
+// retry must be a trailers-only response, since gRPC clients never retry
+// a call that received headers. Setting either fails only without a gRPC
+// stream (direct calls in tests).
+func sendRequestID(ctx context.Context, id string, inTrailer bool) {
+	md := metadata.Pairs(RequestIDHeader, id)
+	if inTrailer {
+		_ = grpc.SetTrailer(ctx, md)
+		return
+	}
+	_ = grpc.SetHeader(ctx, md)
 }
 
 func validRequestID(s string) bool {

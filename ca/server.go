@@ -14,12 +14,10 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/csr"
-	"github.com/meshca/meshca/internal/pemutil"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -37,7 +35,8 @@ const (
 	DefaultMaxInFlight    = 1024
 	DefaultRequestTimeout = 30 * time.Second
 	// DefaultMaxAuthnPerPeer bounds the authentications one peer address
-	// may have in progress; more wait for their turn.
+	// may have in progress; more wait for their turn, at most
+	// authnWaitingPerSlot × MaxInFlight of them over all peers.
 	DefaultMaxAuthnPerPeer = 64
 	// DefaultMaxTokenBytes bounds a bearer token: a bound service-account
 	// token is 1-2 KiB, so anything past this is refused before it leaves
@@ -76,6 +75,10 @@ type Config struct {
 	// have in progress; they run before an issuance slot is taken, so
 	// unauthenticated callers cannot fill the slots.
 	MaxAuthnPerPeer int
+	// Limits are the budgets of each caller and each peer address.
+	Limits Limits
+	// Conn bounds the connections of the gRPC server (NewGRPCServer).
+	Conn ConnLimits
 	// RequestTimeout is the longest any request runs, whatever deadline
 	// its client sends.
 	RequestTimeout time.Duration
@@ -99,12 +102,14 @@ type Config struct {
 // Server implements IstioCertificateService.
 type Server struct {
 	authpb.UnimplementedIstioCertificateServiceServer
-	c     Config
-	slots chan struct{}
-	authn *peerLimiter
+	c      Config
+	slots  chan struct{}
+	authn  *peerLimiter
+	limits *limiter
 	// decode is the gRPC server's codec (NewGRPCServer), which keeps the
 	// errors of requests that did not decode; nil without one.
 	decode *requestCodec
+	issued issuedChains
 }
 
 // New returns a Server. It starts nothing.
@@ -163,10 +168,17 @@ func New(c Config) (*Server, error) {
 	if c.SignerName == "" {
 		c.SignerName = "unnamed"
 	}
+	c.Conn = c.Conn.withDefaults(c.RequestTimeout)
 	c.Metrics.initBackend(c.SignerName)
 	c.Signer = signer.Observe(c.Signer, c.SignerName, c.Metrics)
-	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer)}, nil
+	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer, authnWaitingPerSlot*c.MaxInFlight),
+		limits: newLimiter(c.Limits, c.Now)}, nil
 }
+
+// authnWaitingPerSlot × MaxInFlight requests may wait for an
+// authentication turn (MaxAuthnPerPeer) over all peers; more are refused
+// at once. A node restart sends ~110 requests from one address at once.
+const authnWaitingPerSlot = 4
 
 // request is one CreateCertificate call as it moves through the steps.
 type request struct {
@@ -212,11 +224,16 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.caller, err = s.authenticate(ctx, cluster, r); err != nil {
 		return nil, err
 	}
+	release, err := s.limits.admit(cluster, r.caller)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	select {
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		return nil, refuse(codes.ResourceExhausted, reasonTooManyRequests, "CA is at its concurrency limit, retry later", nil)
+		return nil, exhausted(reasonTooManyRequests, "CA is at its concurrency limit, retry later", busyRetryAfter, nil)
 	}
 	s.c.Metrics.inFlight.Inc()
 	defer s.c.Metrics.inFlight.Dec()
@@ -245,18 +262,26 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	return s.respond(r.identity, res)
 }
 
-// authenticate runs the authenticators under the peer's budget: a peer
-// may have MaxAuthnPerPeer authentications in progress; more wait, until
-// their deadline, for a turn.
+// authenticate runs the authenticators under the peer's budgets: a peer
+// that has spent its authentication failures is refused at once; a peer
+// may have MaxAuthnPerPeer authentications in progress, and more wait,
+// until their deadline, for a turn. A failure is charged to the peer.
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
+	if err := s.limits.peerAllowed(r.peer); err != nil {
+		return nil, err
+	}
 	release, err := s.authn.acquire(ctx, peerKey(r.peer))
 	if err != nil {
-		return nil, refuse(codes.ResourceExhausted, reasonTooManyAuthentications,
-			"too many requests from this address are authenticating at once, retry later", err)
+		return nil, exhausted(reasonTooManyAuthentications,
+			"too many requests from this address are authenticating at once, retry later", busyRetryAfter, err)
 	}
 	defer release()
 	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
-	return authenticate(ctx, auths, &r.creds)
+	caller, err := authenticate(ctx, auths, &r.creds)
+	if err != nil && classify(err).Code == codes.Unauthenticated {
+		s.limits.peerFailed(r.peer)
+	}
+	return caller, err
 }
 
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
@@ -295,24 +320,19 @@ const reasonTTL = "ttl_too_long"
 
 // respond verifies the issued chain against the current trust bundle and
 // lays it out as Istio's clients expect: leaf, intermediates, then every
-// trusted root in one PEM string.
+// trusted root in one PEM string (issuedChains keeps what it can per
+// bundle).
 func (s *Server) respond(id spiffeid.ID, res *signer.Response) (*authpb.IstioCertificateResponse, error) {
 	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
 	if err != nil {
 		return nil, refuse(codes.Unavailable, "no_trust_bundle", "CA has no trust bundle yet, retry later", err)
 	}
-	chain := append([]*x509.Certificate{res.Leaf}, res.Intermediates...)
-	got, _, err := x509svid.Verify(chain, bundle)
+	got, out, err := s.issued.verify(s.issued.forBundle(bundle), res, s.c.Now())
 	if err != nil {
 		return nil, refuse(codes.Internal, "issued_chain_invalid", "issued certificate failed verification", err)
 	}
 	if got != id {
 		return nil, refuse(codes.Internal, "issued_wrong_identity", "issued certificate failed verification", fmt.Errorf("issued %s, authorized %s", got, id))
 	}
-	out := make([]string, 0, len(chain)+1)
-	for _, c := range chain {
-		out = append(out, string(pemutil.EncodeCertificates(c)))
-	}
-	out = append(out, string(pemutil.EncodeCertificates(bundle.X509Authorities()...)))
 	return &authpb.IstioCertificateResponse{CertChain: out}, nil
 }

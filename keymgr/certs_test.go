@@ -1,7 +1,14 @@
 package keymgr_test
 
 import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha1"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"testing"
 	"time"
 
@@ -51,5 +58,32 @@ func TestPathExpiry(t *testing.T) {
 	chain := []*x509.Certificate{root.Cert}
 	if n := testing.AllocsPerRun(100, func() { _ = keymgr.PathExpiry(inter.Cert, chain...) }); n != 0 {
 		t.Errorf("PathExpiry allocates %v times per call", n)
+	}
+}
+
+// TestSubjectKeyIDOfECKeys: the shortcut for EC keys gives the SHA-1 of
+// the subjectPublicKey bit string, as the ASN.1 route does.
+func TestSubjectKeyIDOfECKeys(t *testing.T) {
+	for _, curve := range []elliptic.Curve{elliptic.P256(), elliptic.P384(), elliptic.P521()} {
+		key, err := ecdsa.GenerateKey(curve, rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.MarshalPKIXPublicKey(key.Public())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spki struct {
+			Algorithm pkix.AlgorithmIdentifier
+			PublicKey asn1.BitString
+		}
+		if _, err := asn1.Unmarshal(der, &spki); err != nil {
+			t.Fatal(err)
+		}
+		want := sha1.Sum(spki.PublicKey.Bytes)
+		got, err := keymgr.SubjectKeyID(key.Public())
+		if err != nil || !bytes.Equal(got, want[:]) {
+			t.Errorf("%s: got %x (%v), want %x", curve.Params().Name, got, err, want)
+		}
 	}
 }

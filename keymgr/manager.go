@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -14,21 +15,36 @@ import (
 // rotation swaps it in one step.
 type Manager struct {
 	td      spiffeid.TrustDomain
-	current atomic.Pointer[Authority]
+	current atomic.Pointer[managed]
+}
+
+// managed is an authority and its trust bundle, built once: every reader
+// of one authority gets the same *x509bundle.Bundle, so that what is
+// derived from a bundle can be kept per bundle (the server's reply
+// layout, its verified issuing paths).
+type managed struct {
+	a      *Authority
+	bundle *x509bundle.Bundle
 }
 
 // NewManager returns a Manager for td whose current authority is a.
 func NewManager(td spiffeid.TrustDomain, a *Authority) *Manager {
 	m := &Manager{td: td}
-	m.current.Store(a)
+	m.Set(a)
 	return m
 }
 
 // Authority returns the current signing authority.
-func (m *Manager) Authority() *Authority { return m.current.Load() }
+func (m *Manager) Authority() *Authority { return m.current.Load().a }
 
 // Set makes a the current signing authority.
-func (m *Manager) Set(a *Authority) { m.current.Store(a) }
+func (m *Manager) Set(a *Authority) {
+	c := &managed{a: a}
+	if a != nil {
+		c.bundle = a.Bundle(m.td)
+	}
+	m.current.Store(c)
+}
 
 // Use implements Target: it signs with s's active authority, which must
 // hold its key, and trusts s's bundle.
@@ -46,7 +62,11 @@ func (m *Manager) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bun
 	if td != m.td {
 		return nil, fmt.Errorf("keymgr: no bundle for trust domain %q", td)
 	}
-	return m.current.Load().Bundle(td), nil
+	c := m.current.Load()
+	if c.bundle == nil {
+		return nil, errors.New("keymgr: no signing authority loaded")
+	}
+	return c.bundle, nil
 }
 
 // RootNotAfter is when the earliest trusted root expires.

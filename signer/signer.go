@@ -49,6 +49,13 @@ type Request struct {
 type Response struct {
 	Leaf          *x509.Certificate
 	Intermediates []*x509.Certificate
+	// VerifiedIssuer, when set, is the certificate whose key signed Leaf,
+	// and says that the backend has verified Leaf's signature with that
+	// certificate's public key itself: crypto/x509 does so for every
+	// certificate it creates. The server then verifies the rest of the
+	// chain to the trust bundle, but not that signature a second time.
+	// Remote backends leave it nil: their answers are verified in full.
+	VerifiedIssuer *x509.Certificate
 }
 
 // Kind classifies a backend failure for the caller's retry decision.

@@ -3,15 +3,13 @@ package kube
 import (
 	"context"
 	"errors"
-	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -32,13 +30,6 @@ type PodInfo struct {
 // not being deleted.
 func (p *PodInfo) Live() bool { return !p.Terminated && !p.Deleting }
 
-const (
-	indexByAccountNode = "ns/sa/node"
-	indexByAccount     = "ns/sa"
-)
-
-func accountNodeKey(ns, sa, node string) string { return ns + "/" + sa + "/" + node }
-
 // PodIndex is a watch-fed cache of Pods, indexed by (namespace, service
 // account, node). A miss is confirmed against the apiserver once, rate
 // limited, so that informer lag never turns into a hard denial.
@@ -46,6 +37,10 @@ type PodIndex struct {
 	api      APIPods
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
+	accounts *accountIndex
+	// handler is the registration of the event handler that feeds
+	// accounts (Run); the index is synced once it has had the first list.
+	handler  atomic.Pointer[cache.ResourceEventHandlerRegistration]
 	limiter  *rate.Limiter
 	onDelete []func(PodInfo)
 }
@@ -65,25 +60,7 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
-	err := inf.AddIndexers(cache.Indexers{
-		indexByAccountNode: func(obj any) ([]string, error) {
-			p := podInfo(obj)
-			if p == nil || p.Node == "" {
-				return nil, nil
-			}
-			return []string{accountNodeKey(p.Namespace, p.ServiceAccount, p.Node)}, nil
-		},
-		indexByAccount: func(obj any) ([]string, error) {
-			if p := podInfo(obj); p != nil {
-				return []string{p.Namespace + "/" + p.ServiceAccount}, nil
-			}
-			return nil, nil
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("kube: pod index: %w", err)
-	}
-	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf,
+	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf, accounts: newAccountIndex(),
 		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate))}, nil
 }
 
@@ -95,25 +72,38 @@ func (x *PodIndex) OnDelete(f func(PodInfo)) {
 
 // Run starts the informer and blocks until ctx ends.
 func (x *PodIndex) Run(ctx context.Context) error {
-	_, err := x.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := x.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*podRecord); ok {
+				x.accounts.add(p)
+			}
+		},
 		UpdateFunc: func(oldObj, newObj any) {
-			o, n := podInfo(oldObj), podInfo(newObj)
-			if o != nil && n != nil && o.UID != n.UID {
-				x.deleted(*o)
+			o, ok1 := oldObj.(*podRecord)
+			n, ok2 := newObj.(*podRecord)
+			if !ok1 || !ok2 {
+				return
+			}
+			x.accounts.remove(o)
+			x.accounts.add(n)
+			if !o.sameUID(n) {
+				x.deleted(*o.info())
 			}
 		},
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if p := podInfo(obj); p != nil {
-				x.deleted(*p)
+			if p, ok := obj.(*podRecord); ok {
+				x.accounts.remove(p)
+				x.deleted(*p.info())
 			}
 		},
 	})
 	if err != nil {
 		return err
 	}
+	x.handler.Store(&reg)
 	x.factory.Start(ctx.Done())
 	<-ctx.Done()
 	x.factory.Shutdown()
@@ -126,8 +116,12 @@ func (x *PodIndex) deleted(p PodInfo) {
 	}
 }
 
-// Synced reports whether the initial list has been loaded.
-func (x *PodIndex) Synced() bool { return x.informer.HasSynced() }
+// Synced reports whether the initial list has been loaded, into the
+// informer's store and the account index both.
+func (x *PodIndex) Synced() bool {
+	reg := x.handler.Load()
+	return reg != nil && (*reg).HasSynced() && x.informer.HasSynced()
+}
 
 // ErrNotSynced is returned before the first list completes.
 var ErrNotSynced = errors.New("pod index has not synced yet")
@@ -152,11 +146,7 @@ func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, err
 	if !x.Synced() {
 		return nil, ErrNotSynced
 	}
-	objs, err := x.informer.GetIndexer().ByIndex(indexByAccount, ns+"/"+sa)
-	if err != nil {
-		return nil, err
-	}
-	if out := live(objs, false); len(out) > 0 {
+	if out := x.accounts.liveOf(ns, sa); len(out) > 0 {
 		return out, nil
 	}
 	if err := x.limiter.Wait(ctx); err != nil {
@@ -172,11 +162,7 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if !x.Synced() {
 		return nil, ErrNotSynced
 	}
-	objs, err := x.informer.GetIndexer().ByIndex(indexByAccountNode, accountNodeKey(ns, sa, node))
-	if err != nil {
-		return nil, err
-	}
-	if out := live(objs, true); len(out) > 0 {
+	if out := x.accounts.liveOnNode(ns, sa, node); len(out) > 0 {
 		return out, nil
 	}
 	if err := x.limiter.Wait(ctx); err != nil {
@@ -253,8 +239,7 @@ func live(objs []any, deleting bool) []PodInfo {
 func podInfo(obj any) *PodInfo {
 	switch p := obj.(type) {
 	case *podRecord:
-		return &PodInfo{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), ServiceAccount: p.serviceAccount, Node: p.node,
-			Terminated: p.terminated, Deleting: p.DeletionTimestamp != nil}
+		return p.info()
 	case *corev1.Pod:
 		return &PodInfo{
 			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
@@ -265,39 +250,6 @@ func podInfo(obj any) *PodInfo {
 	return nil
 }
 
-// podRecord is what the index keeps of a Pod: its identity and the three
-// fields authorization reads, so that 100,000 Pods fit in a small heap.
-type podRecord struct {
-	metav1.ObjectMeta
-	serviceAccount, node string
-	terminated           bool
-}
-
 func terminated(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
-}
-
-// GetObjectKind implements runtime.Object.
-func (p *podRecord) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
-
-// DeepCopyObject implements runtime.Object.
-func (p *podRecord) DeepCopyObject() runtime.Object {
-	c := *p
-	p.ObjectMeta.DeepCopyInto(&c.ObjectMeta)
-	return &c
-}
-
-// slimPod is the informer's transform: it replaces a Pod by its podRecord.
-func slimPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	return &podRecord{
-		ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			DeletionTimestamp: p.DeletionTimestamp},
-		serviceAccount: p.Spec.ServiceAccountName,
-		node:           p.Spec.NodeName,
-		terminated:     terminated(p),
-	}, nil
 }

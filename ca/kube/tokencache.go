@@ -114,7 +114,9 @@ func (r *CachedTokenReviewer) Review(ctx context.Context, token string) (*Identi
 		return id, err
 	}
 	r.c.Metrics.miss(r.c.Cluster)
-	v, err, _ := r.flight.Do(key, func() (any, error) {
+	// Each waiter stops waiting when its own request ends: the review it
+	// shares may outlast a short client deadline.
+	ch := r.flight.DoChan(key, func() (any, error) {
 		start := r.c.Now()
 		epoch := r.currentEpoch()
 		// The review serves every waiter, so it must not die with the
@@ -131,10 +133,16 @@ func (r *CachedTokenReviewer) Review(ctx context.Context, token string) (*Identi
 		}
 		return id, err
 	})
-	if err != nil {
-		return nil, err
+	var res singleflight.Result
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		return nil, unavailable("tokenreview_failed", "cannot review the token now, retry later", ctx.Err())
 	}
-	id := *v.(*Identity)
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	id := *res.Val.(*Identity)
 	return &id, nil
 }
 

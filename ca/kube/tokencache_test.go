@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -163,6 +164,34 @@ func TestTokenCache(t *testing.T) {
 		wg.Wait()
 		if n := inner.calls.Load(); n != 1 {
 			t.Fatalf("%d reviews, want 1", n)
+		}
+	})
+	t.Run("a waiter stops at its own deadline, the shared review goes on", func(t *testing.T) {
+		inner := &countingReviewer{gate: make(chan struct{})}
+		c := newCache(inner, 10)
+		tok := "w" + jwtWithExp(clock.Now().Add(time.Hour))
+		patient := make(chan error)
+		go func() { patient <- auth(t, c, tok) }()
+		for inner.calls.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := c.Review(ctx, tok)
+		var ke *Error
+		if !errors.As(err, &ke) || !ke.Retry || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("got %v, want a retryable error wrapping the deadline", err)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("the waiter returned after %v, long past its 50ms deadline", took)
+		}
+		close(inner.gate)
+		if err := <-patient; err != nil {
+			t.Fatalf("the caller without a deadline: %v", err)
+		}
+		if n := inner.calls.Load(); n != 1 {
+			t.Fatalf("%d reviews, want 1 shared", n)
 		}
 	})
 	t.Run("bounded, least recently used goes first", func(t *testing.T) {

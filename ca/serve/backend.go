@@ -24,14 +24,15 @@ import (
 
 // Backend kinds.
 const (
-	BackendLocal = "local"
-	BackendCfssl = "cfssl"
-	BackendVault = "vault"
+	BackendLocal  = "local"
+	BackendCfssl  = "cfssl"
+	BackendVault  = "vault"
+	BackendK8sCSR = "k8scsr"
 )
 
 // Backend is the signer's configuration, its files already read.
 type Backend struct {
-	// Kind is BackendLocal, BackendCfssl or BackendVault.
+	// Kind is BackendLocal, BackendCfssl, BackendVault or BackendK8sCSR.
 	Kind string
 	// Local: the CA state in StateDir or in the Secret StateSecret
 	// ("namespace/name", in the local cluster), whose first root is
@@ -59,7 +60,8 @@ type Backend struct {
 	// means keymgr.Backdate and keymgr.NoBackdate means none. Vault's role
 	// decides its own (not_before_duration).
 	Backdate time.Duration
-	// External backends (exactly one of CfsslRemote, CfsslLocal, Vault):
+	// External backends (exactly one of CfsslRemote, CfsslLocal, Vault,
+	// K8sCSR):
 	// the pinned trust bundle, and the serving certificate the operator
 	// provides. Without one, meshca issues its own from the in-process
 	// cfssl CA (the only external backend whose key it holds).
@@ -68,6 +70,9 @@ type Backend struct {
 	CfsslRemote  *cfssl.RemoteConfig
 	CfsslLocal   *cfssl.LocalConfig
 	Vault        *vault.Config
+	K8sCSR       *K8sCSR
+	// localKubeconfig is the local cluster's (Clusters.LocalKubeconfig).
+	localKubeconfig string
 	// audit receives automatic rotation steps (Config.Audit).
 	audit ca.AuditSink
 }
@@ -107,6 +112,10 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 			return nil, &FieldError{Field: "vault-addr", Err: err}
 		}
 		be.signer, be.runners = s, append(be.runners, s.Run)
+	case c.Kind == BackendK8sCSR && c.K8sCSR != nil:
+		if be.signer, err = newK8sCSR(*c.K8sCSR, c.localKubeconfig, td, func() x509bundle.Source { return be.bundles }, log); err != nil {
+			return nil, &FieldError{Field: "k8scsr-signer-name", Err: err}
+		}
 	case c.Kind == BackendCfssl && c.CfsslRemote != nil:
 		rc := *c.CfsslRemote
 		rc.Backdate = cmp.Or(rc.Backdate, c.Backdate)

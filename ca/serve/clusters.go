@@ -108,6 +108,9 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 	return p, nil
 }
 
+// stateCallTimeout bounds each call of the client of the state Secret.
+const stateCallTimeout = 30 * time.Second
+
 // stateSecret opens the CA state Secret "namespace/name" of the local
 // cluster.
 func (c Clusters) stateSecret(secret string) (keymgr.StateStore, error) {
@@ -122,6 +125,10 @@ func (c Clusters) stateSecret(secret string) (keymgr.StateStore, error) {
 	// client-go's default 5/s would make the first requests after a
 	// restart (each reads the state before it records its leaf) queue.
 	cfg.QPS, cfg.Burst = 50, 100
+	// Requests record their leaves under their own deadline; the
+	// background readers of the state (the follower, automatic rotation,
+	// its Lease) have none, so each call gets one here.
+	cfg.Timeout = stateCallTimeout
 	newClient := c.NewClient
 	if newClient == nil {
 		newClient = func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }

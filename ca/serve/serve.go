@@ -43,19 +43,29 @@ type Config struct {
 	RequestTimeout                     time.Duration
 	MaxInFlight, MaxAuthnPerPeer       int
 	MaxTokenBytes, MaxHeaderBytes      int
-	KeyPolicy                          csr.KeyPolicy
+	// Limits are the budgets per caller and per peer, Conn the limits of
+	// the gRPC server's connections.
+	Limits    ca.Limits
+	Conn      ca.ConnLimits
+	KeyPolicy csr.KeyPolicy
 	// CertRenewal lets a workload renew with its still-valid SVID.
 	CertRenewal bool
 	Clusters    Clusters
 	Backend     Backend
 	Trust       Trust
-	Logger      *slog.Logger
+	// PodCertificates signs PodCertificateRequests; off when its
+	// SignerName is empty.
+	PodCertificates PodCertificates
+	Logger          *slog.Logger
 	// Audit receives one event per decision: every request and every
 	// automatic rotation step. Nil writes them through Logger.
 	Audit ca.AuditSink
 	// BundleEndpoint serves the trust bundle for SPIFFE federation; off
 	// when its Listen is empty.
 	BundleEndpoint BundleEndpoint
+	// EnablePprof serves Go's profiles under /debug/pprof/ on the admin
+	// listener.
+	EnablePprof bool
 }
 
 // Parts is an assembled meshca: listeners bound, nothing running yet.
@@ -81,6 +91,10 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		c.Audit = ca.AuditLogger(c.Logger)
 	}
 	c.Backend.audit = c.Audit
+	c.Backend.localKubeconfig = c.Clusters.LocalKubeconfig
+	if err := c.PodCertificates.linkTrust(&c.Trust); err != nil {
+		return nil, err
+	}
 	if c.Backend.MaxTTL <= 0 {
 		c.Backend.MaxTTL = cmp.Or(c.MaxTTL, ca.DefaultMaxTTL)
 	}
@@ -108,13 +122,13 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		Signer: be.signer, SignerName: be.name, Bundles: be.bundles, Policy: csr.Policy{Keys: c.KeyPolicy},
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, CertRenewalTTL: c.CertRenewalTTL,
 		MaxInFlight: c.MaxInFlight, MaxAuthnPerPeer: c.MaxAuthnPerPeer, RequestTimeout: c.RequestTimeout,
-		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes,
+		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes, Limits: c.Limits, Conn: c.Conn,
 		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger, Audit: c.Audit,
 	})
 	if err != nil {
 		return nil, err
 	}
-	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles))}
+	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles), grpcOptions()...)}
 	if p.lis, err = net.Listen("tcp", c.Listen); err != nil {
 		return nil, &FieldError{Field: "listen", Err: err}
 	}
@@ -123,7 +137,11 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 			p.lis.Close()
 			return nil, &FieldError{Field: "admin-listen", Err: err}
 		}
-		p.admin = &http.Server{Handler: ca.AdminHandler(reg, cl.set.Ready), ReadHeaderTimeout: 5 * time.Second}
+		h := ca.AdminHandler(reg, cl.set.Ready)
+		if c.EnablePprof {
+			h = withPprof(h)
+		}
+		p.admin = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	}
 	if c.Trust.enabled() {
 		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, leaders, c.Logger)
@@ -135,6 +153,18 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 			return nil, err
 		}
 		be.onChange = append(be.onChange, changed)
+		p.runners = append(p.runners, run)
+	}
+	if c.PodCertificates.SignerName != "" {
+		run, err := newPodCertRunner(c.PodCertificates, c.TrustDomain, cl.localClient, srv, c.Backend.Backdate,
+			c.Trust.LeaseNamespace, reg, leaders, c.Logger)
+		if err != nil {
+			p.lis.Close()
+			if p.adminLis != nil {
+				p.adminLis.Close()
+			}
+			return nil, err
+		}
 		p.runners = append(p.runners, run)
 	}
 	if bundlePlan != nil {

@@ -18,9 +18,10 @@ import (
 
 // Signer backends.
 const (
-	signerLocal = serve.BackendLocal
-	signerCfssl = serve.BackendCfssl
-	signerVault = serve.BackendVault
+	signerLocal  = serve.BackendLocal
+	signerCfssl  = serve.BackendCfssl
+	signerVault  = serve.BackendVault
+	signerK8sCSR = serve.BackendK8sCSR
 )
 
 // envCfsslAuthKey may carry the cfssl auth key instead of a file.
@@ -43,13 +44,14 @@ type backendFlags struct {
 	cfsslChain    string
 	cfsslConfig   string
 	vault         vaultFlags
+	k8scsr        k8scsrFlags
 	// hasState: the trust bundle comes from a CA state (--state-dir or
 	// --state-secret), not from --trust-anchors.
 	hasState bool
 }
 
 func (b *backendFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl or vault")
+	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl, vault or k8scsr (Kubernetes CertificateSigningRequests)")
 	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned, for external backends; or give them a CA state (--state-dir, --state-secret) that `meshca root` rotates")
 	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
@@ -64,6 +66,7 @@ func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.cfsslChain, "cfssl-chain", "", "certificates above the signing CA, without the root (PEM)")
 	fl.StringVar(&b.cfsslConfig, "cfssl-config", "", "in-process cfssl: cfssl configuration file (its signing section)")
 	b.vault.register(fl)
+	b.k8scsr.register(fl)
 }
 
 // validate checks the selection without I/O.
@@ -74,8 +77,10 @@ func (b *backendFlags) validate() error {
 	case signerCfssl:
 	case signerVault:
 		return b.validateVault()
+	case signerK8sCSR:
+		return b.validateK8sCSR()
 	default:
-		return fmt.Errorf("%s: %q is not one of local, cfssl, vault", name("signer"), b.signer)
+		return fmt.Errorf("%s: %q is not one of local, cfssl, vault, k8scsr", name("signer"), b.signer)
 	}
 	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
 	switch {
@@ -127,6 +132,10 @@ func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
 			return err
 		}
 		c.Vault = &vc
+		return nil
+	}
+	if b.signer == signerK8sCSR {
+		c.K8sCSR = b.k8scsr.config()
 		return nil
 	}
 	var chain []*x509.Certificate

@@ -22,6 +22,13 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		}
 		return backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", vault: v}
 	}
+	withK8sCSR := func(mutate func(*backendFlags)) backendFlags {
+		b := backendFlags{signer: "k8scsr", trustAnchors: "r", servingCert: "c", servingKey: "k", k8scsr: k8scsrFlags{signerName: "example.com/meshca"}}
+		if mutate != nil {
+			mutate(&b)
+		}
+		return b
+	}
 	remote := func(profile, keProfile string) backendFlags {
 		return backendFlags{signer: "cfssl", trustAnchors: "r", servingCert: "c", servingKey: "k", cfsslURL: "http://x", cfsslProfile: profile, cfsslKEProf: keProfile}
 	}
@@ -30,6 +37,12 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		b    backendFlags
 		want string
 	}{
+		{"k8scsr", withK8sCSR(nil), ""},
+		{"k8scsr with a CA state", withK8sCSR(func(b *backendFlags) { b.trustAnchors, b.hasState = "", true }), ""},
+		{"k8scsr without a signer name", withK8sCSR(func(b *backendFlags) { b.k8scsr.signerName = "" }), "--k8scsr-signer-name (k8scsr.signerName) is required"},
+		{"k8scsr without trust", withK8sCSR(func(b *backendFlags) { b.trustAnchors = "" }), "--trust-anchors (trustAnchors) (or a CA state) is required with the k8scsr signer"},
+		{"k8scsr without a serving certificate", withK8sCSR(func(b *backendFlags) { b.servingKey = "" }), "--serving-cert-file (servingCertFile) and --serving-key-file (servingKeyFile) are required"},
+		{"unknown signer", backendFlags{signer: "acme"}, "not one of local, cfssl, vault, k8scsr"},
 		{"vault with an RSA role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh-rsa" }), ""},
 		{"vault RSA role is the main role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh" }), "--vault-rsa-role (vault.rsaRole) names the same role as --vault-role (vault.role)"},
 		{"vault zero backoff", withVault(func(v *vaultFlags) { v.reloginBackoff = 0 }), ""},

@@ -16,7 +16,8 @@ import (
 // flag's name in camelCase (--trust-domain is trustDomain, --default-ttl
 // defaultTTL, --serving-dns-names servingDNSNames), and the backends'
 // flags in one section per backend (--cfssl-url is cfssl.url, --vault-role
-// vault.role; docs/signers/). Lists are YAML lists, durations strings
+// vault.role, --k8scsr-signer-name k8scsr.signerName;
+// docs/signers/). Lists are YAML lists, durations strings
 // such as "24h". Unknown keys are errors. Secrets are never values here:
 // only paths of files holding them (or environment variables).
 
@@ -33,6 +34,7 @@ var field = map[string]string{
 	"vault-token-file": "vault.tokenFile", "vault-approle-role-id": "vault.appRoleRoleID", "vault-approle-secret-id-file": "vault.appRoleSecretIDFile",
 	"vault-approle-mount": "vault.appRoleMount", "vault-kubernetes-role": "vault.kubernetesRole",
 	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",
+	"k8scsr-signer-name": "k8scsr.signerName", "k8scsr-kubeconfig": "k8scsr.kubeconfig",
 }
 
 // initialisms are written in capitals in config keys, as in Go names.

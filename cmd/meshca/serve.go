@@ -57,6 +57,8 @@ type serveFlags struct {
 	trustSkip      []string
 	trustLeaseNS   string
 	ctb            ctbFlags
+	podCert        podCertFlags
+	limits         limitFlags
 	autoRotate     bool
 	prepareAt      float64
 	rotationMargin time.Duration
@@ -65,6 +67,7 @@ type serveFlags struct {
 	b              backendFlags
 	bundle         bundleEndpointFlags
 	audit          auditFlags
+	enablePprof    bool
 	// settings says where each flag got its value (resolveSettings).
 	settings *settings
 }
@@ -99,6 +102,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
 	fl.StringVar(&f.addressFile, "address-file", "", "write the bound gRPC and admin addresses here as JSON once listening (useful with port 0)")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
+	fl.BoolVar(&f.enablePprof, "enable-pprof", false, "serve Go's CPU, heap and allocation profiles under /debug/pprof/ on --admin-listen (for performance work; they expose internals)")
 	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the CA state; a root is generated there on first start, and `meshca root` rotates it")
 	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
@@ -107,6 +111,8 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-system, kube-public and kube-node-lease")
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
 	f.ctb.register(fl)
+	f.podCert.register(fl)
+	f.limits.register(fl)
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
@@ -181,7 +187,20 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
 		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
 	}
+	podCert, err := f.podCert.config(&f.ctb)
+	if err != nil {
+		return c, err
+	}
+	if podCert.SignerName != "" && !f.ctb.publish {
+		// The Pods mount the trust bundle of their signer: published,
+		// linked to the same name.
+		f.ctb.publish, f.ctb.signer = true, podCert.SignerName
+	}
 	if err := f.ctb.validate(td); err != nil {
+		return c, err
+	}
+	limits, conn, err := f.limits.config()
+	if err != nil {
 		return c, err
 	}
 	accounts, err := ca.ParseNodeAccounts(f.nodeAccounts)
@@ -208,14 +227,14 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		TrustDomain: td, Listen: f.listen, AdminListen: f.adminListen, ServingNames: f.servingNames,
 		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
 		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
-		KeyPolicy: kp, CertRenewal: f.certRenewal,
+		Limits: limits, Conn: conn, KeyPolicy: kp, CertRenewal: f.certRenewal,
 		Clusters: serve.Clusters{
 			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
 			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 		},
 		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
 			ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer},
-		BundleEndpoint: bundle,
+		PodCertificates: podCert, BundleEndpoint: bundle, EnablePprof: f.enablePprof,
 		Backend: serve.Backend{
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},

@@ -19,6 +19,7 @@ func validServeFlags() serveFlags {
 		requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
 		maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
 		prepareAt: keymgr.DefaultPrepareAt, rotationMargin: keymgr.DefaultActivationMargin, rootLifetime: keymgr.DefaultRootTTL,
+		limits: defaultLimitFlags(),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -57,7 +58,7 @@ func TestChartDefaultInstall(t *testing.T) {
 
 	apps := cluster.Namespace(t, "chart-apps")
 	w := cluster.NewWorkload(t, apps, "frontend", "node-a")
-	c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: keymgr.Pool(roots...),
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: keymgr.Pool(roots...),
 		ClusterID: "Kubernetes", TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
@@ -135,7 +136,7 @@ func (a *arena) retireRoot(t *testing.T) {
 		t.Fatal("the new root signed the web workload's certificate")
 	}
 	a.roots = keymgr.Pool(certs...)
-	c, err := caclient.New(caclient.Config{Addr: a.s.Addr, ServerName: "istiod.istio-system.svc", Roots: a.roots,
+	c, err := checked.NewClient(t, caclient.Config{Addr: a.s.Addr, ServerName: "istiod.istio-system.svc", Roots: a.roots,
 		TokenFile: harness.WriteToken(t, a.web.Token), ClusterID: authpb.DefaultClusterID})
 	if err != nil {
 		t.Fatal(err)

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
@@ -209,7 +209,7 @@ func (a *arena) accept(t *testing.T, tt acceptance) {
 	if err != nil {
 		t.Fatalf("refused: %v", err)
 	}
-	svid, err := caclient.Check(resp.GetCertChain(), a.webID, key)
+	svid, err := checked.Check(t, resp.GetCertChain(), a.webID, key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -55,7 +56,7 @@ func BenchmarkNodeRestartBurst(b *testing.B) {
 
 	var p50, p99, total time.Duration
 	for b.Loop() {
-		clients := make([]*caclient.Client, nodes)
+		clients := make([]*checked.Client, nodes)
 		for n := range nodes {
 			// A restarted ztunnel has a new token.
 			ztunnels[n].Token = cluster.Token(b, m.system, "ztunnel", ztunnels[n].Pod, []string{"istio-ca"}, time.Hour)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -56,7 +57,7 @@ func TestChainLayoutPluggedCA(t *testing.T) {
 	if err != nil || len(roots) != 2 || !roots[0].Equal(root.Cert) || !roots[1].Equal(next.Cert) {
 		t.Fatalf("last element: %d roots (%v), want both", len(roots), err)
 	}
-	if _, err := caclient.Check(chain, id, key); err != nil {
+	if _, err := checked.Check(t, chain, id, key); err != nil {
 		t.Fatal(err)
 	}
 }

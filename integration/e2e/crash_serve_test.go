@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -39,7 +40,7 @@ type issuer struct {
 	tok  string
 	n    atomic.Int64
 	mu   sync.Mutex
-	c    *caclient.Client
+	c    *checked.Client
 	got  []*x509.Certificate
 	all  int
 	stop chan struct{}
@@ -78,9 +79,9 @@ func (g *issuer) start(workers int) {
 }
 
 // use points the issuer at m, trusting roots.
-func (g *issuer) use(t *testing.T, m *harness.Meshca, roots []*x509.Certificate) *caclient.Client {
+func (g *issuer) use(t *testing.T, m *harness.Meshca, roots []*x509.Certificate) *checked.Client {
 	t.Helper()
-	c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(roots...),
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(roots...),
 		ClusterID: "Kubernetes", TokenFile: g.tok})
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func checkRecorded(st *keymgr.State, leaves []*x509.Certificate) error {
 // checkServing checks that m serves st: its reply's bundle holds the
 // active root, its leaf is signed by the active authority, and its
 // metrics show st's sequence.
-func checkServing(t *testing.T, m *harness.Meshca, c *caclient.Client, id spiffeid.ID, st *keymgr.State) {
+func checkServing(t *testing.T, m *harness.Meshca, c *checked.Client, id spiffeid.ID, st *keymgr.State) {
 	t.Helper()
 	// A leaf shorter than the issuer's: within what is recorded, so that
 	// this request need not race theirs to write the state.

@@ -18,15 +18,16 @@ import (
 // flag for the interval, so each of these tests takes about three of
 // them, and the two run in parallel. Their fleets are smaller, with fewer
 // checkers, than the CLI-driven tests', so that both fit on two cores.
-const (
-	autoFleetSize = 24
-	autoCheckers  = 4
-	// autoSettle bounds the whole rotation, from the fleet's first
-	// handshakes: three looks and one more (a new leader looks first an
-	// interval after it takes the Lease), the old leaves' expiry, the
-	// fleet's renewals.
-	autoSettle = 4*keymgr.DefaultAutoRotateInterval + 3*fleetLeafTTL
-)
+// With leaves of fleetLeafTTL, activation is due 5.5 s + fleetMargin
+// after prepare, retirement 15.5 s + the follow interval after
+// activation: each at the next look.
+var autoShape = fleetShape{size: 24, checkers: 4}
+
+// autoSettle bounds the whole rotation, from the fleet's first
+// handshakes: three looks and one more (a new leader looks first an
+// interval after it takes the Lease), the old leaves' expiry, the fleet's
+// renewals.
+const autoSettle = 4*keymgr.DefaultAutoRotateInterval + 30*time.Second
 
 // autoFlags make a server rotate its generated root by itself as early as
 // it may: with roots of 5m (backdated 2m), 90% of the lifetime is left
@@ -45,7 +46,7 @@ func TestRotationFleetAutoRotation(t *testing.T) {
 	t.Parallel()
 	var servers []*harness.Meshca
 	final := fleetRun{
-		size: autoFleetSize, checkers: autoCheckers, settle: autoSettle, auto: true,
+		fleetShape: autoShape, settle: autoSettle, auto: true,
 		start: func(t *testing.T) fleetCA {
 			s := startServer(t, autoFlags()...)
 			servers = []*harness.Meshca{s.Meshca}
@@ -63,7 +64,7 @@ func TestRotationFleetTwoReplicas(t *testing.T) {
 	t.Parallel()
 	var servers []*harness.Meshca
 	final := fleetRun{
-		size: autoFleetSize, checkers: autoCheckers, settle: autoSettle, auto: true,
+		fleetShape: autoShape, settle: autoSettle, auto: true,
 		start: func(t *testing.T) fleetCA {
 			ns := cluster.Namespace(t, "fleet-replicas")
 			ca := fleetCA{store: &secretstore.Store{Client: cluster.Client, Namespace: ns, Name: "meshca-ca"}}

@@ -102,7 +102,7 @@ func (m *member) fetch(ctx context.Context, f *fleet) (*caclient.SVID, error) {
 	ctx, cancel := context.WithTimeout(ctx, fleetIOTimeout)
 	defer cancel()
 	f.requests.Add(1)
-	return c.Fetch(ctx, m.id, caclient.Options{TTL: fleetLeafTTL})
+	return c.Fetch(ctx, m.id, caclient.Options{TTL: f.leafTTL})
 }
 
 func (m *member) store(svid *caclient.SVID, f *fleet) {

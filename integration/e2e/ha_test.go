@@ -17,6 +17,7 @@ import (
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -162,7 +163,7 @@ func waitUntil(t *testing.T, what string, within time.Duration, ok func() bool) 
 
 // haLoad sends one stream of CreateCertificate requests to each replica.
 type haLoad struct {
-	clients []*caclient.Client
+	clients []*checked.Client
 	id      spiffeid.ID
 	csr     string
 	ok      []atomic.Int64
@@ -182,7 +183,7 @@ func newHALoad(t *testing.T, replicas []*harness.Meshca, roots *x509.CertPool, w
 		lastErr: make([]atomic.Value, len(replicas))}
 	token := harness.WriteToken(t, w.Token)
 	for _, m := range replicas {
-		c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots,
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots,
 			ClusterID: "Kubernetes", TokenFile: token})
 		if err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -108,7 +109,7 @@ func TestImpersonation(t *testing.T) {
 		})
 	}
 	t.Run("unknown clusterid", func(t *testing.T) {
-		c, err := caclient.New(caclient.Config{Addr: m.s.Addr, ServerName: "istiod.istio-system.svc", Roots: m.s.roots,
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.s.Addr, ServerName: "istiod.istio-system.svc", Roots: m.s.roots,
 			TokenFile: harness.WriteToken(t, m.ztunnelA.Token), ClusterID: "elsewhere"})
 		if err != nil {
 			t.Fatal(err)

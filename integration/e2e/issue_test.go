@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -83,6 +84,11 @@ func TestIssueCommand(t *testing.T) {
 	if certs, err := pemutil.ParseCertificates(chain); err != nil || len(certs) != 1 {
 		t.Fatalf("cert-chain.pem: %d certs, %v", len(certs), err)
 	}
+	roots, err := os.ReadFile(filepath.Join(out, caclient.FileRoots))
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.CheckReply(t, []string{string(chain), string(roots)})
 }
 
 // TestRenewalWithCertificate: a still-valid SVID renews itself without a
@@ -95,7 +101,7 @@ func TestRenewalWithCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := caclient.New(caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots, Certificate: first.TLSCertificate()})
+	c, err := checked.NewClient(t, caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots, Certificate: first.TLSCertificate()})
 	if err != nil {
 		t.Fatal(err)
 	}

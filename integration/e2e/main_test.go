@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 )
 
 var (
@@ -40,13 +41,13 @@ func startServerAs(t testing.TB, kubeconfig string, extra ...string) *server {
 	return &server{Meshca: m.Meshca, stateDir: m.StateDir, roots: m.Roots, rootsPEM: m.RootsPEM}
 }
 
-func (s *server) client(t testing.TB, token string) *caclient.Client {
+func (s *server) client(t testing.TB, token string) *checked.Client {
 	t.Helper()
 	cfg := caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots, ClusterID: "Kubernetes"}
 	if token != "" {
 		cfg.TokenFile = harness.WriteToken(t, token)
 	}
-	c, err := caclient.New(cfg)
+	c, err := checked.NewClient(t, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

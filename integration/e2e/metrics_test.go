@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -211,7 +212,7 @@ func scrapeVault(t *testing.T) *exposition {
 	roots := x509.NewCertPool()
 	roots.AddCert(root.Cert)
 	request(t, func(token string) error {
-		c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, token)})
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, token)})
 		if err != nil {
 			t.Fatal(err)
 		}

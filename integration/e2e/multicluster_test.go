@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,7 +34,7 @@ func TestMultiCluster(t *testing.T) {
 	s := startServer(t, "--remote-cluster", "east="+remote.Kubeconfig, "--remote-secret-namespace", secretNS)
 
 	fetch := func(clusterID string) error {
-		c, err := caclient.New(caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots,
+		c, err := checked.NewClient(t, caclient.Config{Addr: s.Addr, ServerName: "istiod.istio-system.svc", Roots: s.roots,
 			TokenFile: harness.WriteToken(t, w.Token), ClusterID: clusterID})
 		if err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
@@ -49,9 +50,9 @@ func TestTwoServersOneStateSecret(t *testing.T) {
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "state-wl"), "web", "node-a")
 	roots := keymgr.Pool(st.Bundle()...)
-	clients := make([]*caclient.Client, len(replicas))
+	clients := make([]*checked.Client, len(replicas))
 	for i, m := range replicas {
-		c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots,
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots,
 			ClusterID: "Kubernetes", TokenFile: harness.WriteToken(t, w.Token)})
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +60,7 @@ func TestTwoServersOneStateSecret(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		clients[i] = c
 	}
-	bundleSize := func(c *caclient.Client) int {
+	bundleSize := func(c *checked.Client) int {
 		svid, err := c.Fetch(context.Background(), workloadID(w), caclient.Options{})
 		if err != nil {
 			t.Fatal(err)

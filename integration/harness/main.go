@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// Main is a TestMain body: it builds meshca, starts etcd and
-// kube-apiserver, hands both to setup, runs the tests and stops
-// everything. It fails the run, loudly, if a component cannot start.
+// Main is a TestMain body: it builds meshca (or takes $MESHCA_BIN),
+// starts etcd and kube-apiserver, hands both to setup, runs the tests and
+// stops everything. It fails the run, loudly, if a component cannot start.
 func Main(m *testing.M, setup func(c *Cluster, meshcaBin string)) int {
 	dir, err := os.MkdirTemp("", "meshca-it-")
 	if err != nil {
@@ -18,10 +18,14 @@ func Main(m *testing.M, setup func(c *Cluster, meshcaBin string)) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bin, err := BuildMeshca(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
+	// MESHCA_BIN runs the tests and benchmarks against another build (an
+	// older one, to measure a change), instead of this tree's.
+	bin := os.Getenv("MESHCA_BIN")
+	if bin == "" {
+		if bin, err = BuildMeshca(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			return 1
+		}
 	}
 	c, err := StartCluster(context.Background(), filepath.Join(dir, "k8s"))
 	if err != nil {

@@ -62,7 +62,25 @@ func StartMeshca(tb testing.TB, bin string, args ...string) *Meshca {
 			tb.Logf("meshca log:\n%s", m.Logs())
 		}
 	})
+	m.checkServing(tb)
 	return m
+}
+
+// checkServing lints the chains meshca serves with: gRPC, and the SPIFFE
+// bundle endpoint when it runs one.
+func (m *Meshca) checkServing(tb testing.TB) {
+	tb.Helper()
+	for _, addr := range []string{m.Addr, m.BundleAddr} {
+		if addr == "" {
+			continue
+		}
+		chain, err := ServingChain(addr, "", nil)
+		if err != nil {
+			tb.Errorf("harness: serving certificate of meshca at %s: %v", addr, err)
+			continue
+		}
+		CheckCertificates(tb, chain...)
+	}
 }
 
 // StartMeshcaProcess is StartMeshca for callers without a testing.TB; the
@@ -216,14 +234,27 @@ func StartSelfSigned(tb testing.TB, bin, kubeconfig string, extra ...string) *Se
 	return &SelfSigned{Meshca: m, StateDir: state, Roots: keymgr.Pool(certs...), RootsPEM: raw}
 }
 
-// RootBundle runs `meshca root bundle` for a state or CA directory.
+// RootBundle runs `meshca root bundle` for a state or CA directory; a
+// root with a zlint finding is an error.
 func RootBundle(ctx context.Context, bin, flag, dir string) ([]*x509.Certificate, []byte, error) {
 	out, err := exec.CommandContext(ctx, bin, "root", "bundle", flag, dir).Output()
 	if err != nil {
 		return nil, nil, fmt.Errorf("meshca root bundle: %w", err)
 	}
 	certs, err := pemutil.ParseCertificates(out)
-	return certs, out, err
+	if err != nil {
+		return nil, nil, err
+	}
+	var findings []string
+	for _, c := range certs {
+		for _, f := range Lint(c) {
+			findings = append(findings, f.String())
+		}
+	}
+	if len(findings) > 0 {
+		return nil, nil, fmt.Errorf("meshca root bundle:\n%s", strings.Join(findings, "\n"))
+	}
+	return certs, out, nil
 }
 
 // WaitForLog waits until meshca logged a line containing every fragment.

@@ -47,6 +47,9 @@ type Vault struct {
 	log    string
 }
 
+// Pid is the server process's id, for reading its CPU time in /proc.
+func (v *Vault) Pid() int { return v.cmd.Process.Pid }
+
 // StartVault runs a Vault dev server and stops it at cleanup.
 func StartVault(tb testing.TB, bin string) *Vault {
 	tb.Helper()

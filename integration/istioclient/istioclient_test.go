@@ -109,6 +109,7 @@ func TestCSRSign(t *testing.T) {
 			if len(chain) < 2 {
 				t.Fatalf("chain has %d certificates, want at least 2", len(chain))
 			}
+			harness.CheckReply(t, chain)
 
 			leaf, err := util.ParsePemEncodedCertificate([]byte(chain[0]))
 			if err != nil {

@@ -209,7 +209,7 @@ cmd_up() {
     --service-account-issuer="$SA_ISSUER" \
     --service-account-key-file="$run/pki/sa.pub" --service-account-signing-key-file="$run/pki/sa.key" \
     --api-audiences="$SA_ISSUER" \
-    --authorization-mode=RBAC \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --profiling=false \
     --cert-dir="$run/pki/generated" \

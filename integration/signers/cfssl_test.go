@@ -43,7 +43,7 @@ func TestCfsslRemoteContract(t *testing.T) {
 					if err != nil {
 						tb.Fatal(err)
 					}
-					return s
+					return harness.LintedSigner(tb, a, s)
 				},
 			})
 		})

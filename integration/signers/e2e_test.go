@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -102,7 +103,7 @@ func (p *pki) issueKey(ctx context.Context, t *testing.T, m *harness.Meshca, key
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
 	roots := x509.NewCertPool()
 	roots.AddCert(p.root.Cert)
-	c, err := caclient.New(caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, w.Token)})
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots, TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func (p *pki) issueKey(ctx context.Context, t *testing.T, m *harness.Meshca, key
 	if err != nil {
 		return nil, err
 	}
-	svid, err := caclient.Check(chain, id, key)
+	svid, err := checked.Check(t, chain, id, key)
 	if err != nil {
 		t.Fatalf("caclient.Check: %v", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -81,7 +82,7 @@ func (e *extIssuer) issue(t *testing.T) (*caclient.SVID, error) {
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "rot"), "app", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
-	c, err := caclient.New(caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(e.serving.Cert),
+	c, err := checked.NewClient(t, caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(e.serving.Cert),
 		TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func (e *extIssuer) issue(t *testing.T) (*caclient.SVID, error) {
 	if err != nil {
 		return nil, err
 	}
-	svid, err := caclient.Check(chain, id, key)
+	svid, err := checked.Check(t, chain, id, key)
 	if err != nil {
 		t.Fatalf("caclient.Check: %v", err)
 	}

@@ -59,7 +59,7 @@ func TestVaultContract(t *testing.T) {
 	signertest.Run(t, signertest.Backend{
 		New: func(tb testing.TB, a *keymgr.Authority) signer.Signer {
 			s, _, _ := newVaultSigner(tb, v, a, harness.VaultRole{}, harness.VaultRootToken)
-			return s
+			return harness.LintedSigner(tb, a, s)
 		},
 	})
 }

@@ -8,9 +8,11 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/pem"
 	"math/big"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -40,8 +42,38 @@ var RawSign = sync.OnceValue(func() float64 {
 
 // NewRawSign returns one raw issuance as a function.
 func NewRawSign() func() {
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	sign := newLeafSigner()
 	leafKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return func() { sign(leafKey.Public()) }
+}
+
+// NewRawIssuance returns, as a function safe for concurrent use, the work
+// no design of a CA can skip for one request: decode a PEM PKCS#10
+// request, parse it, verify its signature, and issue a leaf for its key
+// (x509.CreateCertificate, as in NewRawSign). csrs are used in turn.
+func NewRawIssuance(csrs [][]byte) func() {
+	sign := newLeafSigner()
+	var next atomic.Uint64
+	return func() {
+		block, _ := pem.Decode(csrs[next.Add(1)%uint64(len(csrs))])
+		if block == nil {
+			panic("benchbase: CSR is not PEM")
+		}
+		req, err := x509.ParseCertificateRequest(block.Bytes)
+		if err != nil {
+			panic(err)
+		}
+		if err := req.CheckSignature(); err != nil {
+			panic(err)
+		}
+		sign(req.PublicKey)
+	}
+}
+
+// newLeafSigner returns a function that issues a workload leaf like
+// meshca's for a public key, signed by a P-256 CA.
+func newLeafSigner() func(pub any) {
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	now := time.Now()
 	ca := &x509.Certificate{
 		SerialNumber: big.NewInt(1), NotBefore: now, NotAfter: now.Add(time.Hour),
@@ -59,8 +91,8 @@ func NewRawSign() func() {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		SubjectKeyId: []byte{1, 2, 3, 4},
 	}
-	return func() {
-		if _, err := x509.CreateCertificate(rand.Reader, leaf, caCert, leafKey.Public(), caKey); err != nil {
+	return func(pub any) {
+		if _, err := x509.CreateCertificate(rand.Reader, leaf, caCert, pub, caKey); err != nil {
 			panic(err)
 		}
 	}

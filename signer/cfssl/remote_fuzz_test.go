@@ -3,8 +3,6 @@ package cfssl
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -154,10 +152,20 @@ func FuzzRemoteAnswer(f *testing.F) {
 	})
 }
 
+// fuzzWorkloadKey is the workload's key in the fuzz targets of the
+// signers, fixed so that a stored answer certifies the key of the request
+// it is replayed against. A test key: it protects nothing.
+const fuzzWorkloadKey = `-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg0WD5nIrBt0ze0waA
+E7/dREvLGxurxTCtqF78EsShC1uhRANCAARRMxcP83XoRBOWjlGOMcp4whWfKwfg
+/sokFZcptI8RnaCEHikwGOzicPBvIQ9hL3nsOaooWfbneYaymDwdgSgd
+-----END PRIVATE KEY-----
+`
+
 // fuzzRequest is a P-256 ztunnel-shaped request, checked as ca checks it.
 func fuzzRequest(tb testing.TB) *signer.Request {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := pemutil.ParsePrivateKey([]byte(fuzzWorkloadKey))
 	if err != nil {
 		tb.Fatal(err)
 	}

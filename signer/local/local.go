@@ -102,5 +102,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 			return nil, signer.Errorf(name, signer.KindUnavailable, "recording the issuance in the CA state: %w", err)
 		}
 	}
-	return &signer.Response{Leaf: leaf, Intermediates: a.Intermediates()}, nil
+	// CreateCertificate refuses a key that does not match a.Cert's and
+	// checks the signature it made: the leaf verifies under a.Cert.
+	return &signer.Response{Leaf: leaf, Intermediates: a.Intermediates(), VerifiedIssuer: a.Cert}, nil
 }

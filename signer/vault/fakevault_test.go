@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +49,8 @@ type fakeVault struct {
 	signed  []string // the roles that signed, in order
 	// tokens is how logins hand out tokens (set it before the first).
 	tokens fakeTokens
+	// opened counts the connections clients opened.
+	opened atomic.Int64
 }
 
 // fakeTokens shape the tokens fakeVault hands out. The zero value is
@@ -94,7 +98,13 @@ func newFakeVault(t *testing.T, deny func(token string) bool) *fakeVault {
 		t.Fatal(err)
 	}
 	f := &fakeVault{ca: ca, key: key, deny: deny}
-	f.srv = httptest.NewServer(f)
+	f.srv = httptest.NewUnstartedServer(f)
+	f.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.opened.Add(1)
+		}
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }

@@ -3,8 +3,6 @@ package vault
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -30,6 +28,16 @@ type fuzzLogin struct{}
 func (fuzzLogin) Login(context.Context, *api.Client) (*api.Secret, error) {
 	return nil, errors.New("no login in a fuzz target")
 }
+
+// fuzzWorkloadKey is the workload's key in the fuzz targets of the
+// signers, fixed so that a stored answer certifies the key of the request
+// it is replayed against. A test key: it protects nothing.
+const fuzzWorkloadKey = `-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg0WD5nIrBt0ze0waA
+E7/dREvLGxurxTCtqF78EsShC1uhRANCAARRMxcP83XoRBOWjlGOMcp4whWfKwfg
+/sokFZcptI8RnaCEHikwGOzicPBvIQ9hL3nsOaooWfbneYaymDwdgSgd
+-----END PRIVATE KEY-----
+`
 
 // vaultSignAnswer is the JSON body of a <mount>/sign/<role> answer.
 func vaultSignAnswer(tb testing.TB, data map[string]any) []byte {
@@ -58,7 +66,7 @@ func FuzzSignResponse(f *testing.F) {
 	opts := testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour)}
 	root := testca.NewRoot(f, "vault root", opts)
 	inter := root.NewIntermediate(f, "vault intermediate", opts)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := pemutil.ParsePrivateKey([]byte(fuzzWorkloadKey))
 	if err != nil {
 		f.Fatal(err)
 	}

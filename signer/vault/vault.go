@@ -70,6 +70,9 @@ type Config struct {
 	Observer Observer
 }
 
+// maxIdleConns is the least number of idle connections to Vault kept.
+const maxIdleConns = 100
+
 // DefaultReloginBackoff is Config.ReloginBackoff when it is not set.
 const DefaultReloginBackoff = 30 * time.Second
 
@@ -87,6 +90,8 @@ type Signer struct {
 	// deniedAt is when the last login forced by a 403 started; zero
 	// before the first.
 	deniedAt time.Time
+	// chains are the CA chains of Vault's answers, parsed.
+	chains chainCache
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -130,6 +135,13 @@ func newClient(c Config) (*api.Client, error) {
 		cfg.Timeout = 10 * time.Second
 	}
 	cfg.MaxRetries = 0 // meshca's clients retry; a hidden retry would blow their deadline
+	// Keep a connection for every request in flight: the default pool keeps
+	// GOMAXPROCS+1 idle, so over HTTP/1.1 (a Vault without TLS, or one
+	// that does not speak HTTP/2) a busy CA closed and reopened one per
+	// request or so: a TCP (and TLS) handshake on both sides each time.
+	if t, ok := cfg.HttpClient.Transport.(*http.Transport); ok {
+		t.MaxIdleConnsPerHost = max(t.MaxIdleConns, maxIdleConns)
+	}
 	if c.CACertFile != "" {
 		if err := cfg.ConfigureTLS(&api.TLSConfig{CACert: c.CACertFile}); err != nil {
 			return nil, fmt.Errorf("vault: CA file: %w", err)
@@ -214,7 +226,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) 
 	intermediates := certs[1:]
 	var path []*x509.Certificate
 	for _, p := range chain {
-		cs, err := pemutil.ParseCertificates([]byte(p))
+		cs, err := s.chains.parse(p)
 		if err != nil {
 			return nil, signer.Errorf(name, signer.KindInternal, "answer's CA chain: %w", err)
 		}

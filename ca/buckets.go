@@ -1,0 +1,112 @@
+package ca
+
+import (
+	"container/list"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// buckets are token buckets by key (a caller's identity, a peer's
+// address), at most max of them, so that keys an attacker can mint do not
+// grow the heap. A bucket that has refilled to its burst carries no
+// information and is dropped when a new key comes (idle eviction); when
+// max buckets are kept all the same, the least recently used goes.
+// Evicting a bucket that is not full forgives its debt: max is sized so
+// that only a flood of keys can do that.
+type buckets struct {
+	limit rate.Limit
+	burst int
+	max   int
+
+	mu    sync.Mutex
+	byKey map[string]*list.Element // of *bucket
+	lru   *list.List               // most recently used first
+}
+
+type bucket struct {
+	key string
+	lim *rate.Limiter
+}
+
+// idleSweep is how many idle buckets a new key looks at, from the least
+// recently used end, so that the map shrinks back after a burst of keys.
+const idleSweep = 2
+
+// newBuckets returns buckets refilling perSecond up to burst, or nil
+// when perSecond is not positive: no limit.
+func newBuckets(perSecond float64, burst, max int) *buckets {
+	if perSecond <= 0 {
+		return nil
+	}
+	return &buckets{limit: rate.Limit(perSecond), burst: burst, max: max, byKey: map[string]*list.Element{}, lru: list.New()}
+}
+
+// get returns key's bucket, creating a full one if there is none.
+func (b *buckets) get(key string, now time.Time) *rate.Limiter {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if el, ok := b.byKey[key]; ok {
+		b.lru.MoveToFront(el)
+		return el.Value.(*bucket).lim
+	}
+	for range idleSweep {
+		el := b.lru.Back()
+		if el == nil || el.Value.(*bucket).lim.TokensAt(now) < float64(b.burst) {
+			break
+		}
+		b.removeLocked(el)
+	}
+	for b.lru.Len() >= b.max {
+		b.removeLocked(b.lru.Back())
+	}
+	lim := rate.NewLimiter(b.limit, b.burst)
+	b.byKey[key] = b.lru.PushFront(&bucket{key: key, lim: lim})
+	return lim
+}
+
+func (b *buckets) removeLocked(el *list.Element) {
+	b.lru.Remove(el)
+	delete(b.byKey, el.Value.(*bucket).key)
+}
+
+// len is the number of buckets kept.
+func (b *buckets) len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lru.Len()
+}
+
+// take spends one token of key's bucket. When there is none it spends
+// nothing and returns how long until there is one.
+func (b *buckets) take(key string, now time.Time) (time.Duration, bool) {
+	lim := b.get(key, now)
+	if lim.AllowN(now, 1) {
+		return 0, true
+	}
+	return untilToken(lim, now), false
+}
+
+// check returns how long until key's bucket holds a token, without
+// spending one; 0 when it does now.
+func (b *buckets) check(key string, now time.Time) time.Duration {
+	return untilToken(b.get(key, now), now)
+}
+
+// charge spends one token of key's bucket after the fact: the bucket may
+// go into debt, which check then reports as a longer wait.
+func (b *buckets) charge(key string, now time.Time) {
+	b.get(key, now).ReserveN(now, 1)
+}
+
+// untilToken is how long until lim holds one token, rounded up to a
+// millisecond; 0 when it holds one now.
+func untilToken(lim *rate.Limiter, now time.Time) time.Duration {
+	missing := 1 - lim.TokensAt(now)
+	if missing <= 0 {
+		return 0
+	}
+	d := time.Duration(missing / float64(lim.Limit()) * float64(time.Second))
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}

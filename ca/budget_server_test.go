@@ -1,0 +1,185 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/testca"
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+var backend = spiffeid.RequireFromSegments(td, "ns", "prod", "sa", "backend")
+
+// rawCall sends one CreateCertificate for id with token over a real
+// gRPC connection and returns the error and the trailer. A refusal with
+// a retry hint must be trailers-only (gRPC clients never retry a call
+// that received headers), with the request id in the trailer.
+func (f *fixture) rawCall(t *testing.T, token string, id spiffeid.ID) (error, metadata.MD) {
+	t.Helper()
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{RootCAs: f.roots, ServerName: "istiod.istio-system.svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	p, err := csr.Build(key, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token, "clusterid", "Kubernetes")
+	var header, trailer metadata.MD
+	_, err = authpb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,
+		&authpb.IstioCertificateRequest{Csr: string(p)}, grpc.Header(&header), grpc.Trailer(&trailer))
+	inHeader, inTrailer := len(header.Get(ca.RequestIDHeader)), len(trailer.Get(ca.RequestIDHeader))
+	if limited := status.Code(err) == codes.ResourceExhausted; limited && (inHeader != 0 || inTrailer != 1) ||
+		!limited && (inHeader != 1 || inTrailer != 0) {
+		t.Errorf("%v: x-request-id in %d headers and %d trailers", status.Code(err), inHeader, inTrailer)
+	}
+	return err, trailer
+}
+
+// retryHints returns the RetryInfo delay of err and its
+// grpc-retry-pushback-ms trailer.
+func retryHints(t *testing.T, err error, trailer metadata.MD) (time.Duration, string) {
+	t.Helper()
+	var delay time.Duration
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			delay = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	pushback := strings.Join(trailer.Get("grpc-retry-pushback-ms"), ",")
+	return delay, pushback
+}
+
+// TestOverLimitCallerIsToldWhenToRetry: a caller over its budget gets
+// ResourceExhausted with both retry hints, while other callers and
+// other peers are served.
+func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	now := time.Now() // frozen: no token refills during the test
+	tests := []struct {
+		name     string
+		limits   ca.Limits
+		burst    []string // tokens whose requests are admitted
+		refused  string   // the token refused next
+		reason   string
+		code     codes.Code // of the burst's requests
+		delay    time.Duration
+		pushback string
+		msg      string
+		other    string // a token still served after the refusal
+		// otherPeer: the refused token is still served from another
+		// peer address.
+		otherPeer bool
+	}{
+		{name: "caller rate", limits: ca.Limits{Caller: ca.Budget{Rate: 4, Burst: 2}},
+			burst: []string{"frontend-token", "frontend-token"}, refused: "frontend-token", reason: "caller_rate",
+			delay: 250 * time.Millisecond, pushback: "250", msg: "this identity is over its request rate (4 a second, bursts of 2), retry in 250ms",
+			other: "backend-token"},
+		{name: "authentication failures of a peer", limits: ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2},
+			burst: []string{"bad-token", "bad-token"}, code: codes.Unauthenticated, refused: "frontend-token", reason: "peer_authn_failures",
+			delay: 2 * time.Second, pushback: "2000", msg: "too many failed authentications from this address, retry in 2s",
+			otherPeer: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, root.Authority(), options{
+				authn:  tokens{"backend-token": {ID: backend, Namespace: "prod", ServiceAccount: "backend", Method: "token"}},
+				config: func(c *ca.Config) { c.Limits, c.Now = tt.limits, func() time.Time { return now } },
+			})
+			id := map[string]spiffeid.ID{"frontend-token": frontend, "backend-token": backend, "bad-token": frontend}
+			for i, tok := range tt.burst {
+				if err, _ := f.rawCall(t, tok, id[tok]); status.Code(err) != tt.code {
+					t.Fatalf("request %d of the burst: %v, want %v", i+1, err, tt.code)
+				}
+			}
+			err, trailer := f.rawCall(t, tt.refused, id[tt.refused])
+			st := status.Convert(err)
+			if st.Code() != codes.ResourceExhausted || st.Message() != tt.msg {
+				t.Fatalf("got %v %q, want ResourceExhausted %q", st.Code(), st.Message(), tt.msg)
+			}
+			delay, pushback := retryHints(t, err, trailer)
+			if delay != tt.delay || pushback != tt.pushback {
+				t.Fatalf("RetryInfo %v and grpc-retry-pushback-ms %q, want %v and %q", delay, pushback, tt.delay, tt.pushback)
+			}
+			wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": tt.reason}, 1)
+			wantSample(t, f.reg, "meshca_requests_total", map[string]string{"code": "ResourceExhausted", "reason": tt.reason}, 1)
+			if !strings.Contains(f.logs.String(), `"reason":"`+tt.reason+`"`) {
+				t.Errorf("the audit log lacks reason %s", tt.reason)
+			}
+			if tt.other != "" {
+				if err, _ := f.rawCall(t, tt.other, id[tt.other]); err != nil {
+					t.Fatalf("another caller: %v", err)
+				}
+			}
+			if tt.otherPeer {
+				in := &authpb.IstioCertificateRequest{Csr: frontendCSR(t)}
+				if _, err := f.srv.CreateCertificate(inProcess(context.Background(), "198.51.100.9:4000", tt.refused), in); err != nil {
+					t.Fatalf("from another peer address: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestConcurrencyRefusalsHint: the refusals of the issuance slots and of
+// a caller's in-flight budget come at once with a retry hint.
+func TestConcurrencyRefusalsHint(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	tests := []struct {
+		name   string
+		config func(*ca.Config)
+		reason string
+	}{
+		{name: "issuance slots", config: func(c *ca.Config) { c.MaxInFlight = 1 }, reason: "too_many_requests"},
+		{name: "a caller's requests in flight", config: func(c *ca.Config) { c.Limits.Caller.MaxInFlight = 1 }, reason: "caller_in_flight"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
+			f := newFixture(t, root.Authority(), options{signer: bs, config: tt.config})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{})
+			}()
+			<-bs.started
+			start := time.Now()
+			err, trailer := f.rawCall(t, "frontend-token", frontend)
+			took := time.Since(start)
+			close(bs.release)
+			<-done
+			st := status.Convert(err)
+			if st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "retry") {
+				t.Fatalf("got %v %q, want ResourceExhausted", st.Code(), st.Message())
+			}
+			if delay, pushback := retryHints(t, err, trailer); delay != 250*time.Millisecond || pushback != "250" {
+				t.Fatalf("RetryInfo %v, grpc-retry-pushback-ms %q; want 250ms, \"250\"", delay, pushback)
+			}
+			if took > 5*time.Second {
+				t.Fatalf("the refusal took %v: it must not wait for the busy request", took)
+			}
+			wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": tt.reason}, 1)
+		})
+	}
+}

@@ -1,0 +1,238 @@
+// Package podcert signs Kubernetes PodCertificateRequests for one signer
+// name: the kubelet asks for a Pod's certificate, and meshca answers with
+// the Pod's SPIFFE SVID, spiffe://<trust domain>/ns/<namespace>/sa/<service
+// account>, through the same key policy, signer, verification, audit and
+// metrics as the gRPC path (the Issuer, which ca implements). Only one
+// replica should run a Controller: see trust.RunLeaderElected.
+package podcert
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	certv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Issuer signs a Pod's certificate and records every decision; ca's
+// PodIssuer is the one implementation, so that a Pod certificate passes
+// the same key policy, backend, chain verification, audit sink and
+// metrics as a CreateCertificate.
+type Issuer interface {
+	// IssuePod signs req. Its errors are typed: *csr.Error for a key the
+	// policy refuses, *signer.Error for a backend failure.
+	IssuePod(ctx context.Context, req *IssueRequest) (*Issued, error)
+	// RecordPod audits and counts one decision.
+	RecordPod(ctx context.Context, d *Decision)
+}
+
+// IssueRequest is what IssuePod signs.
+type IssueRequest struct {
+	// StubPKCS10 is spec.stubPKCS10Request (DER): only its key is used.
+	StubPKCS10 []byte
+	ID         spiffeid.ID
+	// TTL is the lifetime asked of the backend, from now.
+	TTL time.Duration
+}
+
+// Issued is a verified certificate.
+type Issued struct {
+	Leaf *x509.Certificate
+	// ChainPEM is the leaf then its intermediates, without any root.
+	ChainPEM string
+}
+
+// Decision is one answer given to a PodCertificateRequest, for the audit
+// log and the metrics.
+type Decision struct {
+	Request *certv1.PodCertificateRequest
+	// Identity is the SPIFFE ID the Pod was (or would have been) issued.
+	Identity spiffeid.ID
+	// Condition is the condition type written: Issued, Denied or Failed.
+	Condition string
+	// Reason is a stable snake_case word ("ok", "pod_gone", ...), Detail
+	// the full story.
+	Reason, Detail string
+	Leaf           *x509.Certificate
+	Latency        time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxTTL  = 24 * time.Hour
+	DefaultWorkers = 4
+	defaultResync  = 10 * time.Minute
+	// MinLifetime and MaxLifetime are the API's bounds on a certificate's
+	// lifetime (NotAfter - NotBefore).
+	MinLifetime = time.Hour
+	// maxFailedAttempts bounds the tries of a request whose signing fails
+	// for a reason other than an unavailable backend; then it is Failed.
+	maxFailedAttempts = 5
+)
+
+// Config configures a Controller. Client, SignerName, TrustDomain and
+// Issuer are required.
+type Config struct {
+	Client      kubernetes.Interface
+	SignerName  string
+	TrustDomain spiffeid.TrustDomain
+	Issuer      Issuer
+	// Namespaces selects, by their labels, the namespaces whose Pods may
+	// get certificates; nil allows all.
+	Namespaces labels.Selector
+	// MaxTTL caps a certificate's lifetime below the request's
+	// maxExpirationSeconds; DefaultMaxTTL when zero.
+	MaxTTL time.Duration
+	// Backdate is how far before now the backend starts certificates
+	// (keymgr.Backdate for the built-in CA): the lifetime asked of it is
+	// shortened by it so that NotAfter - NotBefore stays within
+	// maxExpirationSeconds.
+	Backdate time.Duration
+	// Workers is how many requests are answered at once.
+	Workers int
+	// Resync is the informer's resync period; 10 minutes when zero.
+	Resync time.Duration
+	Logger *slog.Logger
+	Now    func() time.Time
+	// Jitter returns a number in [0, 1) that spreads beginRefreshAt;
+	// math/rand when nil.
+	Jitter func() float64
+}
+
+// Controller answers the PodCertificateRequests of one signer name.
+type Controller struct {
+	c     Config
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	mu      sync.Mutex
+	started bool
+	lister  cache.Indexer
+}
+
+// New assembles a Controller; Run starts it.
+func New(c Config) (*Controller, error) {
+	switch {
+	case c.Client == nil:
+		return nil, errors.New("podcert: config: Client is required")
+	case c.SignerName == "":
+		return nil, errors.New("podcert: config: SignerName is required")
+	case c.TrustDomain.IsZero():
+		return nil, errors.New("podcert: config: TrustDomain is required")
+	case c.Issuer == nil:
+		return nil, errors.New("podcert: config: Issuer is required")
+	case c.MaxTTL < 0 || c.Backdate < 0 || c.Workers < 0 || c.Resync < 0:
+		return nil, errors.New("podcert: config: MaxTTL, Backdate, Workers and Resync must not be negative")
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.MaxTTL-c.Backdate < MinLifetime {
+		return nil, fmt.Errorf("podcert: config: MaxTTL %v leaves less than the API's minimum lifetime %v", c.MaxTTL, MinLifetime)
+	}
+	if c.Namespaces == nil {
+		c.Namespaces = labels.Everything()
+	}
+	if c.Workers == 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.Resync == 0 {
+		c.Resync = defaultResync
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Jitter == nil {
+		c.Jitter = rand.Float64
+	}
+	return &Controller{c: c, queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "podcert"})}, nil
+}
+
+// Run watches the requests of the signer name and answers each until ctx
+// ends; it returns nil then, and an error if called twice.
+func (ctl *Controller) Run(ctx context.Context) error {
+	ctl.mu.Lock()
+	if ctl.started {
+		ctl.mu.Unlock()
+		return errors.New("podcert: controller already started")
+	}
+	ctl.started = true
+	ctl.mu.Unlock()
+	defer ctl.queue.ShutDown()
+
+	factory := informers.NewSharedInformerFactoryWithOptions(ctl.c.Client, ctl.c.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", ctl.c.SignerName).String()
+		}))
+	inf := factory.Certificates().V1().PodCertificateRequests().Informer()
+	enqueue := func(obj any) {
+		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			ctl.queue.Add(key)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) },
+	}); err != nil {
+		return fmt.Errorf("podcert: informer: %w", err)
+	}
+	ctl.lister = inf.GetIndexer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil // ctx ended before the cache filled
+	}
+	log := ctl.c.Logger.With(logSigner, ctl.c.SignerName)
+	log.Info("signing PodCertificateRequests")
+	var wg sync.WaitGroup
+	for range ctl.c.Workers {
+		wg.Go(func() {
+			for ctl.processNext(ctx, log) {
+			}
+		})
+	}
+	<-ctx.Done()
+	ctl.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (ctl *Controller) processNext(ctx context.Context, log *slog.Logger) bool {
+	key, quit := ctl.queue.Get()
+	if quit {
+		return false
+	}
+	defer ctl.queue.Done(key)
+	err := ctl.sync(ctx, key, ctl.queue.NumRequeues(key))
+	switch {
+	case err == nil:
+		ctl.queue.Forget(key)
+	case ctx.Err() != nil:
+	default:
+		log.Warn("PodCertificateRequest not answered yet; retrying", logRequest, key, logError, err.Error())
+		ctl.queue.AddRateLimited(key)
+	}
+	return true
+}
+
+// Log field names.
+const (
+	logSigner  = "signer_name"
+	logRequest = "request"
+	logError   = "error"
+)

@@ -1,0 +1,106 @@
+package ca
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/meshca/meshca/ca/podcert"
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/signer"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// EventPodCertificate is one PodCertificateRequest answered: issued,
+// denied or failed.
+const EventPodCertificate = "pod_certificate"
+
+// DecisionFailed is a PodCertificateRequest the CA could not answer with a
+// certificate (its Failed condition).
+const DecisionFailed = "failed"
+
+// AuthnPodCertificateRequest is the Authn of a pod certificate's audit
+// event: the kubelet of the node asked through the apiserver.
+const AuthnPodCertificateRequest = "podcertificaterequest"
+
+// PodIssuer issues the certificates of ca/podcert with the server's key
+// policy, signer, chain verification, audit sink and metrics: steps 4 to
+// 7 of a CreateCertificate, for a Pod the PodCertificateRequest controller
+// has checked.
+type PodIssuer struct {
+	s         *Server
+	decisions *prometheus.CounterVec
+}
+
+var _ podcert.Issuer = (*PodIssuer)(nil)
+
+// NewPodIssuer registers its counter with reg.
+func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
+	p := &PodIssuer{s: s, decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "meshca_pod_certificate_requests_total",
+		Help: "PodCertificateRequests answered, by condition (issued, denied, failed) and precise reason.",
+	}, []string{"decision", "reason"})}
+	reg.MustRegister(p.decisions)
+	return p
+}
+
+// IssuePod implements podcert.Issuer: the key policy (the apiserver has
+// verified the stub's signature; it is checked again, after the key), the
+// signer within the request timeout, and the issued chain verified to
+// the trust bundle as the gRPC path verifies it.
+func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
+	s := p.s
+	req, err := csr.ParseFor(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: r.StubPKCS10}), &s.c.Policy.Keys)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.c.RequestTimeout)
+	defer cancel()
+	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.ID, TTL: r.TTL, Usages: csr.WorkloadUsages(req.PublicKey)})
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
+	if err != nil {
+		return nil, signer.Errorf(s.c.SignerName, signer.KindUnavailable, "no trust bundle yet: %w", err)
+	}
+	got, out, err := s.issued.verify(s.issued.forBundle(bundle), res, s.c.Now())
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("ca: issued certificate failed verification: %w", err)
+	case got != r.ID:
+		return nil, fmt.Errorf("ca: issued certificate failed verification: issued %s, authorized %s", got, r.ID)
+	}
+	// out is the leaf, the intermediates, then the bundle: the Pod mounts
+	// the roots from the ClusterTrustBundle.
+	return &podcert.Issued{Leaf: res.Leaf, ChainPEM: strings.Join(out[:len(out)-1], "")}, nil
+}
+
+// RecordPod implements podcert.Issuer: one audit event and one count per
+// answer.
+func (p *PodIssuer) RecordPod(ctx context.Context, d *podcert.Decision) {
+	decision := strings.ToLower(d.Condition) // DecisionIssued, DecisionDenied or DecisionFailed
+	p.decisions.WithLabelValues(decision, d.Reason).Inc()
+	r := d.Request
+	e := &AuditEvent{Time: p.s.c.Now(), Event: EventPodCertificate, Decision: decision,
+		Message: "pod certificate request", RequestID: r.Namespace + "/" + r.Name,
+		Caller: "system:node:" + string(r.Spec.NodeName), Authn: AuthnPodCertificateRequest,
+		Pod: r.Namespace + "/" + r.Spec.PodName, Node: string(r.Spec.NodeName), Requested: r.Spec.SignerName,
+		Reason: d.Reason, Backend: p.s.c.SignerName, Latency: d.Latency}
+	if d.Condition != "Issued" {
+		e.Detail = d.Detail
+	}
+	if !d.Identity.IsZero() {
+		e.Identity = d.Identity.String()
+	}
+	if d.Leaf != nil {
+		e.Serial, e.NotAfter = d.Leaf.SerialNumber.Text(16), d.Leaf.NotAfter
+	}
+	p.s.c.Audit.Audit(ctx, e)
+}
+
+// PodTTL is the longest certificate the server issues (its MaxTTL): the
+// cap of a pod certificate's lifetime.
+func (s *Server) PodTTL() time.Duration { return s.c.MaxTTL }
