@@ -183,10 +183,16 @@ func TestClusterTrustBundleLifecycle(t *testing.T) {
 	}
 	eventually(t, "recreated", holds(client, name, "root-1\nroot-2"))
 
-	for result, want := range map[string]int{trust.ResultCreated: 2, trust.ResultUpdated: 2} {
-		if got := obs.get(result); got != want {
-			t.Errorf("%s %d times, want %d", result, got, want)
-		}
+	// Two creates; at least two updates (the new bundle, the repair). The
+	// fake clientset takes an update with a stale resourceVersion, which
+	// the apiserver refuses as a conflict, so a write decided on a cache
+	// that had not yet seen the publisher's own update counts here once
+	// more.
+	if got := obs.get(trust.ResultCreated); got != 2 {
+		t.Errorf("created %d times, want 2", got)
+	}
+	if got := obs.get(trust.ResultUpdated); got < 2 || got > 3 {
+		t.Errorf("updated %d times, want 2 (3 after a stale read)", got)
 	}
 }
 
