@@ -28,20 +28,51 @@ type IssuanceLog struct {
 	mu      sync.Mutex
 	horizon map[string]time.Time     // by fingerprint of the signing certificate
 	longest map[string]time.Duration // likewise
+	writing map[string]chan struct{} // likewise: closed when its write ends
 }
 
 // errRecorded: the stored state already covers the leaf.
 var errRecorded = errors.New("keymgr: issuance already recorded")
 
-// Record makes sure the state covers leaf, issued by issuer.
+// Record makes sure the state covers leaf, issued by issuer. Concurrent
+// records for one issuer share a write: while one is in progress the
+// others wait for it (or for ctx) and are then usually covered by the
+// horizon it recorded, so a burst of leaves costs the store one write
+// rather than one read-and-compare-and-swap each.
 func (l *IssuanceLog) Record(ctx context.Context, issuer, leaf *x509.Certificate) error {
 	key, ttl := Fingerprint(issuer), leaf.NotAfter.Sub(leaf.NotBefore)
-	l.mu.Lock()
-	covered := !leaf.NotAfter.After(l.horizon[key]) && ttl <= l.longest[key]
-	l.mu.Unlock()
-	if covered {
-		return nil
+	for {
+		l.mu.Lock()
+		if !leaf.NotAfter.After(l.horizon[key]) && ttl <= l.longest[key] {
+			l.mu.Unlock()
+			return nil
+		}
+		wait, busy := l.writing[key]
+		if !busy {
+			if l.writing == nil {
+				l.writing = map[string]chan struct{}{}
+			}
+			done := make(chan struct{})
+			l.writing[key] = done
+			l.mu.Unlock()
+			err := l.write(ctx, key, issuer, leaf, ttl)
+			l.mu.Lock()
+			delete(l.writing, key)
+			close(done)
+			l.mu.Unlock()
+			return err
+		}
+		l.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("keymgr: waiting to record the issuance: %w", ctx.Err())
+		}
 	}
+}
+
+// write records leaf in the stored state and then in l's view of it.
+func (l *IssuanceLog) write(ctx context.Context, key string, issuer, leaf *x509.Certificate, ttl time.Duration) error {
 	ahead := l.Ahead
 	if ahead <= 0 {
 		ahead = DefaultIssuanceAhead

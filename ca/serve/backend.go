@@ -44,11 +44,13 @@ type Backend struct {
 	State       keymgr.StateOptions
 	CADir       string
 	// AutoRotate takes rotation steps for generated roots on its own
-	// (keymgr.AutoRotator); Rotation holds the guards' margin and when
-	// the next root is prepared.
-	AutoRotate bool
-	Rotation   keymgr.Guards
-	PrepareAt  float64
+	// (keymgr.AutoRotator), looking every AutoRotateInterval
+	// (keymgr.DefaultAutoRotateInterval when zero); Rotation holds the
+	// guards' margin and PrepareAt when the next root is prepared.
+	AutoRotate         bool
+	AutoRotateInterval time.Duration
+	Rotation           keymgr.Guards
+	PrepareAt          float64
 	// MaxTTL is the longest leaf any earlier meshca may have issued under
 	// a state directory migrated from the single-root layout, which kept
 	// no record of its leaves: the guards assume leaves that long.
@@ -257,7 +259,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	}
 	be.runners = append(be.runners, f.Run)
 	if c.AutoRotate {
-		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt},
+		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt}, Interval: c.AutoRotateInterval,
 			OnStep: func(s keymgr.Step) {
 				metrics.Step(s.Verb)
 				c.audit.Audit(ctx, &ca.AuditEvent{Event: ca.EventRotation, Decision: ca.DecisionTaken, Message: "automatic rotation step",

@@ -61,6 +61,7 @@ type serveFlags struct {
 	limits         limitFlags
 	autoRotate     bool
 	prepareAt      float64
+	autoInterval   time.Duration
 	rotationMargin time.Duration
 	rootLifetime   time.Duration
 	backdate       time.Duration
@@ -115,6 +116,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	f.limits.register(fl)
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
+	fl.DurationVar(&f.autoInterval, "auto-rotate-interval", keymgr.DefaultAutoRotateInterval, "how often automatic rotation looks for a step that is due (1s to 1h)")
 	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
 	fl.DurationVar(&f.rootLifetime, "root-lifetime", keymgr.DefaultRootTTL, "lifetime of a root meshca generates")
 	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
@@ -182,6 +184,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, errors.New("--max-authn-per-peer and --request-timeout must be positive")
 	case f.prepareAt <= 0 || f.prepareAt >= 1 || f.rotationMargin < 0 || f.rootLifetime <= f.maxTTL:
 		return c, fmt.Errorf("--auto-rotate-prepare-at must be in (0, 1), --rotation-margin not negative, and --root-lifetime (%v) longer than --max-ttl (%v)", f.rootLifetime, f.maxTTL)
+	case f.autoInterval < time.Second || f.autoInterval > time.Hour:
+		return c, fmt.Errorf("--auto-rotate-interval %v must be between 1s and 1h", f.autoInterval)
 	case f.backdate < 0 || f.backdate > maxBackdate:
 		return c, fmt.Errorf("--backdate %v must be between 0 and %v", f.backdate, maxBackdate)
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
@@ -239,7 +243,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
-			Backdate: backdateOption(f.backdate),
+			AutoRotateInterval: f.autoInterval,
+			Backdate:           backdateOption(f.backdate),
 		},
 	}, nil
 }

@@ -18,7 +18,7 @@ func validServeFlags() serveFlags {
 		clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
 		requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
 		maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
-		prepareAt: keymgr.DefaultPrepareAt, rotationMargin: keymgr.DefaultActivationMargin, rootLifetime: keymgr.DefaultRootTTL,
+		prepareAt: keymgr.DefaultPrepareAt, autoInterval: keymgr.DefaultAutoRotateInterval, rotationMargin: keymgr.DefaultActivationMargin, rootLifetime: keymgr.DefaultRootTTL,
 		limits: defaultLimitFlags(),
 	}
 }
@@ -41,6 +41,8 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "token limit above header limit", mutate: func(f *serveFlags) { f.maxTokenBytes = 1 << 20 }, want: "--max-token-bytes"},
 		{name: "tiny header limit", mutate: func(f *serveFlags) { f.maxHeaderBytes = 100 }, want: "--max-header-bytes"},
 		{name: "prepare-at out of range", mutate: func(f *serveFlags) { f.prepareAt = 1.5 }, want: "--auto-rotate-prepare-at"},
+		{name: "auto-rotate interval too short", mutate: func(f *serveFlags) { f.autoInterval = time.Millisecond }, want: "--auto-rotate-interval 1ms must be between 1s and 1h"},
+		{name: "auto-rotate interval too long", mutate: func(f *serveFlags) { f.autoInterval = 2 * time.Hour }, want: "--auto-rotate-interval 2h0m0s must be between 1s and 1h"},
 		{name: "root shorter than leaves", mutate: func(f *serveFlags) { f.rootLifetime = time.Hour }, want: "--root-lifetime"},
 		{name: "no authn budget", mutate: func(f *serveFlags) { f.maxAuthnPeer = 0 }, want: "--max-authn-per-peer"},
 		{name: "renewal ttl above default", mutate: func(f *serveFlags) { f.renewalTTL = 48 * time.Hour }, want: "--cert-renewal-max-ttl"},
