@@ -43,8 +43,7 @@ test-unit:
 ## of a few KiB, would eat the whole run.
 ## Left out: FuzzTokenExpiry and internal/pemutil's FuzzParse, whose
 ## functions FuzzReadClaims, FuzzParseCertificates and FuzzParsePrivateKey
-## run on every input they make; FuzzParseCertificatesStrict and
-## FuzzConfigFileStrict while they are skipped for the bugs they name.
+## run on every input they make.
 .PHONY: fuzz-smoke
 FUZZTIME ?= 3s
 FUZZMINIMIZETIME ?= 1s
@@ -53,10 +52,11 @@ FUZZ_TARGETS := \
 	./ca/kube:FuzzReadClaims ./ca/kube:FuzzIdentityFromReview \
 	./ca/kube:FuzzSanitizeKubeconfig ./ca/kube:FuzzRemoteSecrets \
 	./csr:FuzzParse ./csr:FuzzCheck ./csr:FuzzCSRIdentity ./csr:FuzzParseUsages \
-	./internal/pemutil:FuzzParseCertificates ./internal/pemutil:FuzzParsePrivateKey \
+	./internal/pemutil:FuzzParseCertificates ./internal/pemutil:FuzzParseCertificatesStrict \
+	./internal/pemutil:FuzzParsePrivateKey \
 	./keymgr:FuzzDecodeState ./keymgr:FuzzDirStoreLoad ./keymgr:FuzzLoadCACerts \
 	./keymgr/secretstore:FuzzLoad \
-	./cmd/meshca:FuzzConfigFile \
+	./cmd/meshca:FuzzConfigFile ./cmd/meshca:FuzzConfigFileStrict \
 	./signer/cfssl:FuzzRemoteAnswer ./signer/vault:FuzzSignResponse
 fuzz-smoke:
 	@set -e; for t in $(FUZZ_TARGETS); do \

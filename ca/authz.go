@@ -215,11 +215,16 @@ func (a *NodeAuthorizer) accountPod(ctx context.Context, c *Caller, check func(n
 	return check("renewing workload", input, nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
 }
 
+// podLookupError is a Pod lookup that did not decide. The apiserver not
+// answering before the request's deadline is Unavailable, as a refused
+// connection is: the deadline is often meshca's own --request-timeout,
+// not the client's, and the client must retry. A cancelled request's
+// client has gone.
 func podLookupError(err error) error {
-	if errors.Is(err, kube.ErrNotSynced) {
+	switch {
+	case errors.Is(err, kube.ErrNotSynced):
 		return refuse(codes.Unavailable, "pod_index_not_synced", "CA is starting, retry shortly", err)
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	case errors.Is(err, context.Canceled):
 		return err
 	}
 	return refuse(codes.Unavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)

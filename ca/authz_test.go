@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/meshca/meshca/ca/kube"
@@ -97,6 +98,9 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "ztunnel pod deleted", caller: with(ztunnel, func(c *Caller) { c.PodName = "ztunnel-old" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_missing"},
 		{name: "index not synced", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: kube.ErrNotSynced}, kind: codes.Unavailable, reason: "pod_index_not_synced"},
 		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
+		{name: "apiserver silent until the deadline", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: fmt.Errorf("list pods: %w", context.DeadlineExceeded)}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
+		{name: "certificate renewal, apiserver silent until the deadline", caller: renewing("prod", "web"), pods: pods{err: context.DeadlineExceeded}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
+		{name: "client gone during the lookup", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: context.Canceled}, kind: codes.Canceled, reason: "canceled"},
 		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
 		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_terminated"},
 		{name: "ztunnel pod being deleted", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-del", "zx" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_deleting"},
@@ -122,8 +126,7 @@ func TestNodeAuthorizer(t *testing.T) {
 				}
 				return
 			}
-			var ce *Error
-			if !errors.As(err, &ce) || ce.Code != tt.kind || ce.Reason != tt.reason {
+			if o := classify(err); err == nil || o.Code != tt.kind || o.Reason != tt.reason {
 				t.Fatalf("err = %v, want code %v reason %s", err, tt.kind, tt.reason)
 			}
 		})

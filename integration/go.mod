@@ -8,6 +8,7 @@ require (
 	github.com/spiffe/go-spiffe/v2 v2.9.0
 	github.com/zmap/zcrypto v0.0.0-20260906180147-3ed30b1e9340
 	github.com/zmap/zlint/v3 v3.7.3
+	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.60.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

@@ -77,6 +77,11 @@ func TestDue(t *testing.T) {
 		{name: "imported prepared, past both", setup: importedNext, now: lcThreshold(keymgr.DefaultPrepareAt, 0)},
 		{name: "previous, leaves live", setup: rotated, now: lcAt(h(24*time.Hour - 1))},
 		{name: "previous, leaves expired", setup: rotated, now: lcAt(h(24 * time.Hour)), verb: keymgr.VerbRetire, id: true},
+		{name: "previous, leaves live, active at its threshold: one rotation at a time", setup: func(t *testing.T) (*keymgr.State, *keymgr.AuthorityRecord) {
+			s, a, _ := lcRotated(t)
+			a.LatestLeafNotAfter = lcT0.Add(lcRootTTL) // a leaf as long as the roots
+			return s, a
+		}, now: lcThreshold(keymgr.DefaultPrepareAt, time.Hour)},
 		{name: "imported previous", setup: importedPrevious, now: lcAt(h(30 * 24 * time.Hour))},
 		{name: "imported previous, generated active at its threshold", setup: importedPrevious, now: lcThreshold(keymgr.DefaultPrepareAt, 0), verb: keymgr.VerbPrepare},
 		{name: "no authority", setup: func(*testing.T) (*keymgr.State, *keymgr.AuthorityRecord) { return &keymgr.State{}, nil }, now: lcAt(h(0))},

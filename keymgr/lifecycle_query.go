@@ -174,6 +174,11 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 			return retireStep(a, now), true
 		case a.Phase == PhasePrepared:
 			prepared = true
+		case a.Phase == PhasePrevious && a.Generated:
+			// One rotation at a time: the next root waits until this one,
+			// retired automatically once its leaves expire, has left the
+			// bundle.
+			prepared = true
 		}
 	}
 	a := s.Active()

@@ -18,8 +18,11 @@ import (
 // flags in one section per backend (--cfssl-url is cfssl.url, --vault-role
 // vault.role, --k8scsr-signer-name k8scsr.signerName;
 // docs/signers/). Lists are YAML lists, durations strings
-// such as "24h". Unknown keys are errors. Secrets are never values here:
-// only paths of files holding them (or environment variables).
+// such as "24h". Unknown keys are errors, and so is a setting given twice:
+// a key repeated in a map, a section repeated, or a section's key also
+// written dotted at the top ("vault.role: a" and "vault: {role: b}").
+// Secrets are never values here: only paths of files holding them (or
+// environment variables).
 
 // field names a setting as a flag and as a config file key where the key
 // is not the flag's camelCase: the backend sections.
@@ -66,15 +69,22 @@ func name(flag string) string {
 
 // readConfigFile reads path and returns the values it gives, by flag
 // name, for the flags of fl except skip: one string per scalar, one per
-// element of a list. A key set to null is left out.
+// element of a list. A key set to null is left out. It refuses a setting
+// given twice: YAMLToJSONStrict (yaml.v2's strict mode) refuses a key
+// repeated in one map, merged ones ("<<") included, naming the key and
+// the line of its second value; flatten refuses a dotted key beside its
+// section.
 func readConfigFile(path string, fl *pflag.FlagSet, skip map[string]bool) (map[string][]string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
 	}
-	js, err := yaml.YAMLToJSON(data)
+	if line := secondDocument(data); line > 0 {
+		return nil, fmt.Errorf("--config %s: line %d: a second YAML document; put every setting in one", path, line)
+	}
+	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return nil, fmt.Errorf("--config %s: %w", path, err)
+		return nil, fmt.Errorf("--config %s: %s", path, yamlError(err))
 	}
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(js))
@@ -96,14 +106,31 @@ func readConfigFile(path string, fl *pflag.FlagSet, skip map[string]bool) (map[s
 		}
 	})
 	out := map[string][]string{}
-	if err := flatten("", top, flags, out); err != nil {
+	if err := flatten("", top, flags, map[string]string{}, out); err != nil {
 		return nil, fmt.Errorf("--config %s: %w", path, err)
 	}
 	return out, nil
 }
 
-// flatten walks m, whose keys are prefixed with prefix, into out.
-func flatten(prefix string, m map[string]any, flags map[string]string, out map[string][]string) error {
+// yamlError renders an error of the YAML library on one line: yaml.v2
+// lists the errors of a document, "line 3: key \"maxTTL\" already set in
+// map" for a repeated key, one a line under "yaml: unmarshal errors:".
+func yamlError(err error) string {
+	msg, found := strings.CutPrefix(err.Error(), "yaml: unmarshal errors:\n")
+	if !found {
+		return err.Error()
+	}
+	lines := strings.Split(msg, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	return strings.Join(lines, "; ")
+}
+
+// flatten walks m, whose keys are prefixed with prefix, into out. seen
+// records where each key was set, for a key set twice: once dotted at the
+// top and once in its section.
+func flatten(prefix string, m map[string]any, flags, seen map[string]string, out map[string][]string) error {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -113,7 +140,7 @@ func flatten(prefix string, m map[string]any, flags map[string]string, out map[s
 		key := prefix + k
 		v := m[k]
 		if sub, ok := v.(map[string]any); ok {
-			if err := flatten(key+".", sub, flags, out); err != nil {
+			if err := flatten(key+".", sub, flags, seen, out); err != nil {
 				return err
 			}
 			continue
@@ -122,6 +149,14 @@ func flatten(prefix string, m map[string]any, flags map[string]string, out map[s
 		if !ok {
 			return fmt.Errorf("unknown field %q", key)
 		}
+		where := fmt.Sprintf("the key %q", k)
+		if prefix != "" {
+			where += fmt.Sprintf(" of section %q", strings.TrimSuffix(prefix, "."))
+		}
+		if first, dup := seen[key]; dup {
+			return fmt.Errorf("%s is set twice: by %s and by %s", key, first, where)
+		}
+		seen[key] = where
 		if v == nil {
 			continue
 		}
@@ -167,4 +202,30 @@ func jsonKind(v any) string {
 		return "null"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// secondDocument returns the line (from 1) of a document marker that
+// ends the file's first YAML document, or 0. The YAML reader reads the
+// first document only: the settings of any other would be dropped
+// without a word. A marker is "---" or "..." at the start of a line
+// (nothing but a comment after it): in YAML one there is always one,
+// never content, and a "---" before any content starts the first document.
+func secondDocument(data []byte) int {
+	content := false
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		line = bytes.TrimRight(line, " \t\r")
+		marker := func(m string) bool {
+			rest, ok := bytes.CutPrefix(line, []byte(m))
+			return ok && (len(rest) == 0 || rest[0] == ' ' || rest[0] == '\t')
+		}
+		switch {
+		case marker("---") && content, marker("..."):
+			return i + 1
+		case marker("---"):
+			content = true // the explicit start of the first document
+		case len(bytes.TrimSpace(line)) > 0 && bytes.TrimSpace(line)[0] != '#':
+			content = true
+		}
+	}
+	return 0
 }

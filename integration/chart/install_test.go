@@ -128,6 +128,7 @@ func checkAccess(t *testing.T, ns string) {
 		{"meshca", harness.Access{Verb: "update", Resource: "namespaces", Name: "any-app"}, false},
 		{"meshca", harness.Access{Verb: "create", Group: certs, Resource: "clustertrustbundles"}, false},
 		{"meshca", harness.Access{Verb: "attest", Group: certs, Resource: "signers", Name: "meshca.io/svid"}, false},
+		{"meshca", harness.Access{Verb: "create", Group: certs, Resource: "certificatesigningrequests"}, false},
 		{"meshca", harness.Access{Verb: "create", Group: "authentication.k8s.io", Resource: "tokenrequests"}, false},
 		{"meshca", harness.Access{Verb: "create", Resource: "serviceaccounts/token", Namespace: ns, Name: "meshca"}, false},
 		{"meshca", harness.Access{Verb: "impersonate", Resource: "serviceaccounts", Namespace: "istio-system", Name: "ztunnel"}, false},

@@ -50,6 +50,7 @@ var scenarios = []scenario{
 	{"ha", "ha-values.yaml"},
 	{"vault", "vault-values.yaml"},
 	{"cfssl", "cfssl-values.yaml"},
+	{"k8scsr", "k8scsr-values.yaml"},
 	{"scheduling", "scheduling-values.yaml"},
 	{"monitoring", "monitoring-values.yaml"},
 }

@@ -50,6 +50,7 @@ func TestChartScenarios(t *testing.T) {
 		"ha":         checkHA,
 		"vault":      checkVault,
 		"cfssl":      checkCfssl,
+		"k8scsr":     checkK8sCSR,
 		"scheduling": checkScheduling,
 		"monitoring": checkMonitoring,
 	}

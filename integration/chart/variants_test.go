@@ -10,8 +10,9 @@ import (
 )
 
 // TestChartVariants renders the choices no scenario file makes (the other
-// CA states and Vault logins, the trust publishers switched over), checks
-// what each changes, and dry-runs the result.
+// CA states and Vault logins, the trust publishers switched over, k8scsr
+// against another cluster), checks what each changes, and dry-runs the
+// result.
 func TestChartVariants(t *testing.T) {
 	ns := cluster.Namespace(t, "chart-variants")
 	const vault = "signer:\n  type: vault\n  servingCertificate: {secretName: serving}\n  vault:\n    addr: https://vault:8200\n    role: spiffe\n"
@@ -73,6 +74,22 @@ func TestChartVariants(t *testing.T) {
 				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "clustertrustbundles", "signers"})
 				if r := clusterRole(t, objs).Rules[3]; r.ResourceNames[0] != "meshca.io/svid" || r.Verbs[0] != "attest" {
 					t.Errorf("signer rule %+v: want attest on meshca.io/svid alone", r)
+				}
+			}},
+		{"k8scsr in another cluster with pinned roots", "signer:\n  type: k8scsr\n  servingCertificate: {secretName: serving}\n" +
+			"  trustAnchors: {secretName: mesh-roots, key: roots.pem}\n  k8scsr:\n    signerName: example.com/meshca\n" +
+			"    kubeconfig: {secretName: signer-cluster, key: config}\nstate: {type: none}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				d := deployment(t, objs)
+				wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--signer=k8scsr", "--k8scsr-signer-name=example.com/meshca",
+					"--k8scsr-kubeconfig=/etc/meshca/k8scsr-kubeconfig/config", "--trust-anchors=/etc/meshca/trust-anchors/roots.pem"},
+					[]string{"--state-secret", "--auto-rotate", "--kubeconfig"})
+				wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "serving",
+					"trust-anchors": "mesh-roots", "k8scsr-kubeconfig": "signer-cluster"})
+				// The requests go to the other cluster: nothing on them here.
+				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "namespaces"})
+				if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
+					t.Errorf("rendered kinds %v: a pinned trust bundle has no CA state to rotate or store", k)
 				}
 			}},
 	}

@@ -13,21 +13,22 @@ import (
 )
 
 // An automatic rotation takes three looks of the server's rotator
-// (prepare, activate, retire), keymgr.DefaultAutoRotateInterval apart,
-// the first one that long after the rotator starts: `meshca serve` has no
-// flag for the interval, so each of these tests takes about three of
-// them, and the two run in parallel. Their fleets are smaller, with fewer
-// checkers, than the CLI-driven tests', so that both fit on two cores.
-// With leaves of fleetLeafTTL, activation is due 5.5 s + fleetMargin
-// after prepare, retirement 15.5 s + the follow interval after
-// activation: each at the next look.
-var autoShape = fleetShape{size: 24, checkers: 4}
+// (prepare, activate, retire), --auto-rotate-interval apart, the first one
+// that long after the rotator starts. With leaves of fleetLeafTTL,
+// activation is due 5.5 s + fleetMargin after prepare, retirement 15.5 s
+// + the follow interval after activation: each at the next look. The
+// fleets are the CLI-driven tests' (fleetSize workloads).
+
+// autoInterval is how often the servers' automatic rotation looks
+// (--auto-rotate-interval): a few looks take the fleet through a
+// rotation within seconds rather than minutes.
+const autoInterval = 2 * time.Second
 
 // autoSettle bounds the whole rotation, from the fleet's first
 // handshakes: three looks and one more (a new leader looks first an
 // interval after it takes the Lease), the old leaves' expiry, the fleet's
 // renewals.
-const autoSettle = 4*keymgr.DefaultAutoRotateInterval + 30*time.Second
+const autoSettle = 4*autoInterval + 30*time.Second
 
 // autoFlags make a server rotate its generated root by itself as early as
 // it may: with roots of 5m (backdated 2m), 90% of the lifetime is left
@@ -36,7 +37,7 @@ const autoSettle = 4*keymgr.DefaultAutoRotateInterval + 30*time.Second
 // fleetMargin later, retirement when the old leaves have expired.
 // --root-lifetime must exceed --max-ttl, and cover the test.
 func autoFlags() []string {
-	return []string{"--auto-rotate", "--root-lifetime", "5m", "--auto-rotate-prepare-at", "0.9",
+	return []string{"--auto-rotate", "--auto-rotate-interval", autoInterval.String(), "--root-lifetime", "5m", "--auto-rotate-prepare-at", "0.9",
 		"--rotation-margin", fleetMargin.String(), "--max-ttl", "1m", "--default-ttl", "1m", "--backdate", fleetBackdate.String()}
 }
 
@@ -46,7 +47,7 @@ func TestRotationFleetAutoRotation(t *testing.T) {
 	t.Parallel()
 	var servers []*harness.Meshca
 	final := fleetRun{
-		fleetShape: autoShape, settle: autoSettle, auto: true,
+		settle: autoSettle, auto: true,
 		start: func(t *testing.T) fleetCA {
 			s := startServer(t, autoFlags()...)
 			servers = []*harness.Meshca{s.Meshca}
@@ -64,7 +65,7 @@ func TestRotationFleetTwoReplicas(t *testing.T) {
 	t.Parallel()
 	var servers []*harness.Meshca
 	final := fleetRun{
-		fleetShape: autoShape, settle: autoSettle, auto: true,
+		settle: autoSettle, auto: true,
 		start: func(t *testing.T) fleetCA {
 			ns := cluster.Namespace(t, "fleet-replicas")
 			ca := fleetCA{store: &secretstore.Store{Client: cluster.Client, Namespace: ns, Name: "meshca-ca"}}

@@ -62,7 +62,6 @@ func TestRotationFleetHandshakes(t *testing.T) {
 // of the real apiserver, which the server follows and the CLI rotates.
 func TestRotationFleetSecretStore(t *testing.T) {
 	fleetRun{
-		fleetShape: fleetShape{size: 30},
 		start: func(t *testing.T) fleetCA {
 			ns := cluster.Namespace(t, "fleet-state")
 			m := harness.StartMeshca(t, bin, "--state-secret", ns+"/meshca-ca", "--kubeconfig", cluster.Kubeconfig,

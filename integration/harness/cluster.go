@@ -11,7 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -79,9 +81,53 @@ func StartCluster(ctx context.Context, dir string) (*Cluster, error) {
 func (c *Cluster) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(ScriptsDir(), "k8s.sh"), "down", c.Dir)
+	_ = c.script(ctx, "down")
+}
+
+// KillAPIServer kills kube-apiserver (SIGKILL, as a crash: its
+// connections close at once) and waits for it to exit, leaving etcd and
+// the run directory: every client of the cluster fails until
+// StartAPIServer. (Stopped gracefully, it would stop listening at once
+// but wait for its clients' watches to end, which k8s.sh cuts after 10 s.)
+func (c *Cluster) KillAPIServer(ctx context.Context) error {
+	if err := c.script(ctx, "stop-apiserver", "KILL"); err != nil {
+		return fmt.Errorf("harness: kill kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again after KillAPIServer, on the
+// same etcd data, certificates and port, and waits for its /readyz.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	if err := c.script(ctx, "start-apiserver"); err != nil {
+		return fmt.Errorf("harness: start kube-apiserver again: %w", err)
+	}
+	return nil
+}
+
+// PauseAPIServer freezes kube-apiserver's process (SIGSTOP): its
+// connections stay open and nothing is answered, as of an apiserver that
+// hangs, until resume (SIGCONT).
+func (c *Cluster) PauseAPIServer() (resume func() error, err error) {
+	b, err := os.ReadFile(filepath.Join(c.Dir, "kube-apiserver.pid"))
+	if err != nil {
+		return nil, fmt.Errorf("harness: kube-apiserver is not running: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("harness: kube-apiserver.pid: %w", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("harness: pause kube-apiserver: %w", err)
+	}
+	return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
+}
+
+// script runs a command of k8s.sh on the run directory.
+func (c *Cluster) script(ctx context.Context, command string, args ...string) error {
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(ScriptsDir(), "k8s.sh"), command, c.Dir}, args...)...)
 	cmd.Stderr = os.Stderr
-	_ = cmd.Run()
+	return cmd.Run()
 }
 
 func lastLine(s string) string {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,12 +76,22 @@ func (n *KubeletNode) Request(tb testing.TB, pod *corev1.Pod, sa *corev1.Service
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := n.Client.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(context.Background(), &certv1.PodCertificateRequest{
+	req := &certv1.PodCertificateRequest{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: pod.Name + "-"},
 		Spec: certv1.PodCertificateRequestSpec{SignerName: signer, PodName: pod.Name, PodUID: pod.UID,
 			ServiceAccountName: sa.Name, ServiceAccountUID: sa.UID, NodeName: types.NodeName(n.Node.Name), NodeUID: n.Node.UID,
 			MaxExpirationSeconds: maxSeconds, StubPKCS10Request: stub},
-	}, metav1.CreateOptions{})
+	}
+	// The apiserver's admission reads the Pod from its informer, which may
+	// not have seen a Pod created a moment ago: a real kubelet asks only
+	// for Pods its own watch delivered. Such a refusal is retried briefly.
+	var r *certv1.PodCertificateRequest
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r, err = n.Client.CertificatesV1().PodCertificateRequests(pod.Namespace).Create(context.Background(), req, metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "while retrieving pod") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		tb.Fatalf("create PodCertificateRequest as node %s: %v", n.Node.Name, err)
 	}

@@ -43,8 +43,15 @@ func (t Target) Dial(token string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return (&Conn{cc: cc, api: authpb.NewIstioCertificateServiceClient(cc)}).WithToken(token), nil
+}
+
+// WithToken returns a Conn on the same connection that sends token
+// instead, as a ztunnel does after its token is renewed. Closing either
+// closes the connection.
+func (c *Conn) WithToken(token string) *Conn {
 	md := metadata.Pairs(authpb.HeaderAuthorization, authpb.BearerPrefix+token, authpb.HeaderClusterID, "Kubernetes")
-	return &Conn{cc: cc, api: authpb.NewIstioCertificateServiceClient(cc), ctx: metadata.NewOutgoingContext(context.Background(), md)}, nil
+	return &Conn{cc: c.cc, api: c.api, ctx: metadata.NewOutgoingContext(context.Background(), md)}
 }
 
 // DialN opens n connections with token and sends warm on each, so that

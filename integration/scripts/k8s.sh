@@ -6,6 +6,8 @@
 #   k8s.sh build            # build etcd + kube-apiserver into $K8S_LOCAL_CACHE/bin (no-op if present)
 #   k8s.sh up [RUN_DIR]     # build if needed, start both, wait for /readyz; last stdout line = kubeconfig path
 #   k8s.sh down RUN_DIR     # stop the processes started by `up` (by PID) and remove RUN_DIR
+#   k8s.sh stop-apiserver RUN_DIR [TERM|KILL]  # stop only kube-apiserver (etcd and RUN_DIR stay); KILL: as a crash
+#   k8s.sh start-apiserver RUN_DIR  # start it again: same etcd data, certs and port; wait for /readyz
 #
 # Env knobs:
 #   MESHCA_CACHE     meshca's cache root                                        default: $HOME/.cache/meshca
@@ -166,6 +168,57 @@ EOF
   chmod 600 "$run/kubeconfig"
 }
 
+# start_kas RUN_DIR: start kube-apiserver with the ports, PKI and etcd of RUN_DIR (its kas.env, written by
+# `up`) and wait for /readyz. `start-apiserver` calls it again after `stop-apiserver`: same data, certs and port.
+start_kas() {
+  local run=$1 etcd_port api_port kas_extra_args
+  # shellcheck disable=SC1091
+  source "$run/kas.env"
+  # shellcheck disable=SC2086
+  "$KAS_BIN" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
+    --endpoint-reconciler-type=none \
+    --tls-cert-file="$run/pki/apiserver.crt" --tls-private-key-file="$run/pki/apiserver.key" \
+    --client-ca-file="$run/pki/ca.crt" --token-auth-file="$run/pki/tokens.csv" \
+    --service-account-issuer="$SA_ISSUER" \
+    --service-account-key-file="$run/pki/sa.pub" --service-account-signing-key-file="$run/pki/sa.key" \
+    --api-audiences="$SA_ISSUER" \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --profiling=false \
+    --cert-dir="$run/pki/generated" \
+    $kas_extra_args >>"$run/kube-apiserver.log" 2>&1 < /dev/null &
+  echo $! > "$run/kube-apiserver.pid"
+  for _ in $(seq 1 600); do
+    if curl -fsS --cacert "$run/pki/ca.crt" --cert "$run/pki/admin.crt" --key "$run/pki/admin.key" \
+        "https://127.0.0.1:$api_port/readyz" >/dev/null 2>&1; then return 0; fi
+    if ! alive "$(cat "$run/kube-apiserver.pid")"; then break; fi
+    sleep 0.1
+  done
+  log "kube-apiserver did not become ready; last log lines:"; tail -30 "$run/kube-apiserver.log" >&2
+  return 1
+}
+
+# alive PID: the process runs. A zombie does not: our processes outlive this script, and where PID 1 does not
+# reap orphans (some VM inits), an exited one stays a zombie that `kill -0` still finds.
+alive() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }
+
+# stop_proc RUN_DIR NAME [SIGNAL]: stop the process of RUN_DIR/NAME.pid (SIGNAL, default TERM; KILL after 10 s)
+# and wait for it to exit.
+stop_proc() {
+  local run=$1 f=$2 sig=${3:-TERM} pid
+  [[ -f $run/$f.pid ]] || return 0
+  pid=$(cat "$run/$f.pid")
+  if alive "$pid"; then
+    kill -"$sig" "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
+    alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
+  fi
+  rm -f "$run/$f.pid"
+}
+
 cmd_up() {
   build_etcd; build_kas
   [[ "${K8S_LOCAL_KCM:-0}" == 1 ]] && build_kcm
@@ -190,7 +243,7 @@ cmd_up() {
   local eok=0
   for _ in $(seq 1 150); do
     if curl -fsS "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; then eok=1; break; fi
-    kill -0 "$(cat "$run/etcd.pid")" 2>/dev/null || break
+    alive "$(cat "$run/etcd.pid")" || break
     sleep 0.1
   done
   if [[ $eok != 1 ]]; then
@@ -199,33 +252,9 @@ cmd_up() {
   fi
   local t_etcd; t_etcd=$(date +%s%N)
 
-  # shellcheck disable=SC2086
-  "$KAS_BIN" \
-    --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" \
-    --endpoint-reconciler-type=none \
-    --tls-cert-file="$run/pki/apiserver.crt" --tls-private-key-file="$run/pki/apiserver.key" \
-    --client-ca-file="$run/pki/ca.crt" --token-auth-file="$run/pki/tokens.csv" \
-    --service-account-issuer="$SA_ISSUER" \
-    --service-account-key-file="$run/pki/sa.pub" --service-account-signing-key-file="$run/pki/sa.key" \
-    --api-audiences="$SA_ISSUER" \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-    --service-cluster-ip-range="$SERVICE_CIDR" \
-    --profiling=false \
-    --cert-dir="$run/pki/generated" \
-    ${KAS_EXTRA_ARGS:-} >"$run/kube-apiserver.log" 2>&1 < /dev/null &
-  echo $! > "$run/kube-apiserver.pid"
-
+  printf 'etcd_port=%q\napi_port=%q\nkas_extra_args=%q\n' "$etcd_port" "$api_port" "${KAS_EXTRA_ARGS:-}" > "$run/kas.env"
   write_kubeconfig "$run" "$api_port"
-  local ok=0
-  for _ in $(seq 1 600); do
-    if curl -fsS --cacert "$run/pki/ca.crt" --cert "$run/pki/admin.crt" --key "$run/pki/admin.key" \
-        "https://127.0.0.1:$api_port/readyz" >/dev/null 2>&1; then ok=1; break; fi
-    if ! kill -0 "$(cat "$run/kube-apiserver.pid")" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-  if [[ $ok != 1 ]]; then
-    log "kube-apiserver did not become ready; last log lines:"; tail -30 "$run/kube-apiserver.log" >&2
+  if ! start_kas "$run"; then
     cmd_down "$run" keep; return 1
   fi
   if [[ "${K8S_LOCAL_KCM:-0}" == 1 ]]; then
@@ -251,18 +280,8 @@ EOF
 }
 
 cmd_down() {
-  local run=${1:?usage: down RUN_DIR} keep=${2:-}
-  local f pid
-  for f in kube-controller-manager kube-apiserver etcd; do
-    [[ -f $run/$f.pid ]] || continue
-    pid=$(cat "$run/$f.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$run/$f.pid"
-  done
+  local run=${1:?usage: down RUN_DIR} keep=${2:-} f
+  for f in kube-controller-manager kube-apiserver etcd; do stop_proc "$run" "$f"; done
   [[ -n $keep ]] || rm -rf "$run"
 }
 
@@ -273,5 +292,9 @@ case "${1:-}" in
          if [[ "${K8S_LOCAL_KCM:-0}" == 1 ]]; then build_kcm; echo "$KCM_BIN"; fi ;;
   up) shift; [[ -x $ETCD_BIN && -x $KAS_BIN ]] || (buildlock; build_etcd; build_kas); cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
-  *) echo "usage: $0 build | up [RUN_DIR] | down RUN_DIR" >&2; exit 2 ;;
+  stop-apiserver) stop_proc "${2:?usage: stop-apiserver RUN_DIR [TERM|KILL]}" kube-apiserver "${3:-TERM}" ;;
+  start-apiserver) run=${2:?usage: start-apiserver RUN_DIR}
+    if [[ -f $run/kube-apiserver.pid ]] && alive "$(cat "$run/kube-apiserver.pid")"; then log "kube-apiserver of $run is running"; exit 1; fi
+    t0=$(date +%s%N); start_kas "$run"; log "kube-apiserver ready again in $(( ($(date +%s%N) - t0) / 1000000 ))ms" ;;
+  *) echo "usage: $0 build | up [RUN_DIR] | down RUN_DIR | stop-apiserver RUN_DIR [TERM|KILL] | start-apiserver RUN_DIR" >&2; exit 2 ;;
 esac

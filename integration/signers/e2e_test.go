@@ -8,8 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,9 +17,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
-	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -29,39 +25,24 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// pki is a corporate root and the intermediate the external CA signs with.
+// pki is harness.ExternalPKI with cfssl's auth keys: auth.key, and
+// wrong.key, which the server does not know.
 type pki struct {
+	*harness.ExternalPKI
 	root, inter *testca.CA
-	dir         string
 }
 
 func newPKI(t testing.TB) *pki {
-	root := testca.NewRoot(t, "corp root", testca.Options{})
-	p := &pki{root: root, inter: root.NewIntermediate(t, "corp mesh intermediate", testca.Options{}), dir: t.TempDir()}
-	serving, err := keymgr.IssueServing(p.inter.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	servingKey, _ := pemutil.EncodePrivateKey(serving.PrivateKey.(crypto.Signer))
-	interKey, _ := pemutil.EncodePrivateKey(p.inter.Key)
-	p.write(t, "anchors.pem", pemutil.EncodeCertificates(root.Cert))
-	p.write(t, "serving.pem", pemutil.EncodeCertificates(serving.Leaf, p.inter.Cert))
-	p.write(t, "serving-key.pem", servingKey)
-	p.write(t, "ca.pem", pemutil.EncodeCertificates(p.inter.Cert))
-	p.write(t, "ca-key.pem", interKey)
+	x := harness.NewExternalPKI(t)
+	p := &pki{ExternalPKI: x, root: x.Root, inter: x.Inter}
 	p.write(t, "auth.key", []byte(authKey+"\n"))
 	p.write(t, "wrong.key", []byte("fedcba9876543210fedcba9876543210\n"))
 	return p
 }
 
-func (p *pki) write(t testing.TB, name string, data []byte) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(p.dir, name), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+func (p *pki) write(t testing.TB, name string, data []byte) { p.Write(t, name, data) }
 
-func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
+func (p *pki) path(name string) string { return p.Path(name) }
 
 // issue gets an SVID from meshca for a fresh workload and checks it against
 // the pinned root: leaf, the intermediate, and the root as the bundle.

@@ -25,33 +25,103 @@ const (
 // ErrNoPEM is returned when the input holds no PEM block at all.
 var ErrNoPEM = errors.New("no PEM data")
 
-// ParseCertificates returns every certificate in data, in order. It refuses
-// blocks of any other type and trailing non-PEM data.
+// Encapsulation boundaries (RFC 7468, section 2). Base64 has no '-', so
+// in a block that decodes they occur on its BEGIN and END lines only.
+var (
+	beginMark = []byte("-----BEGIN")
+	endMark   = []byte("-----END")
+)
+
+// ParseCertificates returns every certificate in data, in order: data
+// holds one or more CERTIFICATE blocks (RFC 7468), each without headers
+// and holding one X.509 certificate, and may hold explanatory text before,
+// between and after them, as openssl, CA bundles and Kubernetes'
+// status.certificate do (RFC 7468, section 5.2). The text is ignored; but
+// text holding a BEGIN or END boundary is a block that does not decode,
+// damaged or truncated, and data holding one is refused, as are blocks of
+// any other type: no certificate is dropped without an error. encoding/pem
+// alone skips such blocks and returns the next one that decodes.
 func ParseCertificates(data []byte) ([]*x509.Certificate, error) {
 	var certs []*x509.Certificate
 	rest := data
 	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
+		block, next := pem.Decode(rest)
 		if block == nil {
 			break
 		}
-		if block.Type != TypeCertificate {
-			return nil, fmt.Errorf("PEM block %d is %q, want %q", len(certs)+1, block.Type, TypeCertificate)
+		// pem.Decode skipped rest[:at]; the block begins at its BEGIN
+		// line, the last boundary it consumed that is one.
+		consumed := rest[:len(rest)-len(next)]
+		at := bytes.LastIndex(consumed, beginMark)
+		pos := len(data) - len(rest) // of rest in data
+		if err := checkText(data, pos, pos+at); err != nil {
+			return nil, err
+		}
+		n := len(certs) + 1
+		switch {
+		case block.Type != TypeCertificate:
+			return nil, fmt.Errorf("line %d: PEM block %d is %q, want %q", lineOf(data, pos+at), n, block.Type, TypeCertificate)
+		case len(block.Headers) != 0:
+			return nil, fmt.Errorf("line %d: PEM block %d has headers; a certificate has none", lineOf(data, pos+at), n)
 		}
 		c, err := x509.ParseCertificate(block.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("certificate %d: %w", len(certs)+1, err)
+			return nil, fmt.Errorf("line %d: certificate %d: %w", lineOf(data, pos+at), n, err)
 		}
 		certs = append(certs, c)
+		rest = next
 	}
-	if len(bytes.TrimSpace(rest)) != 0 {
-		return nil, errors.New("data that is not PEM follows the certificates")
+	if err := checkText(data, len(data)-len(rest), len(data)); err != nil {
+		return nil, err
 	}
 	if len(certs) == 0 {
+		if len(bytes.TrimSpace(data)) != 0 {
+			return nil, fmt.Errorf("%w: the input is text that is not PEM", ErrNoPEM)
+		}
 		return nil, ErrNoPEM
 	}
 	return certs, nil
+}
+
+// checkText refuses data[from:to], text outside the blocks that decode,
+// if it holds a boundary: the BEGIN line of a block that does not decode
+// (bad base64, a missing or mismatched END line, a BEGIN line that does
+// not start its line) or an END line without its block.
+func checkText(data []byte, from, to int) error {
+	text := data[from:to]
+	b, e := bytes.Index(text, beginMark), bytes.Index(text, endMark)
+	switch {
+	case b >= 0 && (e < 0 || b < e):
+		at, why := from+b, "bad base64 or no matching END line"
+		if at > 0 && data[at-1] != '\n' {
+			why = "its BEGIN is not at the start of the line"
+		}
+		return fmt.Errorf("line %d: %q begins a PEM block that does not decode (%s)", lineOf(data, at), lineAt(data, at), why)
+	case e >= 0:
+		return fmt.Errorf("line %d: %q ends no PEM block", lineOf(data, from+e), lineAt(data, from+e))
+	}
+	return nil
+}
+
+// lineOf returns the number, from 1, of the line of data that holds
+// data[i].
+func lineOf(data []byte, i int) int {
+	return bytes.Count(data[:i], []byte("\n")) + 1
+}
+
+// lineAt returns the line of data that holds data[i], without its white
+// space and cut to 64 bytes, for an error.
+func lineAt(data []byte, i int) string {
+	start := bytes.LastIndexByte(data[:i], '\n') + 1
+	line := data[start:]
+	if end := bytes.IndexByte(line, '\n'); end >= 0 {
+		line = line[:end]
+	}
+	line = bytes.TrimSpace(line)
+	if len(line) > 64 {
+		return string(line[:64]) + "..."
+	}
+	return string(line)
 }
 
 // EncodeCertificates returns the concatenated PEM of certs.
@@ -68,7 +138,16 @@ func EncodeCertificates(certs ...*x509.Certificate) []byte {
 func ParsePrivateKey(data []byte) (crypto.Signer, error) {
 	block, rest := pem.Decode(data)
 	if block == nil {
+		if err := checkText(data, 0, len(data)); err != nil {
+			return nil, err
+		}
 		return nil, ErrNoPEM
+	}
+	// As in ParseCertificates: a damaged block pem.Decode skipped before
+	// this one is refused, not passed over for the next key.
+	at := bytes.LastIndex(data[:len(data)-len(rest)], beginMark)
+	if err := checkText(data, 0, at); err != nil {
+		return nil, err
 	}
 	if len(bytes.TrimSpace(rest)) != 0 {
 		return nil, errors.New("more than one PEM block")

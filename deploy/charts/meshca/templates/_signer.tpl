@@ -1,12 +1,14 @@
 {{/*
 The signing backend: its flags, and the Secrets they read as files. Called
 with (dict "ctx" $ "root" true|false): `meshca root` takes the backend's
-address, login and TLS flags, `meshca serve` all of them.
+address, login and TLS flags, `meshca serve` all of them. `meshca root`
+has no k8scsr side: its steps are then the CA state's alone (its default
+--signer local), the signing key being the controller's operator's.
 */}}
 
 {{- define "meshca.signerArgs" -}}
 {{- $s := .ctx.Values.signer -}}
-{{- if ne $s.type "local" }}
+{{- if and (ne $s.type "local") (not (and .root (eq $s.type "k8scsr"))) }}
 - --signer={{ $s.type }}
 {{- end }}
 {{- if not .root }}
@@ -67,6 +69,11 @@ address, login and TLS flags, `meshca serve` all of them.
 - --vault-approle-mount={{ . }}
 {{- end }}
 {{- end }}
+{{- else if and (eq $s.type "k8scsr") (not .root) }}
+- --k8scsr-signer-name={{ $s.k8scsr.signerName }}
+{{- if $s.k8scsr.kubeconfig.secretName }}
+- --k8scsr-kubeconfig=/etc/meshca/k8scsr-kubeconfig/{{ $s.k8scsr.kubeconfig.key }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -86,6 +93,8 @@ address, login and TLS flags, `meshca serve` all of them.
 {{- if $s.vault.tlsCA.secretName -}}{{- $_ := set $m "vault-tls-ca" $s.vault.tlsCA.secretName -}}{{- end -}}
 {{- if eq $a.method "token" -}}{{- $_ := set $m "vault-token" $a.token.secretName -}}{{- end -}}
 {{- if eq $a.method "approle" -}}{{- $_ := set $m "vault-approle" $a.approle.secretID.secretName -}}{{- end -}}
+{{- else if eq $s.type "k8scsr" -}}
+{{- if and (not .root) $s.k8scsr.kubeconfig.secretName -}}{{- $_ := set $m "k8scsr-kubeconfig" $s.k8scsr.kubeconfig.secretName -}}{{- end -}}
 {{- end -}}
 {{- toJson $m -}}
 {{- end -}}

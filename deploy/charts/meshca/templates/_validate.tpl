@@ -16,7 +16,7 @@ across two keys. Each message names the keys and what to do.
 {{- $s := $v.signer -}}
 {{- if eq $s.type "local" -}}
 {{- if eq $v.state.type "none" -}}
-{{- fail "state.type none needs an external signer (signer.type cfssl or vault): the local signer keeps its key in the CA state" -}}
+{{- fail "state.type none needs an external signer (signer.type cfssl, vault or k8scsr): the local signer keeps its key in the CA state" -}}
 {{- end -}}
 {{- else -}}
 {{- if eq $v.state.type "cacerts" -}}
