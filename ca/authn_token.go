@@ -31,3 +31,10 @@ func (a *TokenAuthenticator) Authenticate(ctx context.Context, c *Credentials) (
 		Method:         MethodToken,
 	}, nil
 }
+
+// Known reports whether the reviewer already holds token's identity
+// (kube.CachedTokenReviewer): a request with it costs no TokenReview.
+func (a *TokenAuthenticator) Known(token string) bool {
+	k, ok := a.Reviewer.(interface{ Known(string) bool })
+	return ok && token != "" && k.Known(token)
+}

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -182,4 +184,78 @@ func TestConcurrencyRefusalsHint(t *testing.T) {
 			wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": tt.reason}, 1)
 		})
 	}
+}
+
+// knownTokens is a token authenticator whose reviews of known are
+// cached, as kube.CachedTokenReviewer's are.
+type knownTokens struct {
+	tokens
+	known map[string]bool
+}
+
+func (k knownTokens) Known(token string) bool { return k.known[token] }
+
+// TestPeerFailuresSpareOthers: the failures of an address, which many
+// workloads may share, never refuse a request that costs nothing to
+// authenticate (a token whose review is cached); refusals that cost
+// nothing (no credentials) spend none of the address's failures.
+func TestPeerFailuresSpareOthers(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	now := time.Now() // frozen: no token refills during the test
+	f := newFixture(t, root.Authority(), options{
+		authn: knownTokens{tokens: tokens{"backend-token": {ID: backend, Namespace: "prod", ServiceAccount: "backend", Method: "token"}},
+			known: map[string]bool{"backend-token": true}},
+		config: func(c *ca.Config) {
+			c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2}, func() time.Time { return now }
+		},
+	})
+	const peer = "198.51.100.7:4000"
+	call := func(token string, id spiffeid.ID) error {
+		in := &authpb.IstioCertificateRequest{Csr: csrFor(t, id)}
+		ctx := peerContext(context.Background(), peer, token)
+		_, err := f.srv.CreateCertificate(ctx, in)
+		return err
+	}
+	steps := []struct {
+		name  string
+		token string
+		id    spiffeid.ID
+		code  codes.Code
+	}{
+		{"no credentials", "", frontend, codes.Unauthenticated},
+		{"no credentials again", "", frontend, codes.Unauthenticated},
+		{"no credentials a third time", "", frontend, codes.Unauthenticated},
+		{"a token to review, after free refusals", "frontend-token", frontend, codes.OK},
+		{"a bad token", "bad-token", frontend, codes.Unauthenticated},
+		{"another bad token: the address's failures are spent", "bad-token", frontend, codes.Unauthenticated},
+		{"a token to review is refused first", "frontend-token", frontend, codes.ResourceExhausted},
+		{"a token whose review is cached is served", "backend-token", backend, codes.OK},
+	}
+	for _, st := range steps {
+		if err := call(st.token, st.id); status.Code(err) != st.code {
+			t.Fatalf("%s: %v, want %v", st.name, err, st.code)
+		}
+	}
+}
+
+func csrFor(t *testing.T, id spiffeid.ID) string {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	p, err := csr.Build(key, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(p)
+}
+
+// peerContext is an in-process call's context from addr, with token
+// (none when empty).
+func peerContext(ctx context.Context, addr, token string) context.Context {
+	if token != "" {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
+	} else {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("clusterid", "Kubernetes"))
+	}
+	ap, _ := net.ResolveTCPAddr("tcp", addr)
+	return peer.NewContext(ctx, &peer.Peer{Addr: ap})
 }

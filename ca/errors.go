@@ -133,7 +133,11 @@ func classifySigner(se *signer.Error, err error) Outcome {
 		o.Code, o.Reason, o.Msg = codes.Internal, "signer_failed", "signing failed"
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		o.Code, o.Reason, o.Msg = codes.DeadlineExceeded, "deadline_exceeded", "deadline exceeded while signing"
+		// The deadline is often meshca's own --request-timeout, not the
+		// client's: a backend that did not answer in time is unavailable,
+		// as one that refused the connection is, and the client retries.
+		o.Code, o.Reason, o.Msg = codes.Unavailable, "signer_timeout", "signing backend did not answer in time, retry later"
+		o.SignErr = signErrNotReady
 	}
 	return o
 }

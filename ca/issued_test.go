@@ -69,6 +69,23 @@ func constrainedCA(t *testing.T, root *testca.CA) *testca.CA {
 	return &testca.CA{Cert: cert, Key: key}
 }
 
+// pathLenZeroRoot is a root with pathlen:0: it may sign CAs, but none of
+// them may sign leaves.
+func pathLenZeroRoot(t *testing.T) *testca.CA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(8), Subject: pkix.Name{CommonName: "pathlen 0 root"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		MaxPathLen: 0, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testca.CA{Cert: cert, Key: key}
+}
+
 // TestIssuedChains holds the kept paths to what x509svid.Verify decides:
 // every answer is the same as a full verification's, and a path is kept
 // only when it verified and carries no constraints.
@@ -78,7 +95,9 @@ func TestIssuedChains(t *testing.T) {
 	impostor := testca.NewRoot(t, "inter", testca.Options{}) // inter's name, another key
 	other := testca.NewRoot(t, "other root", testca.Options{})
 	limited := constrainedCA(t, root)
-	bundle := x509bundle.FromX509Authorities(issuedTD, []*x509.Certificate{root.Cert})
+	plRoot := pathLenZeroRoot(t)
+	plInter := plRoot.NewIntermediate(t, "under pathlen 0", testca.Options{})
+	bundle := x509bundle.FromX509Authorities(issuedTD, []*x509.Certificate{root.Cert, plRoot.Cert})
 	later := root.Cert.NotAfter.Add(time.Hour)
 	tests := []struct {
 		name string
@@ -96,6 +115,7 @@ func TestIssuedChains(t *testing.T) {
 		{"everything expired", &signer.Response{Leaf: leafUnder(t, inter, nil), Intermediates: []*x509.Certificate{inter.Cert}}, later, false, false},
 		{"leaf is a CA", &signer.Response{Leaf: leafUnder(t, root, func(c *x509.Certificate) { c.IsCA = true }), VerifiedIssuer: root.Cert}, time.Time{}, false, true},
 		{"leaf with two URIs", &signer.Response{Leaf: leafUnder(t, root, func(c *x509.Certificate) { c.URIs = append(c.URIs, c.URIs[0]) }), VerifiedIssuer: root.Cert}, time.Time{}, false, true},
+		{"root with pathlen 0 over the issuing intermediate", &signer.Response{Leaf: leafUnder(t, plInter, nil), Intermediates: []*x509.Certificate{plInter.Cert}, VerifiedIssuer: plInter.Cert}, time.Time{}, false, false},
 		{"name-constrained intermediate", &signer.Response{Leaf: leafUnder(t, limited, nil), Intermediates: []*x509.Certificate{limited.Cert}, VerifiedIssuer: limited.Cert}, time.Time{}, false, false},
 	}
 	for _, tt := range tests {
@@ -121,7 +141,7 @@ func TestIssuedChains(t *testing.T) {
 			for _, cert := range chain {
 				want = append(want, string(pemutil.EncodeCertificates(cert)))
 			}
-			want = append(want, string(pemutil.EncodeCertificates(root.Cert)))
+			want = append(want, string(pemutil.EncodeCertificates(bundle.X509Authorities()...)))
 			if id != wantID || !slices.Equal(out, want) {
 				t.Errorf("got %s %q, want %s %q", id, out, wantID, want)
 			}

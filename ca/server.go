@@ -263,12 +263,24 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 }
 
 // authenticate runs the authenticators under the peer's budgets: a peer
-// that has spent its authentication failures is refused at once; a peer
-// may have MaxAuthnPerPeer authentications in progress, and more wait,
-// until their deadline, for a turn. A failure is charged to the peer.
+// that has spent its authentication failures is refused at once, unless
+// its request costs nothing to authenticate; a peer may have
+// MaxAuthnPerPeer authentications in progress, and more wait, until their
+// deadline, for a turn. A failure that cost a review is charged to the
+// peer.
+//
+// The failures are counted per address (an IPv6 /64), which many
+// workloads may share: a node's Pods, clients behind one NAT. So that
+// none of them can lock the others out, a request carrying a client
+// certificate the TLS handshake verified, or a token whose review is
+// cached, is never refused for the address's failures; and a refusal that
+// cost nothing (no credentials, a token that is not a JWT) spends none.
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
-	if err := s.limits.peerAllowed(r.peer); err != nil {
-		return nil, err
+	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
+	if !costless(auths, &r.creds) {
+		if err := s.limits.peerAllowed(r.peer); err != nil {
+			return nil, err
+		}
 	}
 	release, err := s.authn.acquire(ctx, peerKey(r.peer))
 	if err != nil {
@@ -276,12 +288,30 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 			"too many requests from this address are authenticating at once, retry later", busyRetryAfter, err)
 	}
 	defer release()
-	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
 	caller, err := authenticate(ctx, auths, &r.creds)
-	if err != nil && classify(err).Code == codes.Unauthenticated {
+	if o := classify(err); err != nil && o.Code == codes.Unauthenticated && !freeRefusals[o.Reason] {
 		s.limits.peerFailed(r.peer)
 	}
 	return caller, err
+}
+
+// freeRefusals are the authentication refusals decided without a review
+// or a lookup: they spend none of the peer's failures.
+var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}
+
+// costless reports whether c is authenticated without asking anyone: a
+// client certificate (verified in the TLS handshake against the trust
+// bundle) or a token an authenticator already knows.
+func costless(auths []Authenticator, c *Credentials) bool {
+	if len(c.PeerCerts) > 0 {
+		return true
+	}
+	for _, a := range auths {
+		if k, ok := a.(interface{ Known(string) bool }); ok && k.Known(c.Token) {
+			return true
+		}
+	}
+	return false
 }
 
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""

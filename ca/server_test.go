@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -313,6 +314,13 @@ func (s failingSigner) Sign(context.Context, *signer.Request) (*signer.Response,
 	return nil, signer.Errorf("test", s.kind, "backend says no")
 }
 
+// timeoutSigner's backend did not answer before the request's deadline.
+type timeoutSigner struct{}
+
+func (timeoutSigner) Sign(context.Context, *signer.Request) (*signer.Response, error) {
+	return nil, &signer.Error{Backend: "test", Kind: signer.KindUnavailable, Err: fmt.Errorf("backend says no: %w", context.DeadlineExceeded)}
+}
+
 // wrongSigner issues for an identity other than the authorized one.
 type wrongSigner struct{ inner signer.Signer }
 
@@ -326,20 +334,23 @@ func TestSignerFailures(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	mgr := keymgr.NewManager(td, root.Authority())
 	tests := []struct {
+		name   string
 		signer signer.Signer
 		code   codes.Code
+		msg    string
 	}{
-		{failingSigner{signer.KindUnavailable}, codes.Unavailable},
-		{failingSigner{signer.KindRefused}, codes.FailedPrecondition},
-		{failingSigner{signer.KindInternal}, codes.Internal},
-		{wrongSigner{local.New(local.Config{Authorities: mgr})}, codes.Internal},
+		{"unavailable", failingSigner{signer.KindUnavailable}, codes.Unavailable, "signing backend unavailable, retry later"},
+		{"refused", failingSigner{signer.KindRefused}, codes.FailedPrecondition, "signing backend refused the request; the CA operator must check its configuration"},
+		{"internal", failingSigner{signer.KindInternal}, codes.Internal, "signing failed"},
+		{"out of time", timeoutSigner{}, codes.Unavailable, "signing backend did not answer in time, retry later"},
+		{"wrong identity", wrongSigner{local.New(local.Config{Authorities: mgr})}, codes.Internal, ""},
 	}
 	for _, tt := range tests {
-		t.Run(tt.code.String(), func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, root.Authority(), options{signer: tt.signer})
 			_, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{})
-			if status.Code(err) != tt.code {
-				t.Fatalf("err = %v, want %v", err, tt.code)
+			if status.Code(err) != tt.code || tt.msg != "" && status.Convert(err).Message() != tt.msg {
+				t.Fatalf("err = %v, want %v %q", err, tt.code, tt.msg)
 			}
 			if strings.Contains(status.Convert(err).Message(), "backend says no") {
 				t.Error("backend detail leaked to the client")

@@ -65,13 +65,21 @@ func (a *Authority) Validate(now time.Time) error {
 
 func (a *Authority) verifyChain(now time.Time) error {
 	roots, inter := Pool(a.Roots...), Pool(a.Chain...)
-	_, err := a.Cert.Verify(x509.VerifyOptions{
+	chains, err := a.Cert.Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
 		CurrentTime:   now,
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	for _, c := range chains {
+		if err = CanIssueLeaves(c); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("its leaves would break a path length constraint: %w", err)
 }
 
 func checkSigningCert(c *x509.Certificate, now time.Time) error {

@@ -2,6 +2,7 @@ package keymgr
 
 import (
 	"crypto/x509"
+	"fmt"
 	"time"
 )
 
@@ -74,6 +75,21 @@ func EarliestExpiry(certs ...*x509.Certificate) time.Time {
 		}
 	}
 	return t
+}
+
+// CanIssueLeaves reports whether a leaf signed by chain[0] passes the path
+// length constraints of chain (the signing certificate first, its root
+// last, as x509.Certificate.Verify returns it). Verifying the signing
+// certificate itself counts one CA fewer below each certificate above it
+// than verifying its leaves does: a root with pathlen:0 over an issuing
+// intermediate verifies the intermediate but refuses every leaf.
+func CanIssueLeaves(chain []*x509.Certificate) error {
+	for j, c := range chain {
+		if j > 0 && c.BasicConstraintsValid && c.MaxPathLen >= 0 && j > c.MaxPathLen {
+			return fmt.Errorf("%s has pathlen %d, and a leaf of %s would have %d CA certificates below it", c.Subject, c.MaxPathLen, chain[0].Subject, j)
+		}
+	}
+	return nil
 }
 
 // IsSelfSigned reports whether c is issued by itself and its signature

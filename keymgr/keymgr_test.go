@@ -3,9 +3,12 @@ package keymgr_test
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,4 +244,47 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// TestValidateRefusesPathLenForLeaves: a plugged-in intermediate under a
+// root with pathlen:0 verifies, but every leaf it signs would be refused
+// by every peer: the authority is refused, saying why.
+func TestValidateRefusesPathLenForLeaves(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pathlen 0 root"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		MaxPathLen: 0, MaxPathLenZero: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	root := &testca.CA{Cert: cert, Key: key}
+	inter := root.NewIntermediate(t, "issuing", testca.Options{})
+	ok := testca.NewRoot(t, "plain root", testca.Options{})
+	tests := []struct {
+		name string
+		a    *keymgr.Authority
+		want string
+	}{
+		{"intermediate under a pathlen:0 root", &keymgr.Authority{Cert: inter.Cert, Key: inter.Key, Roots: []*x509.Certificate{root.Cert}},
+			"its leaves would break a path length constraint: CN=pathlen 0 root has pathlen 0, and a leaf of"},
+		{"the pathlen:0 root signing itself", &keymgr.Authority{Cert: root.Cert, Key: root.Key, Roots: []*x509.Certificate{root.Cert}}, ""},
+		{"intermediate under a plain root", func() *keymgr.Authority {
+			i := ok.NewIntermediate(t, "issuing", testca.Options{})
+			return &keymgr.Authority{Cert: i.Cert, Key: i.Key, Roots: []*x509.Certificate{ok.Cert}}
+		}(), ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.a.Validate(now)
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("Validate: %v, want %q", err, tt.want)
+			}
+		})
+	}
 }

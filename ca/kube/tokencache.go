@@ -146,6 +146,13 @@ func (r *CachedTokenReviewer) Review(ctx context.Context, token string) (*Identi
 	return &id, nil
 }
 
+// Known reports whether token's identity is in the cache: authenticating
+// it costs the apiserver nothing.
+func (r *CachedTokenReviewer) Known(token string) bool {
+	id, err, ok := r.get(r.key(token))
+	return ok && err == nil && id != nil
+}
+
 // isRefusal reports whether err is a decided refusal, as opposed to an
 // apiserver that could not answer.
 func isRefusal(err error) bool {

@@ -222,3 +222,39 @@ func TestTokenCache(t *testing.T) {
 		}
 	})
 }
+
+// TestTokenCacheKnown: Known is true only for a token whose positive
+// review is cached and unexpired; it never reviews.
+func TestTokenCacheKnown(t *testing.T) {
+	clock := &fakeClock{now: time.Now()}
+	good, bad := &countingReviewer{}, &countingReviewer{fail: true}
+	tok := jwtWithExp(clock.Now().Add(time.Hour))
+	tests := []struct {
+		name   string
+		inner  *countingReviewer
+		review bool
+		after  time.Duration
+		want   bool
+	}{
+		{name: "never reviewed", inner: good},
+		{name: "reviewed", inner: good, review: true, want: true},
+		{name: "reviewed, past the cache's TTL", inner: good, review: true, after: 61 * time.Second},
+		{name: "refused", inner: bad, review: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewCachedTokenReviewer(TokenCacheConfig{Reviewer: tt.inner, Audiences: []string{"istio-ca"}, TTL: time.Minute, Now: clock.Now})
+			if tt.review {
+				_, _ = c.Review(context.Background(), tok)
+			}
+			clock.Add(tt.after)
+			before := tt.inner.calls.Load()
+			if got := c.Known(tok); got != tt.want {
+				t.Errorf("Known = %v, want %v", got, tt.want)
+			}
+			if tt.inner.calls.Load() != before {
+				t.Error("Known asked for a review")
+			}
+		})
+	}
+}
