@@ -92,8 +92,15 @@ func TestCallerLimits(t *testing.T) {
 				t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 			}
 		}
-		err, trailer, _ := lc.call(t, db.Token, m.id("db"), false, nil)
+		// A token never reviewed would cost a TokenReview: refused.
+		fresh := cluster.Token(t, m.apps, "db", db.Pod, []string{"istio-ca"}, time.Hour)
+		err, trailer, _ := lc.call(t, fresh, m.id("db"), false, nil)
 		checkRetryHints(t, err, trailer, "peer_authn_failures", 5*time.Second)
+		// db's token, reviewed before, costs nothing: the address's
+		// failures do not lock out the workloads that share it.
+		if err, _, _ := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
+			t.Fatalf("a token whose review is cached, from the failing address: %v", err)
+		}
 	})
 
 	e := scrapeMetrics(t, m.s.AdminAddr)
