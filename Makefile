@@ -47,22 +47,24 @@ test-unit:
 .PHONY: fuzz-smoke
 FUZZTIME ?= 3s
 FUZZMINIMIZETIME ?= 1s
+# FUZZFLAGS adds go test flags, e.g. -parallel=1 beside other work.
+FUZZFLAGS ?=
 FUZZ_TARGETS := \
 	./ca:FuzzParseTarget ./ca:FuzzRequestMessage ./ca:FuzzRequestHeaders ./ca/caclient:FuzzCheck \
 	./ca/kube:FuzzReadClaims ./ca/kube:FuzzIdentityFromReview \
-	./ca/kube:FuzzSanitizeKubeconfig ./ca/kube:FuzzRemoteSecrets \
+	./ca/kube:FuzzSanitizeKubeconfig ./ca/kube:FuzzRemoteSecrets ./ca/podcert:FuzzDecide \
 	./csr:FuzzParse ./csr:FuzzCheck ./csr:FuzzCSRIdentity ./csr:FuzzParseUsages \
 	./internal/pemutil:FuzzParseCertificates ./internal/pemutil:FuzzParseCertificatesStrict \
 	./internal/pemutil:FuzzParsePrivateKey \
 	./keymgr:FuzzDecodeState ./keymgr:FuzzDirStoreLoad ./keymgr:FuzzLoadCACerts \
 	./keymgr/secretstore:FuzzLoad \
 	./cmd/meshca:FuzzConfigFile ./cmd/meshca:FuzzConfigFileStrict \
-	./signer/cfssl:FuzzRemoteAnswer ./signer/vault:FuzzSignResponse
+	./signer/cfssl:FuzzRemoteAnswer ./signer/k8scsr:FuzzCSRAnswer ./signer/vault:FuzzSignResponse
 fuzz-smoke:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "fuzz-smoke: $$pkg $$name for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $(FUZZFLAGS) $$pkg; \
 	done
 
 # Builds meshca once, packs it twice (same bytes) and reads the image back.

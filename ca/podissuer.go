@@ -40,7 +40,7 @@ var _ podcert.Issuer = (*PodIssuer)(nil)
 func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
 	p := &PodIssuer{s: s, decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshca_pod_certificate_requests_total",
-		Help: "PodCertificateRequests answered, by condition (issued, denied, failed) and precise reason.",
+		Help: "PodCertificateRequests answered, by condition (issued, denied, failed) and precise reason; a certificate signed but not delivered (not_delivered) or refused before a retry (issued_chain_invalid, ...) counts as failed.",
 	}, []string{"decision", "reason"})}
 	reg.MustRegister(p.decisions)
 	return p
@@ -49,7 +49,8 @@ func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
 // IssuePod implements podcert.Issuer: the key policy (the apiserver has
 // verified the stub's signature; it is checked again, after the key), the
 // signer within the request timeout, and the issued chain verified to
-// the trust bundle as the gRPC path verifies it.
+// the trust bundle as the gRPC path verifies it. A certificate signed but
+// not verified is returned in a *podcert.SignedError, for its serial.
 func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
 	s := p.s
 	req, err := csr.ParseFor(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: r.StubPKCS10}), &s.c.Policy.Keys)
@@ -62,16 +63,21 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 	if err != nil {
 		return nil, err
 	}
+	// From here on a certificate exists: a failure carries it, so that
+	// its serial is audited (podcert.SignedError), as the gRPC path does.
 	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
 	if err != nil {
-		return nil, signer.Errorf(s.c.SignerName, signer.KindUnavailable, "no trust bundle yet: %w", err)
+		return nil, &podcert.SignedError{Leaf: res.Leaf, Reason: "no_trust_bundle",
+			Err: signer.Errorf(s.c.SignerName, signer.KindUnavailable, "no trust bundle yet: %w", err)}
 	}
 	got, out, err := s.issued.verify(s.issued.forBundle(bundle), res, s.c.Now())
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("ca: issued certificate failed verification: %w", err)
+		return nil, &podcert.SignedError{Leaf: res.Leaf, Reason: "issued_chain_invalid",
+			Err: fmt.Errorf("ca: issued certificate failed verification: %w", err)}
 	case got != r.ID:
-		return nil, fmt.Errorf("ca: issued certificate failed verification: issued %s, authorized %s", got, r.ID)
+		return nil, &podcert.SignedError{Leaf: res.Leaf, Reason: "issued_wrong_identity",
+			Err: fmt.Errorf("ca: issued certificate failed verification: issued %s, authorized %s", got, r.ID)}
 	}
 	// out is the leaf, the intermediates, then the bundle: the Pod mounts
 	// the roots from the ClusterTrustBundle.
@@ -100,6 +106,10 @@ func (p *PodIssuer) RecordPod(ctx context.Context, d *podcert.Decision) {
 	}
 	p.s.c.Audit.Audit(ctx, e)
 }
+
+// PodBackend is the name of the signing backend (Config.SignerName): the
+// pod certificate signer refuses one it cannot sign through (k8scsr).
+func (s *Server) PodBackend() string { return s.c.SignerName }
 
 // PodTTL is the longest certificate the server issues (its MaxTTL): the
 // cap of a pod certificate's lifetime.

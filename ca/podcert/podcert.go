@@ -66,8 +66,12 @@ type Decision struct {
 	// Reason is a stable snake_case word ("ok", "pod_gone", ...), Detail
 	// the full story.
 	Reason, Detail string
-	Leaf           *x509.Certificate
-	Latency        time.Duration
+	// Leaf is the certificate signed for the request, if any: the one
+	// Issued, or one signed and then refused (LifetimeOutOfRange, a chain
+	// that failed verification), which the status never carries but whose
+	// serial is audited.
+	Leaf    *x509.Certificate
+	Latency time.Duration
 }
 
 // Defaults of Config.
@@ -78,8 +82,9 @@ const (
 	// MinLifetime and MaxLifetime are the API's bounds on a certificate's
 	// lifetime (NotAfter - NotBefore).
 	MinLifetime = time.Hour
-	// maxFailedAttempts bounds the tries of a request whose signing fails
-	// for a reason other than an unavailable backend; then it is Failed.
+	// maxFailedAttempts bounds the signing failures of a request, other
+	// than an unavailable backend's, counted per request; then it is
+	// Failed.
 	maxFailedAttempts = 5
 )
 
@@ -115,11 +120,18 @@ type Config struct {
 // Controller answers the PodCertificateRequests of one signer name.
 type Controller struct {
 	c     Config
+	log   *slog.Logger
 	queue workqueue.TypedRateLimitingInterface[string]
 
 	mu      sync.Mutex
 	started bool
 	lister  cache.Indexer
+
+	// held is what the controller holds of the requests it has tried to
+	// sign or answered without delivering the answer yet, by key
+	// (deliver.go).
+	heldMu sync.Mutex
+	held   map[string]*pending
 }
 
 // New assembles a Controller; Run starts it.
@@ -160,8 +172,9 @@ func New(c Config) (*Controller, error) {
 	if c.Jitter == nil {
 		c.Jitter = rand.Float64
 	}
-	return &Controller{c: c, queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "podcert"})}, nil
+	return &Controller{c: c, log: c.Logger.With(logSigner, c.SignerName), held: map[string]*pending{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "podcert"})}, nil
 }
 
 // Run watches the requests of the signer name and answers each until ctx
@@ -186,8 +199,15 @@ func (ctl *Controller) Run(ctx context.Context) error {
 			ctl.queue.Add(key)
 		}
 	}
+	// A deleted request whose answer is held is synced once more, which
+	// audits a certificate that was never delivered and forgets it.
+	gone := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil && ctl.holds(key) {
+			ctl.queue.Add(key)
+		}
+	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) },
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: gone,
 	}); err != nil {
 		return fmt.Errorf("podcert: informer: %w", err)
 	}
@@ -197,12 +217,11 @@ func (ctl *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil // ctx ended before the cache filled
 	}
-	log := ctl.c.Logger.With(logSigner, ctl.c.SignerName)
-	log.Info("signing PodCertificateRequests")
+	ctl.log.Info("signing PodCertificateRequests")
 	var wg sync.WaitGroup
 	for range ctl.c.Workers {
 		wg.Go(func() {
-			for ctl.processNext(ctx, log) {
+			for ctl.processNext(ctx) {
 			}
 		})
 	}
@@ -212,19 +231,19 @@ func (ctl *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-func (ctl *Controller) processNext(ctx context.Context, log *slog.Logger) bool {
+func (ctl *Controller) processNext(ctx context.Context) bool {
 	key, quit := ctl.queue.Get()
 	if quit {
 		return false
 	}
 	defer ctl.queue.Done(key)
-	err := ctl.sync(ctx, key, ctl.queue.NumRequeues(key))
+	err := ctl.sync(ctx, key)
 	switch {
 	case err == nil:
 		ctl.queue.Forget(key)
 	case ctx.Err() != nil:
 	default:
-		log.Warn("PodCertificateRequest not answered yet; retrying", logRequest, key, logError, err.Error())
+		ctl.log.Warn("PodCertificateRequest not answered yet; retrying", logRequest, key, logError, err.Error())
 		ctl.queue.AddRateLimited(key)
 	}
 	return true
@@ -232,7 +251,9 @@ func (ctl *Controller) processNext(ctx context.Context, log *slog.Logger) bool {
 
 // Log field names.
 const (
-	logSigner  = "signer_name"
-	logRequest = "request"
-	logError   = "error"
+	logSigner    = "signer_name"
+	logRequest   = "request"
+	logCondition = "condition"
+	logReason    = "reason"
+	logError     = "error"
 )

@@ -107,6 +107,10 @@ func TestController(t *testing.T) {
 		}, cond: "Denied", reason: "InvalidUnverifiedUserAnnotations", msg: "takes no unverifiedUserAnnotations", word: "user_annotations"},
 		{name: "key type", issuerErr: &csr.Error{Reason: csr.ReasonKey, Detail: "ECDSA curve P-521 is not allowed (allowed: ECDSA P-256, Ed25519)"},
 			cond: "Denied", reason: "UnsupportedKeyType", msg: "meshca does not sign this key type: ECDSA curve P-521 is not allowed (allowed: ECDSA P-256, Ed25519)", word: "csr_key_policy"},
+		{name: "max expiration under an hour", mutate: func(_ *corev1.Pod, r *certv1.PodCertificateRequest) {
+			short := int32(1800)
+			r.Spec.MaxExpirationSeconds = &short
+		}, cond: "Denied", reason: "InvalidRequest", msg: "spec.maxExpirationSeconds 1800 is under the API's minimum lifetime of 3600 seconds", word: "max_expiration_too_short"},
 		{name: "backend refused", issuerErr: &signer.Error{Backend: "vault", Kind: signer.KindRefused, Err: errors.New("role")},
 			cond: "Failed", reason: "SignerRefused", msg: "the signing backend refused the request", word: "signer_refused"},
 		{name: "backend unavailable: retried", issuerErr: &signer.Error{Backend: "vault", Kind: signer.KindUnavailable, Err: errors.New("sealed")}},
@@ -162,6 +166,9 @@ func TestController(t *testing.T) {
 				t.Fatalf("decisions %+v, want one %s", iss.decisions, tt.word)
 			}
 			if tt.cond != "Issued" {
+				if tt.cond == "Denied" && iss.issued != 0 {
+					t.Fatalf("a Denied request was signed %d times", iss.issued)
+				}
 				return
 			}
 			st := got.Status

@@ -2,7 +2,9 @@ package podcert
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"fmt"
 
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
@@ -51,10 +53,51 @@ const (
 	ReasonLifetime            = "LifetimeOutOfRange"
 )
 
-// refusalOf maps an IssuePod error to its answer; nil means retry later
-// (the backend is unavailable, or a failure has not yet been seen
-// maxFailedAttempts times).
-func refusalOf(err error, attempts int) *Refusal {
+// SignedError is an IssuePod failure after the backend signed: the
+// certificate exists but is not delivered (its chain failed verification,
+// or there was no trust bundle to verify it with), and its serial is
+// audited as the gRPC path audits it. Err is the failure; a transient one
+// (a *signer.Error of KindUnavailable) is retried without counting as a
+// signing failure.
+type SignedError struct {
+	Leaf *x509.Certificate
+	// Reason is the audit log's word for the failure, as the gRPC path
+	// writes it (issued_chain_invalid, issued_wrong_identity,
+	// no_trust_bundle).
+	Reason string
+	Err    error
+}
+
+func (e *SignedError) Error() string { return e.Err.Error() }
+
+func (e *SignedError) Unwrap() error { return e.Err }
+
+// retry is a decide error after IssuePod: no answer yet. counted says
+// whether it is a signing failure, toward maxFailedAttempts; leaf is the
+// certificate signed and then refused, if any, audited at once.
+type retry struct {
+	err     error
+	counted bool
+	leaf    *x509.Certificate
+	word    string
+}
+
+func (r *retry) Error() string { return "podcert: signing: " + r.err.Error() }
+
+func (r *retry) Unwrap() error { return r.err }
+
+// transient reports whether err, from IssuePod, is worth retrying
+// without counting it: the backend unavailable, or out of time.
+func transient(err error) bool {
+	var se *signer.Error
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.As(err, &se) && se.Kind == signer.KindUnavailable
+}
+
+// refusalOf maps an IssuePod error to its answer, given the request's
+// signing failures before this one; nil means retry later (the backend
+// is unavailable, or this is not yet the maxFailedAttempts-th failure).
+func refusalOf(err error, failures int) *Refusal {
 	var (
 		re *csr.Error
 		se *signer.Error
@@ -65,14 +108,12 @@ func refusalOf(err error, attempts int) *Refusal {
 			"meshca does not sign this key type: "+re.Detail)
 	case errors.As(err, &re):
 		return denied(ReasonInvalidRequest, "csr_"+string(re.Reason), "the stub CSR is refused: "+re.Detail)
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return nil
-	case errors.As(err, &se) && se.Kind == signer.KindUnavailable:
+	case transient(err):
 		return nil
 	case errors.As(err, &se) && se.Kind == signer.KindRefused:
 		return failed(ReasonSignerRefused, "signer_refused", "the signing backend refused the request; the CA operator must check its configuration")
-	case attempts+1 < maxFailedAttempts:
+	case failures+1 < maxFailedAttempts:
 		return nil
 	}
-	return failed(ReasonSigningFailed, "signer_failed", "signing failed; the CA's log has the detail")
+	return failed(ReasonSigningFailed, "signer_failed", fmt.Sprintf("signing failed %d times; the CA's log has the detail", failures+1))
 }

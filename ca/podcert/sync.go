@@ -1,6 +1,7 @@
 package podcert
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,11 +24,14 @@ const defaultMaxExpiration = 86400
 // of the certificate's life.
 const refreshMargin = 10 * time.Minute
 
-// sync answers the request key at most once. It reads the request from
-// the apiserver, not the cache, which may be behind an answer this or
-// another replica wrote; the status is written with that read's
-// resourceVersion, so that of two writers only one succeeds.
-func (ctl *Controller) sync(ctx context.Context, key string, attempts int) error {
+// sync answers the request key at most once, and signs for it at most
+// once. It reads the request from the apiserver, not the cache, which may
+// be behind an answer this or another replica wrote; the status is
+// written with that read's resourceVersion, so that of two writers only
+// one succeeds. An answer whose write fails is held (deliver.go) and only
+// its write is retried: a status write that keeps failing never makes
+// meshca sign again.
+func (ctl *Controller) sync(ctx context.Context, key string) error {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return nil // not a key this controller queued
@@ -35,40 +39,51 @@ func (ctl *Controller) sync(ctx context.Context, key string, attempts int) error
 	pcr, err := ctl.c.Client.CertificatesV1().PodCertificateRequests(ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		ctl.drop(ctx, key, "the request was deleted before its status was written")
 		return nil
 	case err != nil:
 		return fmt.Errorf("podcert: reading the request: %w", err)
-	case pcr.Spec.SignerName != ctl.c.SignerName || Answered(pcr):
+	}
+	p := ctl.pendingOf(ctx, key, pcr.UID)
+	switch {
+	case pcr.Spec.SignerName != ctl.c.SignerName, p != nil && p.abandoned:
 		return nil
+	case Answered(pcr):
+		ctl.answered(ctx, key, p, pcr)
+		return nil
+	case p != nil && p.answer != nil:
+		return ctl.write(ctx, key, p, pcr)
+	}
+	if p == nil {
+		p = &pending{uid: pcr.UID}
 	}
 	start := ctl.c.Now()
 	d := &Decision{Request: pcr}
-	status, err := ctl.decide(ctx, pcr, d, attempts)
+	status, err := ctl.decide(ctx, pcr, d, p.failures)
 	if err != nil {
+		var r *retry
+		if errors.As(err, &r) && (r.counted || r.leaf != nil) {
+			if r.counted {
+				p.failures++
+			}
+			ctl.hold(key, p)
+			if r.leaf != nil {
+				ctl.c.Issuer.RecordPod(ctx, &Decision{Request: pcr, Identity: d.Identity,
+					Condition: certv1.PodCertificateRequestConditionTypeFailed, Reason: r.word,
+					Detail: r.err.Error() + "; the certificate is discarded and the request retried", Leaf: r.leaf, Latency: ctl.c.Now().Sub(start)})
+			}
+		}
 		return err
 	}
-	out := pcr.DeepCopy()
-	out.Status = *status
 	d.Latency = ctl.c.Now().Sub(start)
+	p.answer, p.decidedOn, p.d, p.start = status, pcr.ResourceVersion, d, start
+	ctl.hold(key, p)
 	if d.Leaf != nil {
 		// A signed certificate is audited before it can leave: a crash
 		// after the write must not leave it unaudited.
 		ctl.c.Issuer.RecordPod(ctx, d)
 	}
-	_, err = ctl.c.Client.CertificatesV1().PodCertificateRequests(ns).UpdateStatus(ctx, out, metav1.UpdateOptions{})
-	switch {
-	case err != nil && d.Leaf != nil:
-		ctl.c.Issuer.RecordPod(ctx, &Decision{Request: pcr, Identity: d.Identity, Condition: certv1.PodCertificateRequestConditionTypeFailed,
-			Reason: "not_delivered", Detail: "the status write failed; the certificate was never delivered: " + err.Error(),
-			Leaf: d.Leaf, Latency: ctl.c.Now().Sub(start)})
-	case err == nil && d.Leaf == nil:
-		ctl.c.Issuer.RecordPod(ctx, d)
-	}
-	switch {
-	case err == nil, apierrors.IsNotFound(err):
-		return nil
-	}
-	return fmt.Errorf("podcert: writing the status: %w", err)
+	return ctl.write(ctx, key, p, pcr)
 }
 
 // Answered reports whether r carries one of the terminal conditions.
@@ -83,9 +98,10 @@ func Answered(r *certv1.PodCertificateRequest) bool {
 	return false
 }
 
-// decide returns the status that answers r and fills d; an error means
-// no answer yet (retry).
-func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateRequest, d *Decision, attempts int) (*certv1.PodCertificateRequestStatus, error) {
+// decide returns the status that answers r, which has had failures
+// signing failures, and fills d; an error means no answer yet (retry),
+// a *retry when IssuePod was called.
+func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateRequest, d *Decision, failures int) (*certv1.PodCertificateRequestStatus, error) {
 	id, err := ctl.check(ctx, r)
 	d.Identity = id
 	var ref *Refusal
@@ -96,14 +112,27 @@ func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateReque
 		return nil, err
 	}
 	maxLife := maxLifetime(r)
+	if maxLife < MinLifetime { // under the API's minimum: no lifetime is within bounds, sign nothing
+		return ctl.refuse(r, d, denied(ReasonInvalidRequest, "max_expiration_too_short", fmt.Sprintf(
+			"spec.maxExpirationSeconds %d is under the API's minimum lifetime of %d seconds: no certificate can satisfy it",
+			maxLife/time.Second, MinLifetime/time.Second))), nil
+	}
 	iss, err := ctl.c.Issuer.IssuePod(ctx, &IssueRequest{StubPKCS10: r.Spec.StubPKCS10Request, ID: id,
 		TTL: min(maxLife, ctl.c.MaxTTL) - ctl.c.Backdate})
 	if err != nil {
-		if ref := refusalOf(err, attempts); ref != nil {
+		var se *SignedError
+		if errors.As(err, &se) {
+			d.Leaf = se.Leaf
+		}
+		if ref := refusalOf(err, failures); ref != nil {
 			d.Detail = err.Error()
 			return ctl.refuse(r, d, ref), nil
 		}
-		return nil, fmt.Errorf("podcert: signing: %w", err)
+		out := &retry{err: err, counted: !transient(err)}
+		if se != nil {
+			out.leaf, out.word, d.Leaf = se.Leaf, cmp.Or(se.Reason, "issued_unverified"), nil
+		}
+		return nil, out
 	}
 	d.Leaf = iss.Leaf
 	nb, na := iss.Leaf.NotBefore, iss.Leaf.NotAfter
@@ -122,8 +151,10 @@ func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateReque
 	}, nil
 }
 
+// refuse answers r with ref; d keeps the leaf of a certificate signed and
+// then refused, for its serial, but the status never carries it.
 func (ctl *Controller) refuse(r *certv1.PodCertificateRequest, d *Decision, ref *Refusal) *certv1.PodCertificateRequestStatus {
-	d.Condition, d.Reason, d.Leaf = ref.Condition, ref.Word, nil
+	d.Condition, d.Reason = ref.Condition, ref.Word
 	if d.Detail == "" {
 		d.Detail = ref.Message
 	}

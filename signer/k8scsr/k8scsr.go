@@ -27,6 +27,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
 	certv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -126,6 +127,11 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	start := s.c.Now()
 	created, err := s.c.Client.CertificatesV1().CertificateSigningRequests().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
+		if mayBeStored(err) {
+			// The name is meshca's own (random suffix): a Create whose
+			// answer was lost may have stored it all the same.
+			s.delete(ctx, obj)
+		}
 		return nil, classify("create CertificateSigningRequest", err)
 	}
 	defer s.delete(ctx, created)
@@ -207,8 +213,23 @@ func Usages(u csr.Usages) ([]certv1.KeyUsage, error) {
 	return out, nil
 }
 
-// delete removes the object; it runs after ctx ended too, bounded by
-// DeleteTimeout.
+// mayBeStored reports whether a Create that failed with err may have
+// stored the object all the same: its answer was lost (the deadline, a
+// cancel, the connection) or the apiserver failed or timed out (5xx). An
+// answer of the 4xx family (AlreadyExists: another's object, Forbidden,
+// Invalid, TooManyRequests...) stored nothing.
+func mayBeStored(err error) bool {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		if code := status.Status().Code; code >= 400 && code < 500 {
+			return false
+		}
+	}
+	return true
+}
+
+// delete removes the object (by name alone when c has no UID, not yet
+// read back); it runs after ctx ended too, bounded by DeleteTimeout.
 func (s *Signer) delete(ctx context.Context, c *certv1.CertificateSigningRequest) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.DeleteTimeout)
 	defer cancel()

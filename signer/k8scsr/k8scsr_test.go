@@ -324,8 +324,8 @@ func TestSignAPIErrors(t *testing.T) {
 	}
 }
 
-// TestSignWithoutWatch: a watch that cannot start (no list/watch
-// permission) or breaks falls back to reading the object.
+// TestSignWithoutWatch: a watch that cannot start (the apiserver
+// unavailable) or breaks falls back to reading the object.
 func TestSignWithoutWatch(t *testing.T) {
 	// Only meshca's watches carry a name selector; the external signer's
 	// watch by signer name keeps working.
@@ -334,7 +334,7 @@ func TestSignWithoutWatch(t *testing.T) {
 	}, func(c *fake.Clientset) {
 		c.PrependWatchReactor("certificatesigningrequests", func(a k8stesting.Action) (bool, watch.Interface, error) {
 			if strings.Contains(a.(k8stesting.WatchAction).GetWatchRestrictions().Fields.String(), "metadata.name") {
-				return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "certificatesigningrequests"}, "", errors.New("no watch"))
+				return true, nil, apierrors.NewServiceUnavailable("watch cache not ready")
 			}
 			return false, nil, nil
 		})

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
@@ -20,9 +22,12 @@ import (
 )
 
 // wait watches c until its signer issues or refuses it, or ctx ends. Every
-// PollInterval it also reads the object, so that a watch that cannot be
-// started (no list/watch permission), ends or stalls only slows the answer
-// down; a watch that ended is started again at the next read.
+// PollInterval it also reads the object, so that a watch that fails to
+// start (the apiserver unavailable), ends or stalls only slows the answer
+// down; a watch that ended is started again at the next read. A read or a
+// watch the apiserver refuses (no get or watch permission, the API not
+// served) fails the request at once, as classify says, rather than at
+// the deadline.
 func (s *Signer) wait(ctx context.Context, c *certv1.CertificateSigningRequest) (*certv1.CertificateSigningRequest, error) {
 	csrs := s.c.Client.CertificatesV1().CertificateSigningRequests()
 	rv := c.ResourceVersion
@@ -44,8 +49,12 @@ func (s *Signer) wait(ctx context.Context, c *certv1.CertificateSigningRequest) 
 		if w == nil && rewatch {
 			rewatch = false
 			opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", c.Name).String(), ResourceVersion: rv}
-			if nw, err := csrs.Watch(ctx, opts); err == nil {
+			nw, err := csrs.Watch(ctx, opts)
+			switch {
+			case err == nil:
 				w, events = nw, nw.ResultChan()
+			case refusedCall(err):
+				return nil, classify("watch CertificateSigningRequest "+c.Name, err)
 			}
 		}
 		var cur *certv1.CertificateSigningRequest
@@ -72,6 +81,9 @@ func (s *Signer) wait(ctx context.Context, c *certv1.CertificateSigningRequest) 
 			got, err := csrs.Get(ctx, c.Name, metav1.GetOptions{})
 			if isNotFound(err) {
 				return nil, deleted(c.Name)
+			}
+			if refusedCall(err) {
+				return nil, classify("get CertificateSigningRequest "+c.Name, err)
 			}
 			if err != nil {
 				continue // the watch, or the next read, may still see the answer
@@ -108,7 +120,7 @@ func (s *Signer) settled(c *certv1.CertificateSigningRequest) (bool, error) {
 			continue
 		}
 		return true, signer.Errorf(name, signer.KindRefused, "CertificateSigningRequest %s %s for signer %s: %s: %s",
-			c.Name, verb, s.c.SignerName, cond.Reason, cond.Message)
+			c.Name, verb, s.c.SignerName, bounded(cond.Reason), bounded(cond.Message))
 	}
 	return len(c.Status.Certificate) > 0, nil
 }
@@ -185,3 +197,29 @@ func classify(op string, err error) error {
 }
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// refusedCall reports whether a get or watch failed for a reason that no
+// retry within the request mends: RBAC, validation, the API not served.
+func refusedCall(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err)
+}
+
+// maxAnswerText bounds each of the reason and the message of an external
+// signer's Denied or Failed condition in meshca's errors and logs.
+const maxAnswerText = 256
+
+// bounded is s as valid UTF-8 and at most maxAnswerText bytes, cut on a
+// character boundary and ended with an ellipsis when it is longer.
+func bounded(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxAnswerText {
+		return s
+	}
+	const ellipsis = "…"
+	cut := maxAnswerText - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}

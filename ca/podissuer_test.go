@@ -1,0 +1,134 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/podcert"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/local"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	certv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// podAudit keeps the audit events.
+type podAudit struct {
+	mu     sync.Mutex
+	events []*ca.AuditEvent
+}
+
+func (a *podAudit) Audit(_ context.Context, e *ca.AuditEvent) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events = append(a.events, e)
+}
+
+// podExpiry is the manager's expiry, for the metrics.
+type podExpiry struct{ m *keymgr.Manager }
+
+func (e podExpiry) RootNotAfter() time.Time  { return e.m.Authority().Roots[0].NotAfter }
+func (e podExpiry) ChainNotAfter() time.Time { return e.m.Authority().NotAfter() }
+
+// podIdentitySigner signs for id, whatever was asked.
+type podIdentitySigner struct {
+	inner signer.Signer
+	id    spiffeid.ID
+}
+
+func (s podIdentitySigner) Sign(ctx context.Context, r *signer.Request) (*signer.Response, error) {
+	r2 := *r
+	r2.ID = s.id
+	return s.inner.Sign(ctx, &r2)
+}
+
+// TestPodIssuerSignedButRefused: a certificate the backend signed but the
+// CA does not hand out is returned in a *podcert.SignedError, and its
+// decision is audited failed with its serial, as the gRPC path audits
+// it.
+func TestPodIssuerSignedButRefused(t *testing.T) {
+	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
+	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
+	root := testca.NewRoot(t, "root", testca.Options{})
+	mgr := keymgr.NewManager(podTD, root.Authority())
+	other := keymgr.NewManager(podTD, testca.NewRoot(t, "another root", testca.Options{}).Authority())
+	tests := []struct {
+		name    string
+		signer  signer.Signer
+		bundles x509bundle.Source
+		reason  string // of the SignedError; "" when issued
+		kind    signer.Kind
+		msg     string
+	}{
+		{name: "verified", signer: local.New(local.Config{Authorities: mgr})},
+		{name: "wrong identity", signer: podIdentitySigner{local.New(local.Config{Authorities: mgr}), spiffeid.RequireFromPath(podTD, "/ns/kube-system/sa/admin")},
+			reason: "issued_wrong_identity", kind: signer.KindInternal,
+			msg: "ca: issued certificate failed verification: issued spiffe://cluster.local/ns/kube-system/sa/admin, authorized spiffe://cluster.local/ns/shop/sa/web"},
+		{name: "another root", signer: local.New(local.Config{Authorities: other}), reason: "issued_chain_invalid", kind: signer.KindInternal,
+			msg: "ca: issued certificate failed verification: "},
+		{name: "no trust bundle", signer: local.New(local.Config{Authorities: mgr}), bundles: x509bundle.NewSet(),
+			reason: "no_trust_bundle", kind: signer.KindUnavailable, msg: "signer local: unavailable: no trust bundle yet: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			audit := &podAudit{}
+			bundles := tt.bundles
+			if bundles == nil {
+				bundles = mgr
+			}
+			srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
+				Signer: tt.signer, SignerName: "local", Bundles: bundles, Audit: audit,
+				Metrics: ca.NewMetrics(prometheus.NewRegistry(), podExpiry{mgr}, nil), Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
+			iss, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour})
+			if tt.reason == "" {
+				if err != nil || iss.Leaf == nil {
+					t.Fatalf("IssuePod = %v, %v", iss, err)
+				}
+				return
+			}
+			var se *podcert.SignedError
+			if !errors.As(err, &se) || se.Leaf == nil || se.Reason != tt.reason || signer.KindOf(err) != tt.kind || !strings.HasPrefix(err.Error(), tt.msg) {
+				t.Fatalf("IssuePod error %v (%#v), want a SignedError with a leaf, reason %s, kind %s, %q", err, se, tt.reason, tt.kind, tt.msg)
+			}
+			r := &certv1.PodCertificateRequest{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1-abc"},
+				Spec: certv1.PodCertificateRequestSpec{SignerName: "meshca.io/svid", PodName: "web-1", NodeName: "node-a"}}
+			p.RecordPod(context.Background(), &podcert.Decision{Request: r, Identity: web, Condition: certv1.PodCertificateRequestConditionTypeFailed,
+				Reason: se.Reason, Detail: err.Error(), Leaf: se.Leaf})
+			if len(audit.events) != 1 {
+				t.Fatalf("%d audit events, want 1", len(audit.events))
+			}
+			e := audit.events[0]
+			if e.Event != ca.EventPodCertificate || e.Decision != ca.DecisionFailed || e.Reason != tt.reason ||
+				e.Serial != se.Leaf.SerialNumber.Text(16) || !e.NotAfter.Equal(se.Leaf.NotAfter) || e.Detail != err.Error() {
+				t.Fatalf("audit event %+v: want failed, %s, serial %s", e, tt.reason, se.Leaf.SerialNumber.Text(16))
+			}
+		})
+	}
+}
