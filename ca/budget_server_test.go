@@ -6,7 +6,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +21,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -212,7 +210,7 @@ func TestPeerFailuresSpareOthers(t *testing.T) {
 	const peer = "198.51.100.7:4000"
 	call := func(token string, id spiffeid.ID) error {
 		in := &authpb.IstioCertificateRequest{Csr: csrFor(t, id)}
-		ctx := peerContext(context.Background(), peer, token)
+		ctx := inProcess(context.Background(), peer, token)
 		_, err := f.srv.CreateCertificate(ctx, in)
 		return err
 	}
@@ -236,26 +234,4 @@ func TestPeerFailuresSpareOthers(t *testing.T) {
 			t.Fatalf("%s: %v, want %v", st.name, err, st.code)
 		}
 	}
-}
-
-func csrFor(t *testing.T, id spiffeid.ID) string {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	p, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(p)
-}
-
-// peerContext is an in-process call's context from addr, with token
-// (none when empty).
-func peerContext(ctx context.Context, addr, token string) context.Context {
-	if token != "" {
-		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token, "clusterid", "Kubernetes"))
-	} else {
-		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("clusterid", "Kubernetes"))
-	}
-	ap, _ := net.ResolveTCPAddr("tcp", addr)
-	return peer.NewContext(ctx, &peer.Peer{Addr: ap})
 }

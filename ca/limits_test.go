@@ -22,6 +22,7 @@ import (
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -54,15 +55,25 @@ func (g *gate) Authenticate(ctx context.Context, c *ca.Credentials) (*ca.Caller,
 // inProcess returns a context that looks like a request from addr with
 // the given bearer token.
 func inProcess(ctx context.Context, addr, token string) context.Context {
-	ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token))
+	md := metadata.MD{}
+	if token != "" {
+		md = metadata.Pairs("authorization", "Bearer "+token)
+	}
+	ctx = metadata.NewIncomingContext(ctx, md)
 	ap, _ := net.ResolveTCPAddr("tcp", addr)
 	return peer.NewContext(ctx, &peer.Peer{Addr: ap})
 }
 
 func frontendCSR(t *testing.T) string {
 	t.Helper()
+	return csrFor(t, frontend)
+}
+
+// csrFor is a P-256 CSR for id.
+func csrFor(t *testing.T, id spiffeid.ID) string {
+	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	p, err := csr.Build(key, frontend)
+	p, err := csr.Build(key, id)
 	if err != nil {
 		t.Fatal(err)
 	}
