@@ -78,19 +78,28 @@ func TestAPIServerOutage(t *testing.T) {
 	// Each fault has tokens of its own, minted before it (TokenRequest
 	// needs the apiserver); they go round, and since a failed review is
 	// not cached each needs the apiserver until one succeeds.
+	// They are handed to the stream only once the fault holds: one used
+	// a moment before it would be reviewed then, and served from the
+	// cache during the fault.
 	var fresh atomic.Pointer[[]string]
 	var next atomic.Int64
-	newTokens := func() {
+	newTokens := func() []string {
 		toks := make([]string, 16)
 		for i := range toks {
 			toks[i] = m.freshToken(t)
 		}
-		fresh.Store(&toks)
+		return toks
 	}
-	newTokens()
+	first := newTokens()
+	fresh.Store(&first)
 	unreviewed := startStream(t, "unreviewed token", 3, 100*time.Millisecond, func(i int) outcome {
+		// The call counts from before the tokens are picked, so that
+		// one starting after a fault's tokens were handed over has them.
+		start := time.Now()
 		toks := *fresh.Load()
-		return call(zt.WithToken(toks[next.Add(1)%int64(len(toks))]), nth(workload, i))
+		o := call(zt.WithToken(toks[next.Add(1)%int64(len(toks))]), nth(workload, i))
+		o.start = start
+		return o
 	})
 	time.Sleep(time.Second)
 
@@ -139,9 +148,10 @@ func TestAPIServerOutage(t *testing.T) {
 			},
 		},
 	} {
-		newTokens()
+		toks := newTokens()
 		failing := time.Now()
 		f.fail(t)
+		fresh.Store(&toks)
 		failed := time.Now()
 		time.Sleep(f.lasts)
 		healing := time.Now()
