@@ -32,11 +32,20 @@ type Error struct {
 	// Detail says what is wrong in terms a client can act on. It never holds
 	// key material.
 	Detail string
+	// Err, when set, is the error of a library that Detail sums up; its
+	// text is for the log (Error includes it), never for the client.
+	Err error
 }
 
 func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("csr: %s: %s: %v", e.Reason, e.Detail, e.Err)
+	}
 	return fmt.Sprintf("csr: %s: %s", e.Reason, e.Detail)
 }
+
+// Unwrap returns Err.
+func (e *Error) Unwrap() error { return e.Err }
 
 func errorf(r Reason, format string, args ...any) *Error {
 	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}

@@ -3,7 +3,10 @@ package csr
 import (
 	"bytes"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/pem"
+	"errors"
+	"strings"
 )
 
 // MaxPEMSize is the largest PEM request Parse accepts. An RSA-8192 CSR is
@@ -44,7 +47,7 @@ func ParseFor(data []byte, keys *KeyPolicy) (*x509.CertificateRequest, error) {
 	}
 	req, err := x509.ParseCertificateRequest(block.Bytes)
 	if err != nil {
-		return nil, errorf(ReasonMalformed, "cannot parse PKCS#10: %v", err)
+		return nil, &Error{Reason: ReasonMalformed, Detail: "cannot parse PKCS#10: " + parseFailure(err), Err: err}
 	}
 	if keys != nil {
 		if err := keys.Check(req.PublicKey); err != nil {
@@ -67,4 +70,26 @@ func startsWithBlock(data, rest []byte) bool {
 	return bytes.HasPrefix(bytes.TrimSpace(consumed), []byte("-----BEGIN ")) &&
 		bytes.Count(consumed, []byte("-----BEGIN")) == 1 &&
 		bytes.Count(consumed, []byte("-----END")) == 1
+}
+
+// parseFailure says, in words fit for the client, why crypto/x509 could
+// not parse a request. encoding/asn1's structure errors print the field
+// parameters of the Go struct they decode into, pointers included ("tags
+// don't match (16 vs {...}) {... tag:0xc000...} tbsCertificateRequest
+// @2"): the client gets what went wrong and where; the whole text goes to
+// the log through Error.Err.
+func parseFailure(err error) string {
+	var se asn1.StructuralError
+	if !errors.As(err, &se) {
+		return err.Error()
+	}
+	msg := se.Msg
+	if i := strings.Index(msg, " ("); i >= 0 {
+		what := msg[:i]
+		if j := strings.LastIndex(msg, "} "); j > i {
+			what += " in " + msg[j+2:]
+		}
+		msg = what
+	}
+	return "asn1: structure error: " + msg
 }

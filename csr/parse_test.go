@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/pem"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -58,7 +59,8 @@ func TestParse(t *testing.T) {
 		{name: "leading broken block", data: append([]byte("-----BEGIN CERTIFICATE REQUEST-----\n!!\n-----END CERTIFICATE REQUEST-----\n"), valid...), reason: csr.ReasonMalformed, detail: "data before the CSR"},
 		{name: "leading BEGIN line", data: append([]byte("-----BEGIN CERTIFICATE REQUEST-----\n"), valid...), reason: csr.ReasonMalformed, detail: "data before the CSR"},
 		{name: "oversize", data: pad(csr.MaxPEMSize + 1), reason: csr.ReasonTooLarge, detail: "limit is 16384"},
-		{name: "corrupt DER", data: pemCSR([]byte("not DER at all")), reason: csr.ReasonMalformed, detail: "cannot parse PKCS#10"},
+		{name: "corrupt DER", data: pemCSR([]byte("not DER at all")), reason: csr.ReasonMalformed, detail: "cannot parse PKCS#10: asn1: structure error: tags don't match in certificateRequest @2"},
+		{name: "indefinite length", data: pemCSR([]byte{0x30, 0x80}), reason: csr.ReasonMalformed, detail: "cannot parse PKCS#10: asn1: syntax error: indefinite length found (not DER)"},
 		{name: "truncated DER", data: pemCSR(validDER[:len(validDER)-10]), reason: csr.ReasonMalformed, detail: "cannot parse PKCS#10"},
 		{name: "trailing bytes after DER", data: pemCSR(append(append([]byte{}, validDER...), 0)), reason: csr.ReasonMalformed, detail: "cannot parse PKCS#10"},
 		{name: "bad signature", data: badSig, reason: csr.ReasonSignature, detail: "does not verify"},
@@ -168,5 +170,36 @@ func TestParseForChecksTheKeyFirst(t *testing.T) {
 				t.Fatalf("ParseFor = %v, want reason %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestParseDetailIsForClients damages every byte of a valid request in
+// turn: whatever crypto/x509 says of the result, the client's detail never
+// holds what encoding/asn1 prints of its own Go structs (field parameters,
+// pointers), which the log keeps.
+func TestParseDetailIsForClients(t *testing.T) {
+	der := pemDER(t, ztunnelPEM(t, p256Key(), testID))
+	leaky := regexp.MustCompile(`0x[0-9a-f]|\{|optional:|defaultValue`)
+	seen := 0
+	for i := range der {
+		for _, v := range []byte{0x00, 0x05, 0xa1, 0xff} {
+			bad := append([]byte{}, der...)
+			bad[i] = v
+			_, err := csr.Parse(pemCSR(bad))
+			var cerr *csr.Error
+			if !errors.As(err, &cerr) || cerr.Reason != csr.ReasonMalformed {
+				continue
+			}
+			seen++
+			if leaky.MatchString(cerr.Detail) {
+				t.Fatalf("byte %d set to %#x: detail %q shows encoding/asn1's internals", i, v, cerr.Detail)
+			}
+			if cerr.Err == nil || !strings.Contains(err.Error(), cerr.Err.Error()) {
+				t.Fatalf("byte %d set to %#x: Error() = %q does not keep the parser's error for the log", i, v, err)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no damaged request was refused as malformed")
 	}
 }
