@@ -167,7 +167,20 @@ func (l *limiter) admit(cluster *Cluster, c *Caller) (release func(), err error)
 			key = "pod " + cluster.ID + "/" + c.Namespace + "/" + c.PodName
 		}
 	}
-	release, err = b.enter(key)
+	return l.take(b, key, b.who)
+}
+
+// admitNode takes a turn of the node proxy budget for the kubelet of
+// node, which asks for its Pods' certificates through
+// PodCertificateRequests as a ztunnel does through CreateCertificate.
+func (l *limiter) admitNode(node string) (release func(), err error) {
+	return l.take(l.node, "node "+node, "this node")
+}
+
+// take takes one of key's in-flight slots of b, then a token of its
+// bucket; who names the caller in the refusal.
+func (l *limiter) take(b *callerBudget, key, who string) (release func(), err error) {
+	release, err = b.enter(key, who)
 	if err != nil {
 		return nil, err
 	}
@@ -177,14 +190,14 @@ func (l *limiter) admit(cluster *Cluster, c *Caller) (release func(), err error)
 	if wait, ok := b.rates.take(key, l.now()); !ok {
 		release()
 		return nil, exhausted(b.rateReason,
-			fmt.Sprintf("%s is over its request rate (%g a second, bursts of %d), retry in %v", b.who, b.b.Rate, b.b.Burst, wait),
+			fmt.Sprintf("%s is over its request rate (%g a second, bursts of %d), retry in %v", who, b.b.Rate, b.b.Burst, wait),
 			wait, fmt.Errorf("%s: bucket empty", key))
 	}
 	return release, nil
 }
 
 // enter takes one of key's in-flight slots.
-func (b *callerBudget) enter(key string) (func(), error) {
+func (b *callerBudget) enter(key, who string) (func(), error) {
 	if b.b.MaxInFlight < 0 {
 		return func() {}, nil
 	}
@@ -192,7 +205,7 @@ func (b *callerBudget) enter(key string) (func(), error) {
 	defer b.mu.Unlock()
 	if b.inFlight[key] >= b.b.MaxInFlight {
 		return nil, exhausted(b.inFlightReason,
-			fmt.Sprintf("%s already has %d requests in progress, the most it may, retry in %v", b.who, b.b.MaxInFlight, busyRetryAfter),
+			fmt.Sprintf("%s already has %d requests in progress, the most it may, retry in %v", who, b.b.MaxInFlight, busyRetryAfter),
 			busyRetryAfter, fmt.Errorf("%s: %d in flight", key, b.b.MaxInFlight))
 	}
 	b.inFlight[key]++

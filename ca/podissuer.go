@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -46,13 +47,19 @@ func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
 	return p
 }
 
-// IssuePod implements podcert.Issuer: the key policy (the apiserver has
+// IssuePod implements podcert.Issuer: the node's budget and an issuance
+// slot (admit), the key policy (the apiserver has
 // verified the stub's signature; it is checked again, after the key), the
 // signer within the request timeout, and the issued chain verified to
 // the trust bundle as the gRPC path verifies it. A certificate signed but
 // not verified is returned in a *podcert.SignedError, for its serial.
 func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
 	s := p.s
+	release, err := p.admit(r.Node)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	req, err := csr.ParseFor(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: r.StubPKCS10}), &s.c.Policy.Keys)
 	if err != nil {
 		return nil, err
@@ -82,6 +89,36 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 	// out is the leaf, the intermediates, then the bundle: the Pod mounts
 	// the roots from the ClusterTrustBundle.
 	return &podcert.Issued{Leaf: res.Leaf, ChainPEM: strings.Join(out[:len(out)-1], "")}, nil
+}
+
+// admit takes a turn of the node proxy budget for the request's node and
+// an issuance slot, as CreateCertificate takes its caller's turn and a
+// slot: a kubelet asks for its Pods' certificates as a ztunnel does, and
+// the Pod certificates share the CA's concurrency with the gRPC
+// requests. Over either, a *podcert.Busy says when to retry, counted in
+// meshca_rate_limited_total as the gRPC path counts its refusals.
+func (p *PodIssuer) admit(node string) (func(), error) {
+	s := p.s
+	leave, err := s.limits.admitNode(node)
+	if err != nil {
+		return nil, p.busy(err)
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		leave()
+		return nil, p.busy(exhausted(reasonTooManyRequests, "CA is at its concurrency limit", busyRetryAfter, nil))
+	}
+	return func() { <-s.slots; leave() }, nil
+}
+
+func (p *PodIssuer) busy(err error) error {
+	var ce *Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	p.s.c.Metrics.rateLimited.WithLabelValues(ce.Reason).Inc()
+	return &podcert.Busy{RetryAfter: ce.RetryAfter, Reason: ce.Reason, Err: err}
 }
 
 // RecordPod implements podcert.Issuer: one audit event and one count per

@@ -132,3 +132,71 @@ func TestPodIssuerSignedButRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestPodIssuerBudgets: a kubelet's PodCertificateRequests spend its
+// node's turn of the node proxy budget and an issuance slot, as a
+// ztunnel's requests do; over either, IssuePod says when to retry with a
+// *podcert.Busy, signs nothing, and counts it.
+func TestPodIssuerBudgets(t *testing.T) {
+	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
+	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
+	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newIssuer := func(t *testing.T, s signer.Signer, maxInFlight int, limits ca.Limits) (*ca.PodIssuer, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
+			Signer: s, SignerName: "local", Bundles: mgr, Audit: &podAudit{}, MaxInFlight: maxInFlight, Limits: limits,
+			Metrics: ca.NewMetrics(reg, podExpiry{mgr}, nil), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ca.NewPodIssuer(srv, prometheus.NewRegistry()), reg
+	}
+	issue := func(p *ca.PodIssuer, node string) error {
+		_, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour, Node: node})
+		return err
+	}
+	wantBusy := func(t *testing.T, err error, reason string, reg *prometheus.Registry) {
+		t.Helper()
+		var busy *podcert.Busy
+		if !errors.As(err, &busy) || busy.Reason != reason || busy.RetryAfter <= 0 {
+			t.Fatalf("IssuePod error %v, want a *podcert.Busy for %s with a retry hint", err, reason)
+		}
+		wantSample(t, reg, "meshca_rate_limited_total", map[string]string{"reason": reason}, 1)
+	}
+
+	t.Run("node rate", func(t *testing.T) {
+		p, reg := newIssuer(t, local.New(local.Config{Authorities: mgr}), 0,
+			ca.Limits{NodeProxy: ca.Budget{Rate: 0.001, Burst: 2, MaxInFlight: 8}})
+		for i := range 2 {
+			if err := issue(p, "node-a"); err != nil {
+				t.Fatalf("request %d of node-a, within its burst: %v", i+1, err)
+			}
+		}
+		wantBusy(t, issue(p, "node-a"), "node_proxy_rate", reg)
+		if err := issue(p, "node-b"); err != nil {
+			t.Fatalf("node-b, with a budget of its own: %v", err)
+		}
+	})
+	t.Run("issuance slots", func(t *testing.T) {
+		bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
+		p, reg := newIssuer(t, bs, 1, ca.Limits{})
+		done := make(chan error, 1)
+		go func() { done <- issue(p, "node-a") }()
+		<-bs.started
+		wantBusy(t, issue(p, "node-b"), "too_many_requests", reg)
+		close(bs.release)
+		<-done
+		var busy *podcert.Busy
+		if err := issue(p, "node-b"); errors.As(err, &busy) {
+			t.Fatalf("once the slot is free: %v, want it signed (by the test's failing signer)", err)
+		}
+	})
+}

@@ -40,6 +40,7 @@ type scriptIssuer struct {
 	calls     int
 	signed    int
 	decisions []*Decision
+	node      string // of the last request
 }
 
 func (s *scriptIssuer) IssuePod(_ context.Context, r *IssueRequest) (*Issued, error) {
@@ -47,6 +48,7 @@ func (s *scriptIssuer) IssuePod(_ context.Context, r *IssueRequest) (*Issued, er
 	defer s.mu.Unlock()
 	n := s.calls
 	s.calls++
+	s.node = r.Node
 	if n < len(s.errs) && s.errs[n] != nil {
 		return nil, s.errs[n]
 	}

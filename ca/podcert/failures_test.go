@@ -107,3 +107,39 @@ func TestSigningFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestOverBudget: a request over a budget of the CA is queued again after
+// the CA's hint; it is not a signing failure, nothing is audited or
+// written, and the next turn answers it.
+func TestOverBudget(t *testing.T) {
+	client := fake.NewClientset(deliverCluster("uid-1", false)...)
+	busy := &Busy{RetryAfter: 20 * time.Millisecond, Reason: "node_proxy_rate", Err: errors.New("node node-a: bucket empty")}
+	iss := &scriptIssuer{errs: []error{busy}}
+	ctl := newDeliverController(t, client, iss)
+	ctl.queue.Add(deliverKey)
+	ctl.processNext(context.Background())
+	if iss.calls != 1 || iss.node != "node-a" {
+		t.Fatalf("IssuePod called %d times for node %q, want once for node-a (spec.nodeName)", iss.calls, iss.node)
+	}
+	if len(iss.decisions) != 0 || len(ctl.held) != 0 {
+		t.Fatalf("over budget: %d decisions audited, %d requests held; want none", len(iss.decisions), len(ctl.held))
+	}
+	if n := ctl.queue.Len(); n != 0 {
+		t.Fatalf("queue holds %d requests at once, want the request back only after the CA's hint", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ctl.queue.Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the request was not queued again after the CA's hint")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctl.processNext(context.Background())
+	got, err := client.CertificatesV1().PodCertificateRequests("shop").Get(context.Background(), "web-1-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := got.Status.Conditions; len(c) != 1 || c[0].Type != "Issued" || iss.records()[0] != "Issued ok 1" {
+		t.Fatalf("after the retry: conditions %+v, audited %q; want Issued once", c, iss.records())
+	}
+}

@@ -33,7 +33,8 @@ import (
 // metrics as a CreateCertificate.
 type Issuer interface {
 	// IssuePod signs req. Its errors are typed: *csr.Error for a key the
-	// policy refuses, *signer.Error for a backend failure.
+	// policy refuses, *signer.Error for a backend failure, *Busy for a
+	// request over a budget of the CA.
 	IssuePod(ctx context.Context, req *IssueRequest) (*Issued, error)
 	// RecordPod audits and counts one decision.
 	RecordPod(ctx context.Context, d *Decision)
@@ -46,6 +47,10 @@ type IssueRequest struct {
 	ID         spiffeid.ID
 	// TTL is the lifetime asked of the backend, from now.
 	TTL time.Duration
+	// Node is spec.nodeName: the kubelet that asked, as the apiserver's
+	// Node authorizer and NodeRestriction admission hold it to its own
+	// Pods. The CA's budgets are kept per node.
+	Node string
 }
 
 // Issued is a verified certificate.
@@ -238,10 +243,18 @@ func (ctl *Controller) processNext(ctx context.Context) bool {
 	}
 	defer ctl.queue.Done(key)
 	err := ctl.sync(ctx, key)
+	var busy *Busy
 	switch {
 	case err == nil:
 		ctl.queue.Forget(key)
 	case ctx.Err() != nil:
+	case errors.As(err, &busy):
+		// The CA said when: not a failure, and not worth a warning each
+		// time (the CA counts it in meshca_rate_limited_total).
+		ctl.log.Debug("PodCertificateRequest over a budget of the CA; queued again", logRequest, key, logReason, busy.Reason,
+			logRetryAfter, busy.RetryAfter.String())
+		ctl.queue.Forget(key)
+		ctl.queue.AddAfter(key, busy.RetryAfter)
 	default:
 		ctl.log.Warn("PodCertificateRequest not answered yet; retrying", logRequest, key, logError, err.Error())
 		ctl.queue.AddRateLimited(key)
@@ -251,9 +264,10 @@ func (ctl *Controller) processNext(ctx context.Context) bool {
 
 // Log field names.
 const (
-	logSigner    = "signer_name"
-	logRequest   = "request"
-	logCondition = "condition"
-	logReason    = "reason"
-	logError     = "error"
+	logSigner     = "signer_name"
+	logRequest    = "request"
+	logCondition  = "condition"
+	logReason     = "reason"
+	logRetryAfter = "retry_after"
+	logError      = "error"
 )

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
@@ -72,6 +73,23 @@ func (e *SignedError) Error() string { return e.Err.Error() }
 
 func (e *SignedError) Unwrap() error { return e.Err }
 
+// Busy is an IssuePod refusal for a budget of the CA (the node's request
+// rate or its requests at once, the CA's concurrency): the request is
+// queued again after RetryAfter, not counted as a signing failure, and
+// nothing is written to it.
+type Busy struct {
+	RetryAfter time.Duration
+	// Reason is the CA's metric label of the budget (node_proxy_rate, ...).
+	Reason string
+	Err    error
+}
+
+func (e *Busy) Error() string {
+	return fmt.Sprintf("podcert: over a budget of the CA (%s), retry in %v: %v", e.Reason, e.RetryAfter, e.Err)
+}
+
+func (e *Busy) Unwrap() error { return e.Err }
+
 // retry is a decide error after IssuePod: no answer yet. counted says
 // whether it is a signing failure, toward maxFailedAttempts; leaf is the
 // certificate signed and then refused, if any, audited at once.
@@ -89,8 +107,11 @@ func (r *retry) Unwrap() error { return r.err }
 // transient reports whether err, from IssuePod, is worth retrying
 // without counting it: the backend unavailable, or out of time.
 func transient(err error) bool {
-	var se *signer.Error
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+	var (
+		se   *signer.Error
+		busy *Busy
+	)
+	return errors.As(err, &busy) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.As(err, &se) && se.Kind == signer.KindUnavailable
 }
 
