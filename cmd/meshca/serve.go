@@ -69,6 +69,7 @@ type serveFlags struct {
 	bundle         bundleEndpointFlags
 	audit          auditFlags
 	enablePprof    bool
+	memoryLimit    memoryLimitFlag
 	// settings says where each flag got its value (resolveSettings).
 	settings *settings
 }
@@ -114,6 +115,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	f.ctb.register(fl)
 	f.podCert.register(fl)
 	f.limits.register(fl)
+	f.memoryLimit.register(fl)
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.autoInterval, "auto-rotate-interval", keymgr.DefaultAutoRotateInterval, "how often automatic rotation looks for a step that is due (1s to 1h)")
@@ -271,6 +273,9 @@ func (f *serveFlags) run(ctx context.Context, fl *pflag.FlagSet, stdout io.Write
 	}
 	c, err := f.validate()
 	if err != nil {
+		return f.settings.explain(err)
+	}
+	if err := f.memoryLimit.apply(log); err != nil {
 		return f.settings.explain(err)
 	}
 	audit, file, err := f.audit.open(stdout)

@@ -35,12 +35,18 @@ func TestChartDefaultInstall(t *testing.T) {
 	apply(t, objs, false)
 
 	t.Run("rbac", func(t *testing.T) { checkAccess(t, ns) })
-	args := deployment(t, objs).Spec.Template.Spec.Containers[0].Args
-	if args[0] != "serve" {
-		t.Fatalf("Deployment args %q do not start with serve", args)
+	ctr := deployment(t, objs).Spec.Template.Spec.Containers[0]
+	if ctr.Args[0] != "serve" {
+		t.Fatalf("Deployment args %q do not start with serve", ctr.Args)
 	}
-	t.Setenv("POD_NAMESPACE", ns) // the Deployment's fieldRef
-	m := harness.StartMeshca(t, bin, append(args[1:], "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, "meshca"))...)
+	args := containerArgs(t, ctr, ns)
+	if !slices.Contains(args, "--memory-limit=268435456") {
+		t.Errorf("args %q: want the container's memory limit (256Mi) in bytes", args)
+	}
+	m := harness.StartMeshca(t, bin, append(args, "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, "meshca"))...)
+	if !strings.Contains(m.Logs(), `"soft_limit_bytes":241591910`) {
+		t.Errorf("meshca did not set Go's soft memory limit to 90%% of 256Mi:\n%s", m.Logs())
+	}
 
 	state := ns + "/meshca-ca-state"
 	out, err := exec.Command(bin, "root", "bundle", "--state-secret", state, "--kubeconfig", cluster.Kubeconfig).Output()

@@ -194,7 +194,7 @@ func TestChartK8sCSR(t *testing.T) {
 	var d appsv1.Deployment
 	convert(t, find(t, objs, "Deployment", sa), &d)
 	var args []string
-	for _, a := range d.Spec.Template.Spec.Containers[0].Args[1:] {
+	for _, a := range containerArgs(t, d.Spec.Template.Spec.Containers[0], ns) {
 		args = append(args, strings.ReplaceAll(a, "/etc/meshca/", files+"/"))
 	}
 
@@ -209,7 +209,6 @@ func TestChartK8sCSR(t *testing.T) {
 			t.Errorf("the signer's controller: %v", err)
 		}
 	})
-	t.Setenv("POD_NAMESPACE", ns)
 	m := harness.StartMeshca(t, bin, append(args, "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, sa))...)
 
 	apps := cluster.Namespace(t, "chart-k8scsr-apps")

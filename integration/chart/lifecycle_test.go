@@ -42,8 +42,7 @@ func TestChartLifecycle(t *testing.T) {
 	}
 	var d appsv1.Deployment
 	convert(t, find(t, objs, "Deployment", "lifecycle-meshca"), &d)
-	args := d.Spec.Template.Spec.Containers[0].Args[1:]
-	t.Setenv("POD_NAMESPACE", ns)
+	args := containerArgs(t, d.Spec.Template.Spec.Containers[0], ns)
 	m := harness.StartMeshca(t, bin, append(args, "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, "lifecycle-meshca"))...)
 	m.Stop()
 	written := stateData(t, ns)

@@ -84,8 +84,7 @@ func TestChartPodCertificates(t *testing.T) {
 	if !strings.Contains(strings.Join(args, " "), "--pod-certificate-signer-name="+signer) {
 		t.Fatalf("Deployment args %q do not name the signer", args)
 	}
-	t.Setenv("POD_NAMESPACE", ns)
-	m := harness.StartMeshca(t, bin, append(args[1:], "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, sa))...)
+	m := harness.StartMeshca(t, bin, append(containerArgs(t, d.Spec.Template.Spec.Containers[0], ns), "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, sa))...)
 
 	apps := cluster.Namespace(t, "chart-pcr-apps")
 	node := cluster.KubeletNode(t, "chart-pcr-node")
