@@ -21,6 +21,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -152,33 +153,9 @@ func FuzzRemoteAnswer(f *testing.F) {
 	})
 }
 
-// fuzzWorkloadKey is the workload's key in the fuzz targets of the
-// signers, fixed so that a stored answer certifies the key of the request
-// it is replayed against. A test key: it protects nothing.
-const fuzzWorkloadKey = `-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg0WD5nIrBt0ze0waA
-E7/dREvLGxurxTCtqF78EsShC1uhRANCAARRMxcP83XoRBOWjlGOMcp4whWfKwfg
-/sokFZcptI8RnaCEHikwGOzicPBvIQ9hL3nsOaooWfbneYaymDwdgSgd
------END PRIVATE KEY-----
-`
-
-// fuzzRequest is a P-256 ztunnel-shaped request, checked as ca checks it.
+// fuzzRequest is a P-256 ztunnel-shaped request of the fixed test key.
 func fuzzRequest(tb testing.TB) *signer.Request {
-	tb.Helper()
-	key, err := pemutil.ParsePrivateKey([]byte(fuzzWorkloadKey))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/cart")
-	p, err := csr.Build(key, id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cr, err := csr.Parse(p)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &signer.Request{CSR: cr, ID: id, TTL: 24 * time.Hour, Usages: csr.WorkloadUsages(cr.PublicKey)}
+	return signertest.FixedKeyRequest(tb, spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/cart"), 24*time.Hour)
 }
 
 // wantKind is how call must classify an answer: "" for success.

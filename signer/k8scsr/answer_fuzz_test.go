@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -29,34 +30,10 @@ import (
 // its stored inputs, whose certificates are valid then, reproduce.
 var fuzzNow = time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
 
-// fuzzWorkloadKey is the workload's key in the fuzz targets of the
-// signers, fixed so that a stored answer certifies the key of the request
-// it is replayed against. A test key: it protects nothing.
-const fuzzWorkloadKey = `-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg0WD5nIrBt0ze0waA
-E7/dREvLGxurxTCtqF78EsShC1uhRANCAARRMxcP83XoRBOWjlGOMcp4whWfKwfg
-/sokFZcptI8RnaCEHikwGOzicPBvIQ9hL3nsOaooWfbneYaymDwdgSgd
------END PRIVATE KEY-----
-`
-
-// fuzzRequest is a P-256 request for a one-hour certificate, checked as
-// ca checks it.
+// fuzzRequest is a P-256 request of the fixed test key for a one-hour
+// certificate.
 func fuzzRequest(tb testing.TB) *signer.Request {
-	tb.Helper()
-	key, err := pemutil.ParsePrivateKey([]byte(fuzzWorkloadKey))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/frontend")
-	p, err := csr.Build(key, id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cr, err := csr.Parse(p)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return &signer.Request{CSR: cr, ID: id, TTL: time.Hour, Usages: csr.WorkloadUsages(cr.PublicKey)}
+	return signertest.FixedKeyRequest(tb, spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/frontend"), time.Hour)
 }
 
 // fuzzLeaf issues, with ca, the leaf a well-behaved external signer

@@ -20,6 +20,7 @@ import (
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/k8scsr"
 	"github.com/meshca/meshca/signer/k8scsr/k8scsrtest"
+	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	certv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -157,16 +158,7 @@ func (e *env) remaining(t *testing.T) []string {
 }
 
 func request(t *testing.T, key crypto.Signer, ttl time.Duration) *signer.Request {
-	t.Helper()
-	p, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parsed, err := csr.Parse(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &signer.Request{CSR: parsed, ID: id, TTL: ttl, Usages: csr.WorkloadUsages(parsed.PublicKey)}
+	return signertest.NewRequest(t, id, key, ttl)
 }
 
 func p256(t *testing.T) crypto.Signer {

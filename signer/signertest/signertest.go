@@ -95,7 +95,7 @@ func Run(t *testing.T, b Backend) {
 		s := newSigner(t, a)
 		id := workload("default", "capped")
 		if b.FixedLifetime > 0 {
-			_, err := s.Sign(context.Background(), request(t, id, newKey(t, "p256"), 24*time.Hour))
+			_, err := s.Sign(context.Background(), NewRequest(t, id, newKey(t, "p256"), 24*time.Hour))
 			if err == nil || signer.KindOf(err) != signer.KindRefused {
 				t.Fatalf("a certificate outliving its issuer: err = %v, want a refusal", err)
 			}
@@ -113,7 +113,7 @@ func Run(t *testing.T, b Backend) {
 // travels among the intermediates.
 func sign(t *testing.T, s signer.Signer, a *keymgr.Authority, id spiffeid.ID, key crypto.Signer, ttl time.Duration) *signer.Response {
 	t.Helper()
-	res, err := s.Sign(context.Background(), request(t, id, key, ttl))
+	res, err := s.Sign(context.Background(), NewRequest(t, id, key, ttl))
 	if err != nil {
 		t.Fatalf("Sign: %v", err)
 	}
@@ -331,18 +331,4 @@ func newKey(t *testing.T, kind string) crypto.Signer {
 
 func workload(ns, sa string) spiffeid.ID {
 	return spiffeid.RequireFromSegments(td, "ns", ns, "sa", sa)
-}
-
-// request builds a checked signing request for id with key.
-func request(t *testing.T, id spiffeid.ID, key crypto.Signer, ttl time.Duration) *signer.Request {
-	t.Helper()
-	pemCSR, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := csr.Parse(pemCSR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &signer.Request{CSR: req, ID: id, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -28,16 +29,6 @@ type fuzzLogin struct{}
 func (fuzzLogin) Login(context.Context, *api.Client) (*api.Secret, error) {
 	return nil, errors.New("no login in a fuzz target")
 }
-
-// fuzzWorkloadKey is the workload's key in the fuzz targets of the
-// signers, fixed so that a stored answer certifies the key of the request
-// it is replayed against. A test key: it protects nothing.
-const fuzzWorkloadKey = `-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg0WD5nIrBt0ze0waA
-E7/dREvLGxurxTCtqF78EsShC1uhRANCAARRMxcP83XoRBOWjlGOMcp4whWfKwfg
-/sokFZcptI8RnaCEHikwGOzicPBvIQ9hL3nsOaooWfbneYaymDwdgSgd
------END PRIVATE KEY-----
-`
 
 // vaultSignAnswer is the JSON body of a <mount>/sign/<role> answer.
 func vaultSignAnswer(tb testing.TB, data map[string]any) []byte {
@@ -66,20 +57,8 @@ func FuzzSignResponse(f *testing.F) {
 	opts := testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(365 * 24 * time.Hour)}
 	root := testca.NewRoot(f, "vault root", opts)
 	inter := root.NewIntermediate(f, "vault intermediate", opts)
-	key, err := pemutil.ParsePrivateKey([]byte(fuzzWorkloadKey))
-	if err != nil {
-		f.Fatal(err)
-	}
 	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/cart")
-	p, err := csr.Build(key, id)
-	if err != nil {
-		f.Fatal(err)
-	}
-	cr, err := csr.Parse(p)
-	if err != nil {
-		f.Fatal(err)
-	}
-	req := &signer.Request{CSR: cr, ID: id, TTL: 24 * time.Hour, Usages: csr.WorkloadUsages(cr.PublicKey)}
+	req := signertest.FixedKeyRequest(f, id, 24*time.Hour)
 	san, err := csr.MarshalURISAN(id.String())
 	if err != nil {
 		f.Fatal(err)
@@ -87,7 +66,7 @@ func FuzzSignResponse(f *testing.F) {
 	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
 		SerialNumber: big.NewInt(9), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(req.TTL),
 		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
-	}, inter.Cert, cr.PublicKey, inter.Key)
+	}, inter.Cert, req.CSR.PublicKey, inter.Key)
 	if err != nil {
 		f.Fatal(err)
 	}
