@@ -97,17 +97,20 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 // the Pod certificates share the CA's concurrency with the gRPC
 // requests. Over either, a *podcert.Busy says when to retry, counted in
 // meshca_rate_limited_total as the gRPC path counts its refusals.
+//
+// The slot is taken first: the controller retries by itself, and a CA
+// at its concurrency limit must not spend the nodes' rate tokens.
 func (p *PodIssuer) admit(node string) (func(), error) {
 	s := p.s
-	leave, err := s.limits.admitNode(node)
-	if err != nil {
-		return nil, p.busy(err)
-	}
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		leave()
 		return nil, p.busy(exhausted(reasonTooManyRequests, "CA is at its concurrency limit", busyRetryAfter, nil))
+	}
+	leave, err := s.limits.admitNode(node)
+	if err != nil {
+		<-s.slots
+		return nil, p.busy(err)
 	}
 	return func() { <-s.slots; leave() }, nil
 }

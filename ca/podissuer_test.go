@@ -187,7 +187,9 @@ func TestPodIssuerBudgets(t *testing.T) {
 	})
 	t.Run("issuance slots", func(t *testing.T) {
 		bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
-		p, reg := newIssuer(t, bs, 1, ca.Limits{})
+		// One token a node: the refusal for the slot must not spend
+		// node-b's.
+		p, reg := newIssuer(t, bs, 1, ca.Limits{NodeProxy: ca.Budget{Rate: 0.001, Burst: 1, MaxInFlight: 8}})
 		done := make(chan error, 1)
 		go func() { done <- issue(p, "node-a") }()
 		<-bs.started
@@ -196,7 +198,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 		<-done
 		var busy *podcert.Busy
 		if err := issue(p, "node-b"); errors.As(err, &busy) {
-			t.Fatalf("once the slot is free: %v, want it signed (by the test's failing signer)", err)
+			t.Fatalf("once the slot is free: %v, want it signed (by the test's failing signer) with the token the refusal left", err)
 		}
 	})
 }

@@ -113,7 +113,9 @@ func TestSigningFailures(t *testing.T) {
 // written, and the next turn answers it.
 func TestOverBudget(t *testing.T) {
 	client := fake.NewClientset(deliverCluster("uid-1", false)...)
-	busy := &Busy{RetryAfter: 20 * time.Millisecond, Reason: "node_proxy_rate", Err: errors.New("node node-a: bucket empty")}
+	// A hint past the first delay of the controller's own (busyBaseDelay),
+	// which the request waits at least.
+	busy := &Busy{RetryAfter: 400 * time.Millisecond, Reason: "node_proxy_rate", Err: errors.New("node node-a: bucket empty")}
 	iss := &scriptIssuer{errs: []error{busy}}
 	ctl := newDeliverController(t, client, iss)
 	ctl.queue.Add(deliverKey)
@@ -124,6 +126,7 @@ func TestOverBudget(t *testing.T) {
 	if len(iss.decisions) != 0 || len(ctl.held) != 0 {
 		t.Fatalf("over budget: %d decisions audited, %d requests held; want none", len(iss.decisions), len(ctl.held))
 	}
+	refused := time.Now()
 	if n := ctl.queue.Len(); n != 0 {
 		t.Fatalf("queue holds %d requests at once, want the request back only after the CA's hint", n)
 	}
@@ -133,6 +136,13 @@ func TestOverBudget(t *testing.T) {
 			t.Fatal("the request was not queued again after the CA's hint")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+	// The test's jitter is 0.5: the hint and a tenth of it.
+	if waited := time.Since(refused); waited < 400*time.Millisecond {
+		t.Fatalf("the request came back after %v, before the CA's hint of 400ms", waited)
+	}
+	if got := ctl.busy.When(deliverKey); got != 2*busyBaseDelay {
+		t.Fatalf("the next delay after one refusal is %v, want %v", got, 2*busyBaseDelay)
 	}
 	ctl.processNext(context.Background())
 	got, err := client.CertificatesV1().PodCertificateRequests("shop").Get(context.Background(), "web-1-abc", metav1.GetOptions{})

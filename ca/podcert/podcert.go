@@ -122,11 +122,21 @@ type Config struct {
 	Jitter func() float64
 }
 
+// The delays of a request over a budget of the CA (IssuePod's *Busy), at
+// least its hint: busyBaseDelay, doubled with each refusal in a row up to
+// busyMaxDelay, plus up to a fifth at random.
+const (
+	busyBaseDelay = 250 * time.Millisecond
+	busyMaxDelay  = 2 * time.Minute
+)
+
 // Controller answers the PodCertificateRequests of one signer name.
 type Controller struct {
 	c     Config
 	log   *slog.Logger
 	queue workqueue.TypedRateLimitingInterface[string]
+	// busy spaces the retries of a request over a budget of the CA.
+	busy workqueue.TypedRateLimiter[string]
 
 	mu      sync.Mutex
 	started bool
@@ -178,6 +188,7 @@ func New(c Config) (*Controller, error) {
 		c.Jitter = rand.Float64
 	}
 	return &Controller{c: c, log: c.Logger.With(logSigner, c.SignerName), held: map[string]*pending{},
+		busy: workqueue.NewTypedItemExponentialFailureRateLimiter[string](busyBaseDelay, busyMaxDelay),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "podcert"})}, nil
 }
@@ -247,14 +258,20 @@ func (ctl *Controller) processNext(ctx context.Context) bool {
 	switch {
 	case err == nil:
 		ctl.queue.Forget(key)
+		ctl.busy.Forget(key)
 	case ctx.Err() != nil:
 	case errors.As(err, &busy):
-		// The CA said when: not a failure, and not worth a warning each
-		// time (the CA counts it in meshca_rate_limited_total).
+		// Not a failure, and not worth a warning each time (the CA counts
+		// it in meshca_rate_limited_total). Not before the CA's hint, and
+		// later with each refusal: each retry reads the request, its Pod,
+		// service account, node and namespace again, and a node whose
+		// kubelet creates requests in a loop must not keep the workers
+		// and the apiserver busy.
+		delay := max(busy.RetryAfter, ctl.busy.When(key))
+		delay += time.Duration(ctl.c.Jitter() * float64(delay) / 5)
 		ctl.log.Debug("PodCertificateRequest over a budget of the CA; queued again", logRequest, key, logReason, busy.Reason,
-			logRetryAfter, busy.RetryAfter.String())
-		ctl.queue.Forget(key)
-		ctl.queue.AddAfter(key, busy.RetryAfter)
+			logRetryAfter, delay.String())
+		ctl.queue.AddAfter(key, delay)
 	default:
 		ctl.log.Warn("PodCertificateRequest not answered yet; retrying", logRequest, key, logError, err.Error())
 		ctl.queue.AddRateLimited(key)

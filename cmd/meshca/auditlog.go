@@ -99,10 +99,10 @@ func reopenOnHangup(ctx context.Context, f *auditFile, log *slog.Logger) {
 				return
 			case <-hup:
 				if err := f.Reopen(); err != nil {
-					log.Error("audit log not reopened; still writing to the old file", "path", f.path, "error", err)
+					log.Error("audit log not reopened; still writing to the old file", logPath, f.path, logError, err)
 					continue
 				}
-				log.Info("audit log reopened", "path", f.path)
+				log.Info("audit log reopened", logPath, f.path)
 			}
 		}
 	}()

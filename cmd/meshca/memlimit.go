@@ -36,7 +36,10 @@ func (m *memoryLimitFlag) softLimit() (int64, error) {
 		return 0, fmt.Errorf("--memory-limit %q: want bytes or a quantity such as 256Mi: %w", m.value, err)
 	}
 	b, ok := q.AsInt64()
-	if !ok || b < 16<<20 {
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("--memory-limit %q: want a whole number of bytes", m.value)
+	case b < 16<<20:
 		return 0, fmt.Errorf("--memory-limit %q: want at least 16Mi", m.value)
 	}
 	return int64(float64(b) * memoryLimitShare), nil
@@ -49,10 +52,10 @@ func (m *memoryLimitFlag) apply(log *slog.Logger) error {
 		return err
 	}
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
-		log.Info("GOMEMLIMIT is set; --memory-limit left unused", "gomemlimit", v, "memory_limit", m.value)
+		log.Info("GOMEMLIMIT is set; --memory-limit left unused", logGoMemLimit, v, logMemoryLimit, m.value)
 		return nil
 	}
 	debug.SetMemoryLimit(limit)
-	log.Info("Go soft memory limit set", "memory_limit", m.value, "soft_limit_bytes", limit)
+	log.Info("Go soft memory limit set", logMemoryLimit, m.value, logSoftLimit, limit)
 	return nil
 }

@@ -18,6 +18,7 @@ func TestMemoryLimit(t *testing.T) {
 		{value: "268435456", want: 268435456 * 9 / 10}, // the downward API gives bytes
 		{value: "1G", want: 900_000_000},
 		{value: "15Mi", err: `--memory-limit "15Mi": want at least 16Mi`},
+		{value: "100m", err: `--memory-limit "100m": want a whole number of bytes`},
 		{value: "lots", err: `--memory-limit "lots": want bytes or a quantity such as 256Mi`},
 	}
 	for _, tt := range tests {

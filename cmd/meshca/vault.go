@@ -122,6 +122,6 @@ func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 	return vault.Config{
 		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole,
 		Auth: auth, ReloginBackoff: v.reloginBackoff,
-		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", "error", err) },
+		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", logError, err) },
 	}, nil
 }

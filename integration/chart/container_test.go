@@ -40,6 +40,10 @@ func containerArgs(t *testing.T, c corev1.Container, ns string) []string {
 		env[e.Name] = v
 		t.Setenv(e.Name, v)
 	}
+	// The kubelet gives the container its declared variables only.
+	if _, ok := env["GOMEMLIMIT"]; !ok {
+		t.Setenv("GOMEMLIMIT", "")
+	}
 	var out []string
 	for _, a := range c.Args[1:] {
 		out = append(out, varRef.ReplaceAllStringFunc(a, func(ref string) string {
