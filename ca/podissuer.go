@@ -48,10 +48,11 @@ func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
 }
 
 // IssuePod implements podcert.Issuer: the node's budget and an issuance
-// slot (admit), the key policy (the apiserver has
-// verified the stub's signature; it is checked again, after the key), the
-// signer within the request timeout, and the issued chain verified to
-// the trust bundle as the gRPC path verifies it. A certificate signed but
+// slot (admit), the key policy (the apiserver has verified the stub's
+// signature; it is checked again, after the key), the stub as a kubelet
+// makes it (csr.CheckStub), the signer within the request timeout, and
+// the issued chain verified to the trust bundle as the gRPC path
+// verifies it. A certificate signed but
 // not verified is returned in a *podcert.SignedError, for its serial.
 func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
 	s := p.s
@@ -62,6 +63,9 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 	defer release()
 	req, err := csr.ParseFor(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: r.StubPKCS10}), &s.c.Policy.Keys)
 	if err != nil {
+		return nil, err
+	}
+	if err := csr.CheckStub(req); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.c.RequestTimeout)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/podcert"
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
@@ -201,4 +202,38 @@ func TestPodIssuerBudgets(t *testing.T) {
 			t.Fatalf("once the slot is free: %v, want it signed (by the test's failing signer) with the token the refusal left", err)
 		}
 	})
+}
+
+// TestPodIssuerRefusesStubsWithNames: a stub that asks for more than its
+// key is refused before the backend is called, with a *csr.Error that
+// says what it asked for (podcert answers it Denied).
+func TestPodIssuerRefusesStubsWithNames(t *testing.T) {
+	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
+	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
+	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
+	bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
+	close(bs.release)
+	srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
+		Signer: bs, SignerName: "local", Bundles: mgr, Audit: &podAudit{},
+		Metrics: ca.NewMetrics(prometheus.NewRegistry(), podExpiry{mgr}, nil), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{DNSNames: []string{"web.shop.svc"}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour, Node: "node-a"})
+	var ce *csr.Error
+	if !errors.As(err, &ce) || ce.Reason != csr.ReasonExtension || !strings.Contains(ce.Detail, "it asks for extension 2.5.29.17 (subjectAltName)") {
+		t.Fatalf("IssuePod = %v, want a csr.Error for the stub's subjectAltName", err)
+	}
+	if len(bs.started) != 0 {
+		t.Fatal("the backend was called for a refused stub")
+	}
 }

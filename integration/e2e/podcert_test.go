@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -139,6 +140,11 @@ func TestPodCertRefused(t *testing.T) {
 			e.pod(t, "api-replaced", sa, e.signer)
 			return r
 		}, cond: "Denied", why: "PodReplaced", msg: "not the requesting UID", auditWords: "pod_replaced"},
+		{name: "stub asking for a name", setup: func(t testing.TB) *certv1.PodCertificateRequest {
+			return e.node.RequestWithStub(t, e.pod(t, "api-names", sa, e.signer), sa, e.signer,
+				&x509.CertificateRequest{DNSNames: []string{"api." + e.ns + ".svc"}}, newP256(t), nil)
+		}, cond: "Denied", why: "InvalidRequest", msg: "the stub CSR is refused: it asks for extension 2.5.29.17 (subjectAltName): a kubelet's stub carries the Pod's key alone",
+			auditWords: "csr_extension"},
 	}
 	// Every request is made, and its Pod changed, before meshca starts.
 	reqs := make([]*certv1.PodCertificateRequest, len(tests))

@@ -72,7 +72,14 @@ func (n *KubeletNode) Pod(tb testing.TB, ns, name string, sa *corev1.ServiceAcco
 // signer with key's public key (maxSeconds nil: the API's default).
 func (n *KubeletNode) Request(tb testing.TB, pod *corev1.Pod, sa *corev1.ServiceAccount, signer string, key crypto.Signer, maxSeconds *int32) *certv1.PodCertificateRequest {
 	tb.Helper()
-	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	return n.RequestWithStub(tb, pod, sa, signer, &x509.CertificateRequest{}, key, maxSeconds)
+}
+
+// RequestWithStub is Request with a stub CSR made from tmpl, where the
+// kubelet uses an empty template: a kubelet that asks for more.
+func (n *KubeletNode) RequestWithStub(tb testing.TB, pod *corev1.Pod, sa *corev1.ServiceAccount, signer string, tmpl *x509.CertificateRequest, key crypto.Signer, maxSeconds *int32) *certv1.PodCertificateRequest {
+	tb.Helper()
+	stub, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
 	if err != nil {
 		tb.Fatal(err)
 	}
