@@ -35,7 +35,8 @@ func requireTyped(t *testing.T, err error) {
 
 // FuzzParse feeds Parse arbitrary bytes. It must never panic; a request it
 // accepts has a valid signature and is one PEM block with nothing but white
-// space around it; every refusal is a typed error.
+// space around it; every refusal is a typed error; and CheckStub accepts
+// only a request that asks for nothing but its key.
 func FuzzParse(f *testing.F) {
 	valid := ztunnelPEM(f, p256Key(), testID)
 	f.Add(valid)
@@ -70,6 +71,12 @@ func FuzzParse(f *testing.F) {
 		trimmed := bytes.TrimSpace(data)
 		if !bytes.HasPrefix(trimmed, []byte("-----BEGIN ")) || !bytes.HasSuffix(trimmed, []byte("-----")) {
 			t.Fatalf("Parse accepted data with more than white space around the block: %q", data)
+		}
+		// A stub CheckStub accepts lends its key alone.
+		if err := csr.CheckStub(req); err != nil {
+			requireTyped(t, err)
+		} else if len(req.Subject.Names) != 0 || len(req.Extensions) != 0 || len(req.DNSNames)+len(req.URIs)+len(req.IPAddresses)+len(req.EmailAddresses) != 0 {
+			t.Fatalf("CheckStub accepted a stub with a subject %q, extensions %v", req.Subject, req.Extensions)
 		}
 	})
 }
