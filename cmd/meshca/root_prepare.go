@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -38,8 +37,9 @@ func newRootPrepareCommand() *cobra.Command {
 		Long: "prepare adds an authority to the trust bundle without signing with it, so that workloads learn\n" +
 			"its root from their next renewals before `meshca root activate` makes it sign. Without import\n" +
 			"flags it generates a new, independent root key; --cert/--key (with --chain and --root for an\n" +
-			"intermediate), or --ca-dir in Istio's cacerts layout, import one; --external --cert imports a\n" +
-			"root whose key lives in an external backend (Vault, cfssl): meshca then manages trust only.",
+			"intermediate), or --ca-dir in Istio's cacerts layout, import one; --external imports the same\n" +
+			"certificates without the key, which lives in an external backend (Vault, cfssl, the controller\n" +
+			"of a k8scsr signer): meshca then manages trust only.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
@@ -97,7 +97,7 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.StringVar(&f.chainFile, "chain", "", "import: certificates between --cert and the root (PEM)")
 	fl.StringVar(&f.rootFile, "root", "", "import: the root above an intermediate --cert")
 	fl.StringVar(&f.caDir, "ca-dir", "", "import a CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem)")
-	fl.BoolVar(&f.external, "external", false, "import only the root of an external backend (--cert): trust without a key")
+	fl.BoolVar(&f.external, "external", false, "import the certificates of an external backend's signing authority without its key (--cert, with --chain and --root for an intermediate): meshca manages trust, the backend signs")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	f.signer.register(fl)
 	f.audit.register(fl, "standard error")
@@ -144,9 +144,9 @@ func (f *prepareFlags) record(s *keymgr.State) (*keymgr.AuthorityRecord, error) 
 	case imports > 1:
 		return nil, errors.New("give --cert/--key or --ca-dir, not both")
 	case f.external && f.certFile == "":
-		return nil, errors.New("--external imports a root: give it with --cert")
-	case f.external && (f.keyFile != "" || f.chainFile != "" || f.rootFile != ""):
-		return nil, errors.New("--external takes the root alone (--cert), no key or chain")
+		return nil, errors.New("--external imports the backend's signing certificate: give it with --cert (a root, or an intermediate with --root)")
+	case f.external && f.keyFile != "":
+		return nil, errors.New("--external imports certificates whose key lives in the backend: give no --key")
 	case f.caDir != "":
 		a, err := keymgr.LoadCACerts(f.caDir, time.Now())
 		if err != nil {
@@ -189,21 +189,19 @@ func (f *prepareFlags) imported() (*keymgr.AuthorityRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.external {
-		return &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: true}, nil
+	rec := &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: f.external}
+	if !f.external {
+		if f.keyFile == "" {
+			return nil, errors.New("--cert needs --key (or --external for certificates whose key meshca does not hold)")
+		}
+		raw, err := os.ReadFile(f.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--key: %w", err)
+		}
+		if rec.Key, err = pemutil.ParsePrivateKey(raw); err != nil {
+			return nil, fmt.Errorf("--key: %w", err)
+		}
 	}
-	if f.keyFile == "" {
-		return nil, errors.New("--cert needs --key (or --external for a root whose key meshca does not hold)")
-	}
-	raw, err := os.ReadFile(f.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("--key: %w", err)
-	}
-	var key crypto.Signer
-	if key, err = pemutil.ParsePrivateKey(raw); err != nil {
-		return nil, fmt.Errorf("--key: %w", err)
-	}
-	rec := &keymgr.AuthorityRecord{Root: cert, Cert: cert, Key: key}
 	if f.chainFile != "" {
 		if rec.Chain, err = readCerts("--chain", f.chainFile); err != nil {
 			return nil, err

@@ -136,8 +136,9 @@ func checkK8sCSRAccess(t *testing.T, ns, sa, signerName string) {
 
 // TestChartK8sCSR installs the k8scsr scenario for real (its own release
 // and signer name) and runs it as an operator would: the controller's
-// root imported into the chart's CA state Secret with `meshca root prepare
-// --external --cert` under the rotation Jobs' account, meshca run with the
+// issuing intermediate and root imported into the chart's CA state Secret
+// with `meshca root prepare --external --cert --root` under the rotation
+// Jobs' account, meshca run with the
 // Deployment's own arguments (its Secret files written where the mounts
 // put them) under its ServiceAccount's token, and a controller approving
 // and signing the requests as an admin. A workload's SVID is issued
@@ -159,9 +160,11 @@ func TestChartK8sCSR(t *testing.T) {
 	}
 	apply(t, objs, false)
 
-	// The controller signs with root; meshca's serving certificate (the
-	// Secret meshca-serving) chains to it through an intermediate.
+	// The controller signs with an intermediate of root; meshca's serving
+	// certificate (the Secret meshca-serving) chains to root through
+	// another.
 	root := testca.NewRoot(t, "corp root", testca.Options{})
+	issuing := root.NewIntermediate(t, "corp issuing intermediate", testca.Options{})
 	inter := root.NewIntermediate(t, "corp serving intermediate", testca.Options{})
 	serverName := sa + "." + ns + ".svc"
 	serving, err := keymgr.IssueServing(inter.Authority(), keymgr.ServingOptions{Names: []string{serverName}})
@@ -189,8 +192,8 @@ func TestChartK8sCSR(t *testing.T) {
 
 	state := ns + "/csr-meshca-ca-state"
 	rotation := cluster.ServiceAccountKubeconfig(t, ns, "csr-meshca-root-rotation")
-	runMeshca(t, []string{"root", "prepare", "--external", "--cert", write("root.pem", pemutil.EncodeCertificates(root.Cert)),
-		"--state-secret", state, "--kubeconfig", rotation}, 0, "active")
+	runMeshca(t, []string{"root", "prepare", "--external", "--cert", write("issuing.pem", pemutil.EncodeCertificates(issuing.Cert)),
+		"--root", write("root.pem", pemutil.EncodeCertificates(root.Cert)), "--state-secret", state, "--kubeconfig", rotation}, 0, "active")
 	var d appsv1.Deployment
 	convert(t, find(t, objs, "Deployment", sa), &d)
 	var args []string
@@ -199,7 +202,7 @@ func TestChartK8sCSR(t *testing.T) {
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
-	ctl := &k8scsrtest.Controller{Client: cluster.Client, SignerName: signerName, Answer: k8scsrtest.Issue(root.Authority(), 0)}
+	ctl := &k8scsrtest.Controller{Client: cluster.Client, SignerName: signerName, Answer: k8scsrtest.Issue(issuing.Authority(), 0)}
 	done := make(chan struct{})
 	go func() { defer close(done); ctl.Run(runCtx) }()
 	t.Cleanup(func() {
@@ -224,8 +227,10 @@ func TestChartK8sCSR(t *testing.T) {
 	if err != nil {
 		t.Fatalf("meshca under the chart's RBAC could not issue through a CertificateSigningRequest: %v\n%s", err, m.Logs())
 	}
-	if err := svid.Chain[0].CheckSignatureFrom(root.Cert); err != nil || len(svid.Roots) != 1 || !svid.Roots[0].Equal(root.Cert) {
-		t.Errorf("SVID issued by %q with roots %d: want the controller's root, the one imported (%v)", svid.Chain[0].Issuer, len(svid.Roots), err)
+	if err := svid.Chain[0].CheckSignatureFrom(issuing.Cert); err != nil || len(svid.Chain) != 2 || !svid.Chain[1].Equal(issuing.Cert) ||
+		len(svid.Roots) != 1 || !svid.Roots[0].Equal(root.Cert) {
+		t.Errorf("SVID issued by %q, chain of %d, roots %d: want the controller's intermediate sent with the leaf, and its root, the ones imported (%v)",
+			svid.Chain[0].Issuer, len(svid.Chain), len(svid.Roots), err)
 	}
 	if !m.WaitForLog(5*time.Second, `"backend":"k8scsr"`, `"code":"OK"`) {
 		t.Error("no audit event of an issuance by the k8scsr backend")
