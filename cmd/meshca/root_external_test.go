@@ -64,7 +64,7 @@ func TestPrepareExternal(t *testing.T) {
 				}
 			}},
 		{name: "an intermediate without its root", args: []string{"--cert", write("issuing.pem", issuing)}, code: 2,
-			want: "the root is not self-signed"},
+			want: `is not a root (its issuer is "CN=external middle,O=meshca test"): give its root with --root, and --chain for the intermediates between`},
 		{name: "a root that did not sign it", args: []string{"--cert", write("issuing.pem", issuing), "--chain", write("mid.pem", mid),
 			"--root", write("stranger.pem", stranger)}, code: 2, want: "does not chain to the root"},
 		{name: "a key", args: []string{"--cert", write("issuing.pem", issuing), "--key", key, "--root", write("root.pem", root)}, code: 2,

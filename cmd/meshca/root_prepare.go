@@ -189,6 +189,9 @@ func (f *prepareFlags) imported() (*keymgr.AuthorityRecord, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f.rootFile == "" && !keymgr.IsSelfSigned(cert) {
+		return nil, fmt.Errorf("--cert %s is not a root (its issuer is %q): give its root with --root, and --chain for the intermediates between", f.certFile, cert.Issuer)
+	}
 	rec := &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: f.external}
 	if !f.external {
 		if f.keyFile == "" {
