@@ -86,6 +86,10 @@ func TestPrepareExternal(t *testing.T) {
 				t.Fatalf("state after import: %v", err)
 			}
 			tt.check(t, s.Active())
+			out, code = rootCmd(t, "status", "--state-dir="+dir)
+			if !s.Active().Cert.Equal(s.Active().Root) && (code != 0 || !strings.Contains(out, "signs with intermediate CN=external issuing")) {
+				t.Errorf("status: exit %d, want the intermediate it signs with named:\n%s", code, out)
+			}
 		})
 	}
 }

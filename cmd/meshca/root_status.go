@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/rsa"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +27,17 @@ type authorityView struct {
 	Since       time.Time `json:"since"`
 	External    bool      `json:"external,omitempty"`
 	Generated   bool      `json:"generated,omitempty"`
+	// Signing is the certificate that signs under the root, when it is
+	// an intermediate: its expiry, not the root's, ends the authority.
+	Signing *signingView `json:"signing,omitempty"`
+}
+
+// signingView is an authority's intermediate signing certificate.
+type signingView struct {
+	Subject  string    `json:"subject"`
+	NotAfter time.Time `json:"notAfter"`
+	// PathNotAfter is the earliest expiry from it up to the root.
+	PathNotAfter time.Time `json:"pathNotAfter"`
 }
 
 // statusView is the whole of `meshca root status -o json`.
@@ -80,10 +92,15 @@ func newRootStatusCommand() *cobra.Command {
 func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 	v := statusView{Sequence: st.Sequence}
 	for _, a := range st.Authorities {
-		v.Authorities = append(v.Authorities, authorityView{
+		av := authorityView{
 			ID: shortID(a), Fingerprint: a.ID(), Subject: a.Root.Subject.String(), KeyType: keyType(a.Root.PublicKey),
 			State: string(a.Phase), NotAfter: a.Root.NotAfter, Since: a.Since(), External: a.External, Generated: a.Generated,
-		})
+		}
+		if !a.Cert.Equal(a.Root) {
+			av.Signing = &signingView{Subject: a.Cert.Subject.String(), NotAfter: a.Cert.NotAfter,
+				PathNotAfter: keymgr.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)}
+		}
+		v.Authorities = append(v.Authorities, av)
 	}
 	next := st.NextStep(now, g)
 	v.Next = nextView{Step: next.Verb, ID: short(next.ID), SafeAt: next.SafeAt, Why: next.Why}
@@ -99,6 +116,12 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, a := range v.Authorities {
+		if a.Signing != nil {
+			fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s)\n", a.ID, a.Signing.Subject,
+				a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339))
+		}
 	}
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
 	step := strings.TrimSpace(v.Next.Step + " " + v.Next.ID)
