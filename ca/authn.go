@@ -82,11 +82,6 @@ func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*
 	return nil, errors.Join(failures...)
 }
 
-// workloadID returns the identity of a service account.
-func workloadID(td spiffeid.TrustDomain, ns, sa string) (spiffeid.ID, error) {
-	return spiffeid.FromSegments(td, "ns", ns, "sa", sa)
-}
-
 // parseWorkloadID splits spiffe://<td>/ns/<ns>/sa/<sa>.
 func parseWorkloadID(id spiffeid.ID) (ns, sa string, ok bool) {
 	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")

@@ -185,15 +185,15 @@ func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*kube.
 	case err != nil:
 		return nil, podLookupError(err)
 	case pod == nil:
-		return nil, refuse(codes.Unauthenticated, "caller_pod_missing", msg, fmt.Errorf("Pod %s/%s of the token does not exist", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_missing", msg, fmt.Errorf("the token's Pod %s/%s does not exist", c.Namespace, c.PodName))
 	case c.PodUID != "" && pod.UID != c.PodUID:
-		return nil, refuse(codes.Unauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
+		return nil, refuse(codes.Unauthenticated, "caller_uid_mismatch", msg, fmt.Errorf("the token's Pod %s/%s has UID %s, the token names %s", c.Namespace, c.PodName, pod.UID, c.PodUID))
 	case pod.ServiceAccount != c.ServiceAccount:
-		return nil, refuse(codes.Unauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
+		return nil, refuse(codes.Unauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("the token's Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
 	case pod.Terminated:
-		return nil, refuse(codes.Unauthenticated, "caller_pod_terminated", msg, fmt.Errorf("Pod %s/%s of the token has terminated", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_terminated", msg, fmt.Errorf("the token's Pod %s/%s has terminated", c.Namespace, c.PodName))
 	case pod.Deleting:
-		return nil, refuse(codes.Unauthenticated, "caller_pod_deleting", msg, fmt.Errorf("Pod %s/%s of the token is being deleted", c.Namespace, c.PodName))
+		return nil, refuse(codes.Unauthenticated, "caller_pod_deleting", msg, fmt.Errorf("the token's Pod %s/%s is being deleted", c.Namespace, c.PodName))
 	}
 	return pod, nil
 }

@@ -27,10 +27,10 @@ import (
 var backend = spiffeid.RequireFromSegments(td, "ns", "prod", "sa", "backend")
 
 // rawCall sends one CreateCertificate for id with token over a real
-// gRPC connection and returns the error and the trailer. A refusal with
+// gRPC connection and returns the trailer and the error. A refusal with
 // a retry hint must be trailers-only (gRPC clients never retry a call
 // that received headers), with the request id in the trailer.
-func (f *fixture) rawCall(t *testing.T, token string, id spiffeid.ID) (error, metadata.MD) {
+func (f *fixture) rawCall(t *testing.T, token string, id spiffeid.ID) (metadata.MD, error) {
 	t.Helper()
 	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(
 		&tls.Config{RootCAs: f.roots, ServerName: "istiod.istio-system.svc", MinVersion: tls.VersionTLS12})))
@@ -54,7 +54,7 @@ func (f *fixture) rawCall(t *testing.T, token string, id spiffeid.ID) (error, me
 		!limited && (inHeader != 1 || inTrailer != 0) {
 		t.Errorf("%v: x-request-id in %d headers and %d trailers", status.Code(err), inHeader, inTrailer)
 	}
-	return err, trailer
+	return trailer, err
 }
 
 // retryHints returns the RetryInfo delay of err and its
@@ -109,11 +109,11 @@ func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
 			})
 			id := map[string]spiffeid.ID{"frontend-token": frontend, "backend-token": backend, "bad-token": frontend}
 			for i, tok := range tt.burst {
-				if err, _ := f.rawCall(t, tok, id[tok]); status.Code(err) != tt.code {
+				if _, err := f.rawCall(t, tok, id[tok]); status.Code(err) != tt.code {
 					t.Fatalf("request %d of the burst: %v, want %v", i+1, err, tt.code)
 				}
 			}
-			err, trailer := f.rawCall(t, tt.refused, id[tt.refused])
+			trailer, err := f.rawCall(t, tt.refused, id[tt.refused])
 			st := status.Convert(err)
 			if st.Code() != codes.ResourceExhausted || st.Message() != tt.msg {
 				t.Fatalf("got %v %q, want ResourceExhausted %q", st.Code(), st.Message(), tt.msg)
@@ -128,7 +128,7 @@ func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
 				t.Errorf("the audit log lacks reason %s", tt.reason)
 			}
 			if tt.other != "" {
-				if err, _ := f.rawCall(t, tt.other, id[tt.other]); err != nil {
+				if _, err := f.rawCall(t, tt.other, id[tt.other]); err != nil {
 					t.Fatalf("another caller: %v", err)
 				}
 			}
@@ -165,7 +165,7 @@ func TestConcurrencyRefusalsHint(t *testing.T) {
 			}()
 			<-bs.started
 			start := time.Now()
-			err, trailer := f.rawCall(t, "frontend-token", frontend)
+			trailer, err := f.rawCall(t, "frontend-token", frontend)
 			took := time.Since(start)
 			close(bs.release)
 			<-done

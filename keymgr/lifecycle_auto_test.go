@@ -118,10 +118,10 @@ func lcThreshold(p float64, offset time.Duration) func(*keymgr.AuthorityRecord) 
 // lcWorkload is a simulated ztunnel: it holds the leaf of its last reply
 // and trusts exactly the bundle of that reply.
 type lcWorkload struct {
-	issuer            string
-	issued, notAfter  time.Time
-	trusts            map[string]bool
-	renewals, refused int
+	issuer           string
+	issued, notAfter time.Time
+	trusts           map[string]bool
+	renewals         int
 }
 
 // TestAutoRotationKeepsEveryHandshake runs automatic rotation over several

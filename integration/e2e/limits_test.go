@@ -54,7 +54,7 @@ func TestCallerLimits(t *testing.T) {
 		if most := callerBurst + int(elapsed.Seconds()*callerRate) + 1; served < callerBurst || served > most {
 			t.Fatalf("web: %d served before a refusal; want its burst of %d, at most %d with the refill", served, callerBurst, most)
 		}
-		if err, _, _ := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
+		if _, _, err := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
 			t.Fatalf("the other workload while web is limited: %v", err)
 		}
 	})
@@ -67,14 +67,14 @@ func TestCallerLimits(t *testing.T) {
 			t.Fatalf("ztunnel: %d served before a refusal; want its burst of %d (a workload's is %d), at most %d with the refill",
 				served, nodeBurst, callerBurst, most)
 		}
-		if err, _, _ := lc.call(t, m.ztunnelB.Token, m.id("on-b"), true, nil); err != nil {
+		if _, _, err := lc.call(t, m.ztunnelB.Token, m.id("on-b"), true, nil); err != nil {
 			t.Fatalf("the ztunnel of another node (same service account, its own budget): %v", err)
 		}
 	})
 
 	t.Run("a grpc-go client with a retry policy waits for the pushback", func(t *testing.T) {
 		_, _, pushback := lc.untilRefused(t, web.Token, func(int) spiffeid.ID { return m.id("web") }, false, "caller_rate", time.Second)
-		err, _, took := lc.call(t, web.Token, m.id("web"), false, lc.retrying)
+		_, took, err := lc.call(t, web.Token, m.id("web"), false, lc.retrying)
 		if err != nil {
 			t.Fatalf("with retries honouring grpc-retry-pushback-ms: %v", err)
 		}
@@ -88,17 +88,17 @@ func TestCallerLimits(t *testing.T) {
 	t.Run("a peer that keeps failing to authenticate is refused before authentication", func(t *testing.T) {
 		bad := cluster.Token(t, m.apps, "web", web.Pod, []string{"not-istio-ca"}, time.Hour)
 		for i := range 3 {
-			if err, _, _ := lc.call(t, bad, m.id("web"), false, nil); status.Code(err) != codes.Unauthenticated {
+			if _, _, err := lc.call(t, bad, m.id("web"), false, nil); status.Code(err) != codes.Unauthenticated {
 				t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 			}
 		}
 		// A token never reviewed would cost a TokenReview: refused.
 		fresh := cluster.Token(t, m.apps, "db", db.Pod, []string{"istio-ca"}, time.Hour)
-		err, trailer, _ := lc.call(t, fresh, m.id("db"), false, nil)
+		trailer, _, err := lc.call(t, fresh, m.id("db"), false, nil)
 		checkRetryHints(t, err, trailer, "peer_authn_failures", 5*time.Second)
 		// db's token, reviewed before, costs nothing: the address's
 		// failures do not lock out the workloads that share it.
-		if err, _, _ := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
+		if _, _, err := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
 			t.Fatalf("a token whose review is cached, from the failing address: %v", err)
 		}
 	})
@@ -120,7 +120,7 @@ func (c *limitClient) untilRefused(t *testing.T, token string, id func(int) spif
 	t.Helper()
 	start := time.Now()
 	for i := 0; i < 500; i++ {
-		err, trailer, took := c.call(t, token, id(i), impersonate, nil)
+		trailer, took, err := c.call(t, token, id(i), impersonate, nil)
 		switch status.Code(err) {
 		case codes.OK:
 			continue
@@ -161,9 +161,9 @@ func newLimitClient(t *testing.T, m *mesh) *limitClient {
 }
 
 // call asks for id with token (impersonating it when impersonate) and
-// returns the error, the trailer and how long the answer took.
+// returns the trailer, how long the answer took and the error.
 func (c *limitClient) call(t *testing.T, token string, id spiffeid.ID, impersonate bool,
-	api authpb.IstioCertificateServiceClient) (error, metadata.MD, time.Duration) {
+	api authpb.IstioCertificateServiceClient) (metadata.MD, time.Duration, error) {
 	t.Helper()
 	if api == nil {
 		api = c.api
@@ -179,7 +179,7 @@ func (c *limitClient) call(t *testing.T, token string, id spiffeid.ID, impersona
 	var trailer metadata.MD
 	start := time.Now()
 	_, err := api.CreateCertificate(ctx, req, grpc.Trailer(&trailer))
-	return err, trailer, time.Since(start)
+	return trailer, time.Since(start), err
 }
 
 // checkRetryHints checks a refusal of a limit: ResourceExhausted, a

@@ -1,15 +1,12 @@
 package harness
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,21 +136,4 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 	c.Port = ports[0]
 	c.URL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	return c
-}
-
-func waitTCP(addr string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var d net.Dialer
-	for {
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		if ctx.Err() != nil || strings.Contains(err.Error(), "operation was canceled") {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
