@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +190,54 @@ func TestPodCertMaxExpiration(t *testing.T) {
 		life := got.Status.NotAfter.Sub(got.Status.NotBefore.Time)
 		if life > time.Duration(secs)*time.Second || life < time.Hour {
 			t.Errorf("maxExpirationSeconds %d: lifetime %v", secs, life)
+		}
+	}
+}
+
+// TestPodCertNodeBudget: a kubelet's requests spend its node's turn of
+// the node proxy budget. With bursts of 2 and a rate that does not refill
+// within the test, two of a node's three requests are issued and the
+// third is left unanswered (queued again, counted as rate limited), while
+// another node's request is issued from a budget of its own.
+func TestPodCertNodeBudget(t *testing.T) {
+	e := newPodCertEnv(t, "budget")
+	s := e.start(t, "", podCertAuditPath(t, "audit"), "--node-proxy-rate", "0.001", "--node-proxy-burst", "2")
+	sa := cluster.ServiceAccount(t, e.ns, "web")
+	var reqs []*certv1.PodCertificateRequest
+	for i := range 3 {
+		reqs = append(reqs, e.request(t, e.pod(t, fmt.Sprintf("web-%d", i), sa, e.signer), sa, e.signer, newP256(t), nil))
+	}
+	other := cluster.KubeletNode(t, e.node.Node.Name+"-other")
+	elsewhere := other.Request(t, other.Pod(t, e.ns, "web-elsewhere", sa, e.signer), sa, e.signer, newP256(t), nil)
+	if _, cond := answered(t, elsewhere, 30*time.Second); cond.Type != "Issued" {
+		t.Errorf("the other node's request: %+v, want Issued from a budget of its own", cond)
+	}
+
+	// Two are issued; the third waits for a token that does not come in
+	// the test's time: unanswered, and counted each time it is refused.
+	var issued, open int
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		issued, open = 0, 0
+		for _, r := range reqs {
+			got, err := cluster.Client.CertificatesV1().PodCertificateRequests(e.ns).Get(context.Background(), r.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch c := got.Status.Conditions; {
+			case len(c) == 0 && got.Status.CertificateChain == "":
+				open++
+			case len(c) == 1 && c[0].Type == "Issued":
+				issued++
+			default:
+				t.Fatalf("request %s: status %+v, want Issued or none", r.Name, got.Status)
+			}
+		}
+		limited := sampleValue(scrapeMetrics(t, s.AdminAddr), "meshca_rate_limited_total", "reason", "node_proxy_rate")
+		if issued == 2 && open == 1 && limited >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the node's 3 requests issued, %d unanswered, %v counted rate limited; want 2, 1 and at least 1", issued, open, limited)
 		}
 	}
 }
