@@ -58,6 +58,21 @@ func (s podIdentitySigner) Sign(ctx context.Context, r *signer.Request) (*signer
 	return s.inner.Sign(ctx, &r2)
 }
 
+// podStub is a stub CSR made from tmpl with a new P-256 key; the
+// kubelet's template is empty.
+func podStub(t *testing.T, tmpl *x509.CertificateRequest) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stub
+}
+
 // TestPodIssuerSignedButRefused: a certificate the backend signed but the
 // CA does not hand out is returned in a *podcert.SignedError, and its
 // decision is audited failed with its serial, as the gRPC path audits
@@ -98,14 +113,7 @@ func TestPodIssuerSignedButRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-			if err != nil {
-				t.Fatal(err)
-			}
-			stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-			if err != nil {
-				t.Fatal(err)
-			}
+			stub := podStub(t, &x509.CertificateRequest{})
 			p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
 			iss, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour})
 			if tt.reason == "" {
@@ -142,14 +150,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
 	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
 	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stub := podStub(t, &x509.CertificateRequest{})
 	newIssuer := func(t *testing.T, s signer.Signer, maxInFlight int, limits ca.Limits) (*ca.PodIssuer, *prometheus.Registry) {
 		reg := prometheus.NewRegistry()
 		srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
@@ -220,14 +221,7 @@ func TestPodIssuerRefusesStubsWithNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{DNSNames: []string{"web.shop.svc"}}, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stub := podStub(t, &x509.CertificateRequest{DNSNames: []string{"web.shop.svc"}})
 	_, err = p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour, Node: "node-a"})
 	var ce *csr.Error
 	if !errors.As(err, &ce) || ce.Reason != csr.ReasonExtension || !strings.Contains(ce.Detail, "it asks for extension 2.5.29.17 (subjectAltName)") {
