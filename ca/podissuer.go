@@ -106,17 +106,15 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 // at its concurrency limit must not spend the nodes' rate tokens.
 func (p *PodIssuer) admit(node string) (func(), error) {
 	s := p.s
-	select {
-	case s.slots <- struct{}{}:
-	default:
-		return nil, p.busy(exhausted(reasonTooManyRequests, "CA is at its concurrency limit", busyRetryAfter, nil))
+	if err := s.takeSlot(); err != nil {
+		return nil, p.busy(err)
 	}
 	leave, err := s.limits.admitNode(node)
 	if err != nil {
-		<-s.slots
+		s.releaseSlot()
 		return nil, p.busy(err)
 	}
-	return func() { <-s.slots; leave() }, nil
+	return func() { s.releaseSlot(); leave() }, nil
 }
 
 func (p *PodIssuer) busy(err error) error {

@@ -229,12 +229,10 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 		return nil, err
 	}
 	defer release()
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
-		return nil, exhausted(reasonTooManyRequests, "CA is at its concurrency limit, retry later", busyRetryAfter, nil)
+	if err := s.takeSlot(); err != nil {
+		return nil, err
 	}
+	defer s.releaseSlot()
 	s.c.Metrics.inFlight.Inc()
 	defer s.c.Metrics.inFlight.Dec()
 	if r.requested, err = requestedIdentity(in); err != nil {
@@ -261,6 +259,19 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	r.leaf = res.Leaf
 	return s.respond(r.identity, res)
 }
+
+// takeSlot takes one of the issuance slots (--max-in-flight), or refuses
+// at once: nothing queues for a slot. releaseSlot gives it back.
+func (s *Server) takeSlot() error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+		return exhausted(reasonTooManyRequests, "CA is at its concurrency limit, retry later", busyRetryAfter, nil)
+	}
+}
+
+func (s *Server) releaseSlot() { <-s.slots }
 
 // authenticate runs the authenticators under the peer's budgets: a peer
 // that has spent its authentication failures is refused at once, unless
