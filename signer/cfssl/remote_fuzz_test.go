@@ -3,20 +3,15 @@ package cfssl
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -60,29 +55,6 @@ func cfsslAnswer(tb testing.TB, certificate []byte) []byte {
 	return b
 }
 
-// fuzzLeaf issues, with ca, the leaf meshca asks cfssl for: an empty
-// subject, one critical URI SAN, the workload usages, until notAfter.
-func fuzzLeaf(tb testing.TB, ca *testca.CA, req *signer.Request, notAfter time.Time) *x509.Certificate {
-	tb.Helper()
-	san, err := csr.MarshalURISAN(req.ID.String())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(7), NotBefore: fuzzNow.Add(-time.Minute), NotAfter: notAfter,
-		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, req.CSR.PublicKey, ca.Key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return leaf
-}
-
 // FuzzRemoteAnswer feeds a remote cfssl signer (signer/cfssl over HTTP)
 // any status and body for its sign call and any body for its info call,
 // served from memory: the answer decoding of call, sign and info, and
@@ -98,12 +70,12 @@ func FuzzRemoteAnswer(f *testing.F) {
 	root := testca.NewRoot(f, "cfssl root", opts)
 	inter := root.NewIntermediate(f, "cfssl intermediate", opts)
 	req := fuzzRequest(f)
-	good := cfsslAnswer(f, pemutil.EncodeCertificates(fuzzLeaf(f, inter, req, fuzzNow.Add(req.TTL))))
+	good := cfsslAnswer(f, pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, inter, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL))))
 	info := cfsslAnswer(f, pemutil.EncodeCertificates(inter.Cert))
 	f.Add(uint16(200), good, info)
 	f.Add(uint16(200), good, cfsslAnswer(f, pemutil.EncodeCertificates(root.Cert)))
-	f.Add(uint16(200), cfsslAnswer(f, pemutil.EncodeCertificates(fuzzLeaf(f, root, req, fuzzNow.Add(90*24*time.Hour)))), info)
-	f.Add(uint16(200), cfsslAnswer(f, pemutil.EncodeCertificates(fuzzLeaf(f, inter, req, fuzzNow.Add(req.TTL)), inter.Cert)), info)
+	f.Add(uint16(200), cfsslAnswer(f, pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, root, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(90*24*time.Hour)))), info)
+	f.Add(uint16(200), cfsslAnswer(f, pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, inter, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL)), inter.Cert)), info)
 	f.Add(uint16(200), []byte(`{"success":false,"result":null,"errors":[{"code":5200,"message":"Invalid or unknown policy"}],"messages":[]}`), info)
 	f.Add(uint16(400), []byte(`{"success":false,"result":null,"errors":[{"code":400,"message":"Unable to parse sign request"}],"messages":[]}`), info)
 	f.Add(uint16(200), []byte(`{"success":true,"result":{"certificate":5}}`), info)

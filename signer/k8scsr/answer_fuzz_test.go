@@ -1,19 +1,15 @@
 package k8scsr
 
 import (
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
-	"math/big"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -34,29 +30,6 @@ var fuzzNow = time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
 // certificate.
 func fuzzRequest(tb testing.TB) *signer.Request {
 	return signertest.FixedKeyRequest(tb, spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/frontend"), time.Hour)
-}
-
-// fuzzLeaf issues, with ca, the leaf a well-behaved external signer
-// issues for req: an empty subject, one critical URI SAN, the workload
-// usages, until notAfter.
-func fuzzLeaf(tb testing.TB, ca *testca.CA, req *signer.Request, notAfter time.Time) *x509.Certificate {
-	tb.Helper()
-	san, err := csr.MarshalURISAN(req.ID.String())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(11), NotBefore: fuzzNow.Add(-time.Minute), NotAfter: notAfter,
-		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
-	}, ca.Cert, req.CSR.PublicKey, ca.Key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return leaf
 }
 
 // conditionsJSON is status.conditions as the apiserver serves them.
@@ -107,15 +80,15 @@ func FuzzCSRAnswer(f *testing.F) {
 	inter := root.NewIntermediate(f, "external signer", opts)
 	short := root.NewIntermediate(f, "short-lived signer", testca.Options{NotBefore: opts.NotBefore, NotAfter: fuzzNow.Add(30 * time.Minute)})
 	req := fuzzRequest(f)
-	leaf := fuzzLeaf(f, inter, req, fuzzNow.Add(req.TTL))
+	leaf := signertest.WorkloadLeaf(f, inter, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL))
 	approved := conditionsJSON(f, condition(certv1.CertificateApproved, corev1.ConditionTrue, "AutoApproved", "approved by the policy"))
 	chain := pemutil.EncodeCertificates(leaf, inter.Cert)
 	f.Add(chain, approved, true)
 	f.Add(pemutil.EncodeCertificates(leaf, inter.Cert, root.Cert), approved, false)
-	f.Add(pemutil.EncodeCertificates(fuzzLeaf(f, root, req, fuzzNow.Add(req.TTL))), approved, true)
-	f.Add(pemutil.EncodeCertificates(fuzzLeaf(f, root, req, fuzzNow.Add(req.TTL))), approved, false)
-	f.Add(pemutil.EncodeCertificates(fuzzLeaf(f, inter, req, fuzzNow.Add(2*req.TTL)), inter.Cert), approved, true)
-	f.Add(pemutil.EncodeCertificates(fuzzLeaf(f, short, req, fuzzNow.Add(req.TTL)), short.Cert), approved, true)
+	f.Add(pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, root, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL))), approved, true)
+	f.Add(pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, root, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL))), approved, false)
+	f.Add(pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, inter, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(2*req.TTL)), inter.Cert), approved, true)
+	f.Add(pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, short, req, fuzzNow.Add(-time.Minute), fuzzNow.Add(req.TTL)), short.Cert), approved, true)
 	f.Add(pemutil.EncodeCertificates(inter.Cert, root.Cert), approved, true)
 	f.Add(append([]byte("subject=\nissuer=CN = external signer\n"), chain...), approved, true)
 	f.Add([]byte(nil), conditionsJSON(f, condition(certv1.CertificateDenied, corev1.ConditionTrue, "TestPolicy", "namespace prod is not allowed")), true)

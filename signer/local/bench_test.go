@@ -8,12 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/benchbase"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
-	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
+	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -35,15 +34,7 @@ func BenchmarkSign(b *testing.B) {
 	s := local.New(local.Config{Authorities: keymgr.NewManager(td, root.Authority())})
 	id := spiffeid.RequireFromSegments(td, "ns", "default", "sa", "bench")
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	pemCSR, err := csr.Build(key, id)
-	if err != nil {
-		b.Fatal(err)
-	}
-	parsed, err := csr.Parse(pemCSR)
-	if err != nil {
-		b.Fatal(err)
-	}
-	req := &signer.Request{CSR: parsed, ID: id, TTL: 24 * time.Hour, Usages: csr.WorkloadUsages(parsed.PublicKey)}
+	req := signertest.NewRequest(b, id, key, 24*time.Hour)
 	baseline := benchbase.RawSign()
 	b.ReportAllocs()
 	n := 0

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
@@ -32,16 +31,7 @@ func TestBackdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/default/sa/web")
-	pemCSR, err := csr.Build(key, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parsed, err := csr.Parse(pemCSR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &signer.Request{CSR: parsed, ID: id, TTL: time.Minute, Usages: csr.WorkloadUsages(key.Public())}
+	req := signertest.NewRequest(t, spiffeid.RequireFromString("spiffe://cluster.local/ns/default/sa/web"), key, time.Minute)
 	tests := []struct {
 		backdate, want time.Duration
 	}{
@@ -50,7 +40,7 @@ func TestBackdate(t *testing.T) {
 		{keymgr.NoBackdate, 0},
 	}
 	for _, tt := range tests {
-		s := local.New(local.Config{Authorities: keymgr.NewManager(id.TrustDomain(), root.Authority()), Backdate: tt.backdate,
+		s := local.New(local.Config{Authorities: keymgr.NewManager(req.ID.TrustDomain(), root.Authority()), Backdate: tt.backdate,
 			Now: func() time.Time { return now }})
 		resp, err := s.Sign(context.Background(), req)
 		if err != nil {

@@ -2,11 +2,16 @@ package signertest
 
 import (
 	"crypto"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"testing"
 	"time"
 
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -45,4 +50,32 @@ func NewRequest(tb testing.TB, id spiffeid.ID, key crypto.Signer, ttl time.Durat
 		tb.Fatal(err)
 	}
 	return &signer.Request{CSR: cr, ID: id, TTL: ttl, Usages: csr.WorkloadUsages(cr.PublicKey)}
+}
+
+// WorkloadLeaf issues with ca the leaf a well-behaved backend returns for
+// req: an empty subject, one critical URI SAN (req.ID), the workload
+// usages, from notBefore to notAfter. The backends' fuzz targets seed
+// their answers with it.
+func WorkloadLeaf(tb testing.TB, ca *testca.CA, req *signer.Request, notBefore, notAfter time.Time) *x509.Certificate {
+	tb.Helper()
+	san, err := csr.MarshalURISAN(req.ID.String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	serial, err := keymgr.NewSerial()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial, NotBefore: notBefore, NotAfter: notAfter,
+		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
+	}, ca.Cert, req.CSR.PublicKey, ca.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return leaf
 }

@@ -3,17 +3,12 @@ package vault
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
-	"math/big"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
@@ -59,18 +54,7 @@ func FuzzSignResponse(f *testing.F) {
 	inter := root.NewIntermediate(f, "vault intermediate", opts)
 	id := spiffeid.RequireFromString("spiffe://cluster.local/ns/shop/sa/cart")
 	req := signertest.FixedKeyRequest(f, id, 24*time.Hour)
-	san, err := csr.MarshalURISAN(id.String())
-	if err != nil {
-		f.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(9), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(req.TTL),
-		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, ExtraExtensions: []pkix.Extension{san},
-	}, inter.Cert, req.CSR.PublicKey, inter.Key)
-	if err != nil {
-		f.Fatal(err)
-	}
-	leafPEM := string(pemutil.EncodeCertificates(&x509.Certificate{Raw: der}))
+	leafPEM := string(pemutil.EncodeCertificates(signertest.WorkloadLeaf(f, inter, req, now.Add(-time.Minute), now.Add(req.TTL))))
 	interPEM, rootPEM := string(pemutil.EncodeCertificates(inter.Cert)), string(pemutil.EncodeCertificates(root.Cert))
 	f.Add(vaultSignAnswer(f, map[string]any{"certificate": leafPEM, "issuing_ca": interPEM, "ca_chain": []string{interPEM, rootPEM},
 		"expiration": now.Add(req.TTL).Unix(), "serial_number": "09"}))
