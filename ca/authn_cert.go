@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"crypto/x509"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -16,6 +17,17 @@ import (
 type CertAuthenticator struct {
 	TrustDomain spiffeid.TrustDomain
 	Bundles     x509bundle.Source
+	// Retired, when set, names the issuing certificates of retired
+	// authorities whose root is still trusted (an intermediate retired
+	// under a root another authority signs under): their leaves verify
+	// against the bundle, and renew nothing.
+	Retired RetiredIssuers
+}
+
+// RetiredIssuers tells the issuing certificate of a retired authority.
+// keymgr.Manager and keymgr.ExternalTrust implement it.
+type RetiredIssuers interface {
+	RetiredIssuer(c *x509.Certificate) bool
 }
 
 // Authenticate implements Authenticator.
@@ -23,9 +35,12 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	if len(c.PeerCerts) == 0 {
 		return nil, ErrNoCredentials
 	}
-	id, _, err := x509svid.Verify(c.PeerCerts, a.Bundles)
+	id, chains, err := x509svid.Verify(c.PeerCerts, a.Bundles)
 	if err != nil {
 		return nil, refuse(codes.Unauthenticated, "cert_invalid", "client certificate is not a valid SVID of this trust domain", err)
+	}
+	if a.Retired != nil && !issuedByLiveAuthority(chains, a.Retired) {
+		return nil, refuse(codes.Unauthenticated, "cert_retired_issuer", "client certificate was issued by a retired authority: authenticate with a token", nil)
 	}
 	if !id.MemberOf(a.TrustDomain) {
 		return nil, refuse(codes.Unauthenticated, "cert_foreign_trust_domain", "client certificate belongs to another trust domain", nil)
@@ -35,4 +50,15 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 		return nil, refuse(codes.Unauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
 	}
 	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate}, nil
+}
+
+// issuedByLiveAuthority reports whether one of the verified chains (leaf
+// first, root last) has an issuer that is not retired.
+func issuedByLiveAuthority(chains [][]*x509.Certificate, retired RetiredIssuers) bool {
+	for _, ch := range chains {
+		if len(ch) > 1 && !retired.RetiredIssuer(ch[1]) {
+			return true
+		}
+	}
+	return false
 }

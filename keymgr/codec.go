@@ -20,11 +20,21 @@ import (
 // Each private key is an entry of its own (see KeyEntry).
 const EntryState = "state.json"
 
-// StateFormat is the format version of the state.json document this
-// meshca writes and the only one it reads. A document with any other
-// version, or with a field this version does not know, is refused: saving
+// StateFormat is the newest format version of the state.json document,
+// which this meshca reads with every older one. A document with a newer
+// version, or with a field its version does not know, is refused: saving
 // it again would silently drop what a newer meshca recorded.
-const StateFormat = 1
+//
+// Version 1 names an authority by its root's fingerprint, so no two
+// authorities share a root; version 2 names it by its signing
+// certificate's, so intermediates rotate under one root. EncodeState
+// writes version 1 while every authority signs with its root, where the
+// two names agree, so a meshca that reads only version 1 can still read
+// such a state.
+const StateFormat = 2
+
+// stateFormatRootIDs is the format version whose ids are the roots'.
+const stateFormatRootIDs = 1
 
 // keyEntryHexLen is how many hex digits of the fingerprint name a key entry.
 const keyEntryHexLen = 16
@@ -58,8 +68,8 @@ type stateDoc struct {
 }
 
 type authorityDoc struct {
-	// ID is the root's fingerprint, for people reading the document; it
-	// must match the root.
+	// ID is the signing certificate's fingerprint (the root's in format
+	// 1), for people reading the document; it must match.
 	ID        string `json:"id"`
 	Phase     Phase  `json:"phase"`
 	External  bool   `json:"external,omitempty"`
@@ -88,12 +98,17 @@ type transitionDoc struct {
 // RFC 3339 in UTC, to the nanosecond. EncodeState refuses a state it
 // could not decode again: an authority without a root or signing
 // certificate, a key that does not match its certificate, two authorities
-// with one root.
+// with one signing certificate.
 func EncodeState(s *State) (map[string][]byte, error) {
 	if s == nil {
 		return nil, errors.New("keymgr: encode CA state: no state")
 	}
-	doc := stateDoc{Format: StateFormat, Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
+	doc := stateDoc{Format: stateFormatRootIDs, Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
+	for _, r := range s.Authorities {
+		if r != nil && r.Cert != nil && r.Root != nil && !r.SignsWithRoot() {
+			doc.Format = StateFormat
+		}
+	}
 	out := map[string][]byte{}
 	ids := map[string]int{}
 	for i, r := range s.Authorities {
@@ -102,7 +117,7 @@ func EncodeState(s *State) (map[string][]byte, error) {
 			return nil, fmt.Errorf("keymgr: encode CA state: authority %d: %w", i+1, err)
 		}
 		if j, dup := ids[ad.ID]; dup {
-			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same root %.16s", j+1, i+1, ad.ID)
+			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same signing certificate %.16s", j+1, i+1, ad.ID)
 		}
 		ids[ad.ID] = i
 		if key != nil {
@@ -190,12 +205,12 @@ func DecodeState(entries map[string][]byte) (*State, error) {
 	used := map[string]bool{EntryState: true}
 	ids := map[string]int{}
 	for i, ad := range doc.Authorities {
-		r, err := decodeAuthority(ad)
+		r, err := decodeAuthority(ad, doc.Format)
 		if err != nil {
 			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): %w", i+1, ad.ID, err)}
 		}
 		if j, dup := ids[ad.ID]; dup {
-			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authorities %d and %d have the same root %.16s", j+1, i+1, ad.ID)}
+			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authorities %d and %d have the same %s %.16s", j+1, i+1, idNames(doc.Format), ad.ID)}
 		}
 		ids[ad.ID] = i
 		if ad.Key != "" {
@@ -231,10 +246,18 @@ func parseStateDoc(data []byte, present bool) (*stateDoc, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("data follows the CA state document")
 	}
-	if doc.Format != StateFormat {
-		return nil, fmt.Errorf("format version %d is not supported (this meshca reads version %d)", doc.Format, StateFormat)
+	if doc.Format < stateFormatRootIDs || doc.Format > StateFormat {
+		return nil, fmt.Errorf("format version %d is not supported (this meshca reads versions %d to %d)", doc.Format, stateFormatRootIDs, StateFormat)
 	}
 	return &doc, nil
+}
+
+// idNames says what the ids of a document of format name.
+func idNames(format int) string {
+	if format == stateFormatRootIDs {
+		return "root"
+	}
+	return "signing certificate"
 }
 
 // stateKeyEntries lists the key entries a state.json document refers to,
@@ -257,7 +280,7 @@ func stateKeyEntries(data []byte) ([]string, error) {
 	return names, nil
 }
 
-func decodeAuthority(ad authorityDoc) (*AuthorityRecord, error) {
+func decodeAuthority(ad authorityDoc, format int) (*AuthorityRecord, error) {
 	r := &AuthorityRecord{Phase: ad.Phase, External: ad.External, Generated: ad.Generated}
 	if !validPhase(ad.Phase) {
 		return nil, fmt.Errorf("unknown phase %q", ad.Phase)
@@ -274,8 +297,11 @@ func decodeAuthority(ad authorityDoc) (*AuthorityRecord, error) {
 			return nil, fmt.Errorf("chain: %w", err)
 		}
 	}
-	if id := r.ID(); ad.ID != id {
-		return nil, fmt.Errorf("id %q is not the root's fingerprint %s", ad.ID, id)
+	switch id := r.ID(); {
+	case format == stateFormatRootIDs && ad.ID != r.RootID():
+		return nil, fmt.Errorf("id %q is not the root's fingerprint %s", ad.ID, r.RootID())
+	case format != stateFormatRootIDs && ad.ID != id:
+		return nil, fmt.Errorf("id %q is not the signing certificate's fingerprint %s", ad.ID, id)
 	}
 	if err := checkAuthorityPath(r); err != nil {
 		return nil, err
@@ -316,7 +342,7 @@ func checkAuthorityPath(r *AuthorityRecord) error {
 		return fmt.Errorf("root: %w", err)
 	}
 	path := append([]*x509.Certificate{r.Cert}, r.Chain...)
-	if r.Cert.Equal(r.Root) {
+	if r.SignsWithRoot() {
 		if len(r.Chain) != 0 {
 			return errors.New("chain: a root authority has no intermediates")
 		}

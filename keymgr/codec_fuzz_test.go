@@ -20,6 +20,13 @@ func FuzzDecodeState(f *testing.F) {
 	keyName := keymgr.KeyEntry(r.Cert)
 	f.Add(entries[keymgr.EntryState], entries[keyName], keyName)
 	f.Add(entries[keymgr.EntryState], []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), keyName)
+	// Format 2: an intermediate's authority, named by its certificate.
+	inter := storetest.NewIntermediateRecords(f, time.Now(), keymgr.PhaseActive)[0]
+	entries, err = keymgr.EncodeState(&keymgr.State{Sequence: 2, Authorities: []*keymgr.AuthorityRecord{inter}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(entries[keymgr.EntryState], entries[keymgr.KeyEntry(inter.Cert)], keymgr.KeyEntry(inter.Cert))
 	f.Add([]byte(`{"format":1,"sequence":3,"authorities":[]}`), []byte(nil), "")
 	f.Add([]byte(`{"format":1,"authorities":[{"id":"x","phase":"active","root":"","cert":"","history":[]}]}`), []byte(nil), "key-0000000000000000.pem")
 	f.Fuzz(func(t *testing.T, doc, key []byte, name string) {

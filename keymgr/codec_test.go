@@ -81,7 +81,9 @@ func TestStateCodecDocument(t *testing.T) {
 	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.Format != keymgr.StateFormat || doc.Sequence != 42 || len(doc.Authorities) != 4 {
+	// Every authority signs with its root: the ids of format 1 (the
+	// roots') are the same, and a meshca that reads only format 1 reads it.
+	if doc.Format != 1 || doc.Sequence != 42 || len(doc.Authorities) != 4 {
 		t.Fatalf("document %+v", doc)
 	}
 	for _, field := range []string{"id", "phase", "root", "cert", "history"} {
@@ -94,6 +96,71 @@ func TestStateCodecDocument(t *testing.T) {
 	}
 	if strings.Contains(string(entries[keymgr.EntryState]), "PRIVATE KEY") {
 		t.Error("state.json holds a private key")
+	}
+}
+
+// TestStateCodecSharedRoot: intermediates under one root are written in
+// format 2, each named by its signing certificate, and read back apart.
+func TestStateCodecSharedRoot(t *testing.T) {
+	at := time.Now().Add(-time.Hour)
+	rs := storetest.NewIntermediateRecords(t, at, keymgr.PhasePrevious, keymgr.PhaseActive)
+	s := &keymgr.State{Sequence: 3, Authorities: rs}
+	entries := encode(t, s)
+	var doc struct {
+		Format      int
+		Authorities []struct{ ID string }
+	}
+	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Format != keymgr.StateFormat || len(doc.Authorities) != 2 {
+		t.Fatalf("document %+v, want format %d", doc, keymgr.StateFormat)
+	}
+	for i, a := range doc.Authorities {
+		if want := keymgr.Fingerprint(rs[i].Cert); a.ID != want {
+			t.Errorf("authority %d: id %s, want its signing certificate's fingerprint %s", i+1, a.ID, want)
+		}
+	}
+	got, err := keymgr.DecodeState(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := storetest.Diff(got, s); d != "" {
+		t.Fatal(d)
+	}
+}
+
+// TestStateCodecFormat1Intermediate: a state written by a meshca that
+// named authorities by their roots (format 1) is read, an intermediate's
+// authority included; written again, it takes format 2.
+func TestStateCodecFormat1Intermediate(t *testing.T) {
+	rs := storetest.NewIntermediateRecords(t, time.Now().Add(-time.Hour), keymgr.PhaseActive)
+	entries := encode(t, &keymgr.State{Sequence: 1, Authorities: rs})
+	var doc map[string]any
+	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["format"] = 1
+	doc["authorities"].([]any)[0].(map[string]any)["id"] = keymgr.Fingerprint(rs[0].Root)
+	legacy, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries[keymgr.EntryState] = legacy
+	got, err := keymgr.DecodeState(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Authorities[0].ID() != keymgr.Fingerprint(rs[0].Cert) {
+		t.Errorf("ID() = %.16s, want the signing certificate's fingerprint", got.Authorities[0].ID())
+	}
+	// In format 1 an id is the root's: the signing certificate's is wrong.
+	doc["authorities"].([]any)[0].(map[string]any)["id"] = keymgr.Fingerprint(rs[0].Cert)
+	if entries[keymgr.EntryState], err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keymgr.DecodeState(entries); err == nil || !strings.Contains(err.Error(), "is not the root's fingerprint") {
+		t.Fatalf("format 1 with a signing certificate's id: err = %v", err)
 	}
 }
 
@@ -118,7 +185,7 @@ func TestEncodeStateRefuses(t *testing.T) {
 		}, nil, `history 1: unknown phase`},
 		{"negative TTL", func() *keymgr.AuthorityRecord { r := good(); r.LongestLeafTTL = -time.Second; return r }, nil, "negative"},
 		{"cert not under root", func() *keymgr.AuthorityRecord { r := good(); r.Cert = other.Cert; r.Key = other.Key; return r }, nil, "not signed by"},
-		{"one root twice", func() *keymgr.AuthorityRecord { return other }, other, "have the same root"},
+		{"one authority twice", func() *keymgr.AuthorityRecord { return other }, other, "have the same signing certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -171,7 +238,7 @@ func TestDecodeStateRefuses(t *testing.T) {
 		{"no document", func(e map[string][]byte) { delete(e, keymgr.EntryState) }, keymgr.EntryState, "missing"},
 		{"not JSON", func(e map[string][]byte) { e[keymgr.EntryState] = []byte("apiVersion: v1") }, keymgr.EntryState, "not a CA state document"},
 		{"trailing data", func(e map[string][]byte) { e[keymgr.EntryState] = append(e[keymgr.EntryState], "{}"...) }, keymgr.EntryState, "data follows"},
-		{"newer format", doc(func(d, _ map[string]any) { d["format"] = 2 }), keymgr.EntryState, "format version 2 is not supported"},
+		{"newer format", doc(func(d, _ map[string]any) { d["format"] = keymgr.StateFormat + 1 }), keymgr.EntryState, "format version 3 is not supported"},
 		{"no format", doc(func(d, _ map[string]any) { delete(d, "format") }), keymgr.EntryState, "format version 0 is not supported"},
 		{"unknown field", doc(func(d, _ map[string]any) { d["owner"] = "x" }), keymgr.EntryState, `unknown field "owner"`},
 		{"unknown authority field", field("issuer", "x"), keymgr.EntryState, `unknown field "issuer"`},

@@ -23,8 +23,9 @@ type ExternalTrust struct {
 }
 
 type externalState struct {
-	state  *State
-	bundle *x509bundle.Bundle
+	state   *State
+	bundle  *x509bundle.Bundle
+	retired []*x509.Certificate
 }
 
 // NewExternalTrust returns an ExternalTrust for td that serves nothing
@@ -41,8 +42,15 @@ func (e *ExternalTrust) Use(s *State, _ time.Time) error {
 		return errors.New("keymgr: the CA state has no active authority")
 	}
 	roots := s.Bundle()
-	e.cur.Store(&externalState{state: s.Clone(), bundle: x509bundle.FromX509Authorities(e.td, roots)})
+	e.cur.Store(&externalState{state: s.Clone(), bundle: x509bundle.FromX509Authorities(e.td, roots), retired: s.RetiredIssuers()})
 	return nil
+}
+
+// RetiredIssuer reports whether c signs for a retired authority of the
+// state in use (see State.RetiredIssuers).
+func (e *ExternalTrust) RetiredIssuer(c *x509.Certificate) bool {
+	cur := e.cur.Load()
+	return cur != nil && containsCert(cur.retired, c)
 }
 
 // GetX509BundleForTrustDomain implements x509bundle.Source.
@@ -121,7 +129,7 @@ func issuedUnder(a *AuthorityRecord, leaf *x509.Certificate, intermediates []*x5
 // Intermediates is the path from r's signing certificate up to its root,
 // without the root: what a leaf issued under r is sent with.
 func (r *AuthorityRecord) Intermediates() []*x509.Certificate {
-	if r.Cert.Equal(r.Root) {
+	if r.SignsWithRoot() {
 		return nil
 	}
 	return append([]*x509.Certificate{r.Cert}, r.Chain...)

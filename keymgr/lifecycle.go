@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"crypto/x509"
 	"fmt"
 	"strings"
 	"time"
@@ -166,7 +167,8 @@ func supersededReason(by *AuthorityRecord, reason string) string {
 }
 
 // Retire drops the previous authority id (or a unique prefix of it) from
-// the trust bundle and destroys its key (Key becomes nil). The guard: it is
+// the trust bundle and destroys its key (Key becomes nil). Its root stays
+// in the bundle while another authority that is not retired shares it. The guard: it is
 // refused while a leaf issued under it can still be valid, until its
 // LatestLeafNotAfter. force overrides the guard and needs a non-empty
 // reason.
@@ -193,17 +195,35 @@ func retireWhy(rec *AuthorityRecord) string {
 }
 
 // activationSafeAt is when the prepared authority rec may become active:
-// when it entered the bundle, plus half the longest leaf lifetime issued
-// under an authority whose leaves may still be live (the active one and
-// every previous one), plus g.Margin.
+// when its root entered the bundle, plus half the longest leaf lifetime
+// issued under an authority whose leaves may still be live (the active one
+// and every previous one), plus g.Margin. An intermediate under a root
+// that is served already waits only as long as that root has not been.
 func (s *State) activationSafeAt(rec *AuthorityRecord, g Guards) time.Time {
-	return rec.Since().Add(s.liveLeafTTL()/2 + max(g.Margin, 0))
+	return s.rootServedSince(rec.Root).Add(s.liveLeafTTL()/2 + max(g.Margin, 0))
 }
 
 func (s *State) activationWhy(rec *AuthorityRecord, g Guards) string {
 	return fmt.Sprintf("its root entered the bundle at %s and workloads learn it only when they renew, at half their leaf's life: "+
 		"it must be served for half the longest leaf lifetime (%s) plus a margin (%s)",
-		rec.Since().UTC().Format(time.RFC3339), s.liveLeafTTL(), max(g.Margin, 0))
+		s.rootServedSince(rec.Root).UTC().Format(time.RFC3339), s.liveLeafTTL(), max(g.Margin, 0))
+}
+
+// rootServedSince is when root entered the trust bundle to stay: the
+// earliest time an authority of s that still keeps it there (prepared,
+// active or previous) was prepared. Each of them has kept the root in the
+// bundle since it was.
+func (s *State) rootServedSince(root *x509.Certificate) time.Time {
+	var since time.Time
+	for _, a := range s.Authorities {
+		if a.Phase == PhaseRetired || !a.Root.Equal(root) || len(a.History) == 0 {
+			continue
+		}
+		if at := a.History[0].At; since.IsZero() || at.Before(since) {
+			since = at
+		}
+	}
+	return since
 }
 
 // liveLeafTTL is the longest leaf lifetime issued under the active

@@ -25,10 +25,32 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 	}
 	for _, a := range s.Authorities {
 		if a.ID() == id {
-			return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("this root is already in the state (%s)", a.Phase)}
+			return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("this signing certificate is already in the state (%s)", a.Phase)}
 		}
 	}
+	if at, retired := s.rootRetiredAt(rec.Root); retired {
+		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its root was retired at %s and a retired root is not trusted again: prepare a new root",
+			at.UTC().Format(time.RFC3339))}
+	}
 	return nil
+}
+
+// rootRetiredAt reports whether root left the trust bundle: authorities of
+// s have it, and all of them are retired; at is when the last one was.
+func (s *State) rootRetiredAt(root *x509.Certificate) (at time.Time, retired bool) {
+	for _, a := range s.Authorities {
+		if !a.Root.Equal(root) {
+			continue
+		}
+		if a.Phase != PhaseRetired {
+			return time.Time{}, false
+		}
+		retired = true
+		if a.Since().After(at) {
+			at = a.Since()
+		}
+	}
+	return at, retired
 }
 
 // recordRule is the first rule a new record breaks, or "".
@@ -50,7 +72,7 @@ func recordRule(rec *AuthorityRecord) string {
 		return "the chain holds the root: it lists only the intermediates between the signing certificate and the root"
 	case containsCert(rec.Chain, rec.Cert):
 		return "the chain repeats the signing certificate: it lists only the intermediates above it"
-	case rec.Cert.Equal(rec.Root) && len(rec.Chain) > 0:
+	case rec.SignsWithRoot() && len(rec.Chain) > 0:
 		return "a root that signs by itself has no chain"
 	case rec.External && rec.Key != nil:
 		return "an external authority's key lives in its backend: give no key"
@@ -89,7 +111,7 @@ func validityAt(rec *AuthorityRecord, now time.Time) string {
 // chainRule is why rec's signing certificate does not chain to its root
 // through its chain at now, or "".
 func chainRule(rec *AuthorityRecord, now time.Time) string {
-	if rec.Cert.Equal(rec.Root) {
+	if rec.SignsWithRoot() {
 		return ""
 	}
 	_, err := rec.Cert.Verify(x509.VerifyOptions{
@@ -122,7 +144,8 @@ func phaseRank(p Phase) int {
 // Validate checks a state as loaded from a store, before it is used: every
 // authority has a root, a signing certificate and a history that only
 // moves forward and ends in its phase; keys are destroyed once retired and
-// present otherwise (unless external) and match; no root appears twice;
+// present otherwise (unless external) and match; no signing certificate
+// appears twice;
 // exactly one authority is active once there is any; the sequence has
 // started. It checks no validity period: an old state may hold expired
 // roots.
@@ -138,7 +161,7 @@ func (s *State) Validate() error {
 			return &StateError{Verb: verbValidate, ID: id, Reason: why}
 		}
 		if seen[id] {
-			return &StateError{Verb: verbValidate, ID: id, Reason: "the root appears twice"}
+			return &StateError{Verb: verbValidate, ID: id, Reason: "the signing certificate appears twice"}
 		}
 		seen[id] = true
 		if a.Phase == PhaseActive {

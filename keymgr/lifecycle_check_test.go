@@ -83,10 +83,10 @@ func TestValidate(t *testing.T) {
 			want: "the authority has no private key"},
 		{name: "the wrong key", mutate: func(_ *keymgr.State, a []*keymgr.AuthorityRecord) { a[active].Key = a[previous].Key },
 			want: "the private key does not match the signing certificate's public key"},
-		{name: "a root twice", mutate: func(s *keymgr.State, a []*keymgr.AuthorityRecord) {
+		{name: "a signing certificate twice", mutate: func(s *keymgr.State, a []*keymgr.AuthorityRecord) {
 			dup := *a[prepared]
 			s.Authorities = append(s.Authorities, &dup)
-		}, want: "the root appears twice"},
+		}, want: "the signing certificate appears twice"},
 		{name: "two active", mutate: func(_ *keymgr.State, a []*keymgr.AuthorityRecord) {
 			a[prepared].Phase = keymgr.PhaseActive
 			a[prepared].History = append(a[prepared].History, keymgr.Transition{To: keymgr.PhaseActive})

@@ -69,7 +69,7 @@ func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 	case len(p) < MinIDPrefix:
 		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: fmt.Sprintf("an id needs at least %d hex digits", MinIDPrefix)}
 	case strings.Trim(p, "0123456789abcdef") != "":
-		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "an id is hex digits (the SHA-256 fingerprint of the root)"}
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "an id is hex digits (the SHA-256 fingerprint of the authority's signing certificate)"}
 	}
 	var found *AuthorityRecord
 	for _, a := range s.Authorities {
@@ -100,16 +100,33 @@ func (s *State) find(verb, idOrPrefix string, phase Phase) (*AuthorityRecord, er
 }
 
 // Bundle returns the trust bundle: the roots of every prepared, active and
-// previous authority, in the order they were added.
+// previous authority, each once, in the order they were added.
 func (s *State) Bundle() []*x509.Certificate {
 	var roots []*x509.Certificate
 	for _, a := range s.Authorities {
 		switch a.Phase {
 		case PhasePrepared, PhaseActive, PhasePrevious:
-			roots = append(roots, a.Root)
+			if !containsCert(roots, a.Root) {
+				roots = append(roots, a.Root)
+			}
 		}
 	}
 	return roots
+}
+
+// RetiredIssuers returns the signing certificates of the retired
+// authorities whose roots are still trusted (another authority shares
+// them): a leaf such a certificate issued still chains to the bundle, and
+// only this list tells it from a leaf of a live authority.
+func (s *State) RetiredIssuers() []*x509.Certificate {
+	trusted := s.Bundle()
+	var out []*x509.Certificate
+	for _, a := range s.Authorities {
+		if a.Phase == PhaseRetired && containsCert(trusted, a.Root) && !containsCert(out, a.Cert) {
+			out = append(out, a.Cert)
+		}
+	}
+	return out
 }
 
 // RecordIssued notes that a leaf valid until notAfter, with lifetime ttl,

@@ -13,8 +13,9 @@ import (
 )
 
 // lcCollidingRecords returns two records whose ids share their first
-// keymgr.MinIDPrefix hex digits. Only their roots' raw bytes are set:
-// enough for Lookup, which reads nothing else.
+// keymgr.MinIDPrefix hex digits. Only the raw bytes of their signing
+// certificates, which are their roots, are set: enough for Lookup, which
+// reads nothing else.
 func lcCollidingRecords(t *testing.T) (a, b *keymgr.AuthorityRecord) {
 	t.Helper()
 	seen := make(map[uint32][]byte)
@@ -23,7 +24,8 @@ func lcCollidingRecords(t *testing.T) (a, b *keymgr.AuthorityRecord) {
 		sum := sha256.Sum256(raw)
 		k := binary.BigEndian.Uint32(sum[:4])
 		if prev, ok := seen[k]; ok {
-			return &keymgr.AuthorityRecord{Root: &x509.Certificate{Raw: prev}}, &keymgr.AuthorityRecord{Root: &x509.Certificate{Raw: raw}}
+			a, b := &x509.Certificate{Raw: prev}, &x509.Certificate{Raw: raw}
+			return &keymgr.AuthorityRecord{Root: a, Cert: a}, &keymgr.AuthorityRecord{Root: b, Cert: b}
 		}
 		seen[k] = raw
 	}
@@ -52,7 +54,7 @@ func TestLookup(t *testing.T) {
 		{"shortest prefix", b.ID()[:keymgr.MinIDPrefix], b, ""},
 		{"upper case and spaces", " " + strings.ToUpper(b.ID()[:20]) + "\n", b, ""},
 		{"prefix too short", a.ID()[:keymgr.MinIDPrefix-1], nil, "keymgr: lookup " + a.ID()[:7] + ": an id needs at least 8 hex digits"},
-		{"not hex", "0123456z", nil, "keymgr: lookup 0123456z: an id is hex digits (the SHA-256 fingerprint of the root)"},
+		{"not hex", "0123456z", nil, "keymgr: lookup 0123456z: an id is hex digits (the SHA-256 fingerprint of the authority's signing certificate)"},
 		{"unknown", string(unknown), nil, "keymgr: lookup " + string(unknown) + ": no authority has this id"},
 		{"ambiguous", x.ID()[:keymgr.MinIDPrefix], nil, "more than one authority has an id starting so: give more digits"},
 		{"ambiguous prefix, full id", y.ID(), y, ""},

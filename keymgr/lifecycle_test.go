@@ -300,13 +300,13 @@ func TestPrepareRefused(t *testing.T) {
 		}, "the signing certificate does not chain to the root through the chain"},
 		{"already active", func(_ *testing.T, _ *keymgr.State, a *keymgr.AuthorityRecord) *keymgr.AuthorityRecord {
 			return &keymgr.AuthorityRecord{Root: a.Root, Cert: a.Cert, Key: a.Key}
-		}, "this root is already in the state (active)"},
+		}, "this signing certificate is already in the state (active)"},
 		{"already prepared", func(t *testing.T, s *keymgr.State, _ *keymgr.AuthorityRecord) *keymgr.AuthorityRecord {
 			if err := s.Prepare(self(root), lcT0, ""); err != nil {
 				t.Fatal(err)
 			}
 			return self(root)
-		}, "this root is already in the state (prepared)"},
+		}, "this signing certificate is already in the state (prepared)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -25,6 +26,8 @@ type Manager struct {
 type managed struct {
 	a      *Authority
 	bundle *x509bundle.Bundle
+	// retired are the State's RetiredIssuers when a state is in use.
+	retired []*x509.Certificate
 }
 
 // NewManager returns a Manager for td whose current authority is a.
@@ -53,8 +56,16 @@ func (m *Manager) Use(s *State, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	m.Set(a)
+	c := &managed{a: a, bundle: a.Bundle(m.td), retired: s.RetiredIssuers()}
+	m.current.Store(c)
 	return nil
+}
+
+// RetiredIssuer reports whether c signs for a retired authority of the
+// state in use (see State.RetiredIssuers).
+func (m *Manager) RetiredIssuer(c *x509.Certificate) bool {
+	cur := m.current.Load()
+	return cur != nil && containsCert(cur.retired, c)
 }
 
 // GetX509BundleForTrustDomain implements x509bundle.Source.

@@ -40,7 +40,9 @@ type Transition struct {
 }
 
 // AuthorityRecord is one authority of a CA state: a root, or a root with
-// the intermediate that signs under it.
+// the intermediate that signs under it. Several authorities may share a
+// root: an intermediate renewed or re-keyed under the root workloads
+// already trust is a new authority, which may become active at once.
 type AuthorityRecord struct {
 	Phase Phase
 	// Root is the self-signed certificate workloads trust.
@@ -69,8 +71,28 @@ type AuthorityRecord struct {
 	History []Transition
 }
 
-// ID names an authority: the hex SHA-256 fingerprint of its root.
-func (r *AuthorityRecord) ID() string { return Fingerprint(r.Root) }
+// ID names an authority: the hex SHA-256 fingerprint of its signing
+// certificate, which is its root's unless an intermediate signs.
+// It is empty for a record without one, which no valid state holds.
+func (r *AuthorityRecord) ID() string {
+	if r.Cert == nil {
+		return ""
+	}
+	return Fingerprint(r.Cert)
+}
+
+// RootID is the hex SHA-256 fingerprint of the authority's root, which
+// authorities sharing the root have in common.
+func (r *AuthorityRecord) RootID() string {
+	if r.Root == nil {
+		return ""
+	}
+	return Fingerprint(r.Root)
+}
+
+// SignsWithRoot reports whether the root itself signs leaves (no
+// intermediate).
+func (r *AuthorityRecord) SignsWithRoot() bool { return r.Cert.Equal(r.Root) }
 
 // Since is when the authority entered its current phase.
 func (r *AuthorityRecord) Since() time.Time {

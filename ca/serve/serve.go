@@ -115,7 +115,8 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	}
 	var auths []ca.Authenticator
 	if c.CertRenewal {
-		auths = append(auths, &ca.CertAuthenticator{TrustDomain: c.TrustDomain, Bundles: be.bundles})
+		retired, _ := be.bundles.(ca.RetiredIssuers)
+		auths = append(auths, &ca.CertAuthenticator{TrustDomain: c.TrustDomain, Bundles: be.bundles, Retired: retired})
 	}
 	srv, err := ca.New(ca.Config{
 		TrustDomain: c.TrustDomain, Authenticators: auths, Clusters: cl.set,

@@ -18,15 +18,19 @@ import (
 
 // authorityView is one authority as `meshca root status` shows it.
 type authorityView struct {
-	ID          string    `json:"id"`
-	Fingerprint string    `json:"sha256"`
-	Subject     string    `json:"subject"`
-	KeyType     string    `json:"keyType"`
-	State       string    `json:"state"`
-	NotAfter    time.Time `json:"notAfter"`
-	Since       time.Time `json:"since"`
-	External    bool      `json:"external,omitempty"`
-	Generated   bool      `json:"generated,omitempty"`
+	ID string `json:"id"`
+	// Fingerprint is the signing certificate's: the authority's id in
+	// full. RootFingerprint is its root's, which authorities sharing the
+	// root have in common.
+	Fingerprint     string    `json:"sha256"`
+	RootFingerprint string    `json:"rootSha256"`
+	Subject         string    `json:"subject"`
+	KeyType         string    `json:"keyType"`
+	State           string    `json:"state"`
+	NotAfter        time.Time `json:"notAfter"`
+	Since           time.Time `json:"since"`
+	External        bool      `json:"external,omitempty"`
+	Generated       bool      `json:"generated,omitempty"`
 	// Signing is the certificate that signs under the root, when it is
 	// an intermediate: its expiry, not the root's, ends the authority.
 	Signing *signingView `json:"signing,omitempty"`
@@ -93,10 +97,10 @@ func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 	v := statusView{Sequence: st.Sequence}
 	for _, a := range st.Authorities {
 		av := authorityView{
-			ID: shortID(a), Fingerprint: a.ID(), Subject: a.Root.Subject.String(), KeyType: keyType(a.Root.PublicKey),
+			ID: shortID(a), Fingerprint: a.ID(), RootFingerprint: a.RootID(), Subject: a.Root.Subject.String(), KeyType: keyType(a.Root.PublicKey),
 			State: string(a.Phase), NotAfter: a.Root.NotAfter, Since: a.Since(), External: a.External, Generated: a.Generated,
 		}
-		if !a.Cert.Equal(a.Root) {
+		if !a.SignsWithRoot() {
 			av.Signing = &signingView{Subject: a.Cert.Subject.String(), NotAfter: a.Cert.NotAfter,
 				PathNotAfter: keymgr.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)}
 		}
@@ -119,8 +123,8 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 	}
 	for _, a := range v.Authorities {
 		if a.Signing != nil {
-			fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s)\n", a.ID, a.Signing.Subject,
-				a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s), under root %s\n", a.ID, a.Signing.Subject,
+				a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339), short(a.RootFingerprint))
 		}
 	}
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)

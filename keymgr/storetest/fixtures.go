@@ -36,20 +36,27 @@ func newRecord(tb testing.TB, p keymgr.Phase, at time.Time, kt keymgr.KeyType) *
 	}
 }
 
-// newIntermediateRecord returns an authority whose leaves are signed by
-// an intermediate two levels below its root, imported (not Generated).
-func newIntermediateRecord(tb testing.TB, p keymgr.Phase, at time.Time) *keymgr.AuthorityRecord {
+// NewIntermediateRecords returns an authority in each of phases, all
+// under one new root: their leaves are signed by intermediates of their
+// own two levels below it, under one intermediate they share. They are
+// imported (not Generated), as an operator renews an intermediate under
+// the root workloads trust.
+func NewIntermediateRecords(tb testing.TB, at time.Time, phases ...keymgr.Phase) []*keymgr.AuthorityRecord {
 	tb.Helper()
 	root, err := keymgr.NewRoot(keymgr.RootOptions{Organization: "storetest.example", Now: at})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	mid := issueCA(tb, root, "storetest intermediate 1", at)
-	leafCA := issueCA(tb, mid, "storetest intermediate 2", at)
-	return &keymgr.AuthorityRecord{
-		Phase: p, Root: root.Cert, Cert: leafCA.Cert, Chain: []*x509.Certificate{mid.Cert}, Key: leafCA.Key,
-		History: historyTo(p, at),
+	out := make([]*keymgr.AuthorityRecord, 0, len(phases))
+	for i, p := range phases {
+		leafCA := issueCA(tb, mid, fmt.Sprintf("storetest intermediate 2.%d", i+1), at)
+		out = append(out, &keymgr.AuthorityRecord{
+			Phase: p, Root: root.Cert, Cert: leafCA.Cert, Chain: []*x509.Certificate{mid.Cert}, Key: leafCA.Key,
+			History: historyTo(p, at),
+		})
 	}
+	return out
 }
 
 // issueCA signs a new CA certificate with parent.

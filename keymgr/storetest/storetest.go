@@ -29,6 +29,7 @@ func Run(t *testing.T, newStore func(t *testing.T) keymgr.StateStore) {
 		{"EmptyIsNoState", testEmpty},
 		{"RoundTrip", testRoundTrip},
 		{"MixedPhasesRoundTrip", testMixed},
+		{"SharedRootRoundTrip", testSharedRoot},
 		{"RetiredKeyDestroyed", testRetiredKeyDestroyed},
 		{"StaleBaseConflicts", testStaleBase},
 		{"SecondCreateConflicts", testSecondCreate},
@@ -52,6 +53,9 @@ type fixtures struct {
 	// destroy), previous (RSA), active (an intermediate under its root),
 	// prepared, and prepared and external (no key).
 	mixed []*keymgr.AuthorityRecord
+	// renewal is an intermediate renewal under one root: retired,
+	// previous and active authorities that share it.
+	renewal []*keymgr.AuthorityRecord
 	// spare are single active roots for the racing writers.
 	spare []*keymgr.AuthorityRecord
 }
@@ -65,12 +69,14 @@ func newFixtures(t *testing.T) *fixtures {
 	retired.LatestLeafNotAfter, retired.LongestLeafTTL = at.Add(-49*time.Hour), 24*time.Hour
 	previous := newRecord(t, keymgr.PhasePrevious, at.Add(-time.Hour), keymgr.KeyRSA2048)
 	previous.LatestLeafNotAfter, previous.LongestLeafTTL = at.Add(23*time.Hour+500*time.Millisecond), 24*time.Hour
-	active := newIntermediateRecord(t, keymgr.PhaseActive, at)
+	active := NewIntermediateRecords(t, at, keymgr.PhaseActive)[0]
 	active.LatestLeafNotAfter, active.LongestLeafTTL = at.Add(time.Hour), 90*time.Minute+time.Millisecond
 	prepared := NewRecord(t, keymgr.PhasePrepared, at)
 	external := NewRecord(t, keymgr.PhasePrepared, at)
 	external.Key, external.External, external.Generated = nil, true, false
 	f.mixed = []*keymgr.AuthorityRecord{retired, previous, active, prepared, external}
+	f.renewal = NewIntermediateRecords(t, at, keymgr.PhaseRetired, keymgr.PhasePrevious, keymgr.PhaseActive)
+	f.renewal[1].LatestLeafNotAfter, f.renewal[1].LongestLeafTTL = at.Add(12*time.Hour), 24*time.Hour
 	for range concurrentSavers {
 		f.spare = append(f.spare, NewRecord(t, keymgr.PhaseActive, at))
 	}
@@ -96,6 +102,14 @@ func testRoundTrip(t *testing.T, st keymgr.StateStore, f *fixtures) {
 
 func testMixed(t *testing.T, st keymgr.StateStore, f *fixtures) {
 	want := state(9, f.mixed...)
+	v := save(t, st, want, "")
+	expect(t, st, want, v)
+}
+
+// testSharedRoot: authorities that share a root (an intermediate renewed
+// under it) are kept apart, each with its own key.
+func testSharedRoot(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(4, f.renewal...)
 	v := save(t, st, want, "")
 	expect(t, st, want, v)
 }
