@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meshca/meshca/internal/pemutil"
 )
@@ -42,13 +43,26 @@ func (d DirStore) loadSingleRoot() (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	s, err := stateOfAuthority(a, a.Cert.NotBefore.UTC(), MigratedReason, true)
+	if err != nil {
+		return nil, &FileError{Path: d.path(FileRootCert), Err: err}
+	}
+	s.Sequence = 1
+	return s, nil
+}
+
+// stateOfAuthority is the State of a CA directory holding a: a's signing
+// path as the active authority (Generated when its root signs and
+// generated says so), and every other root of a.Roots as a previous,
+// External one (meshca does not hold its key), each with one transition
+// at at for reason. The Sequence is left to the caller.
+func stateOfAuthority(a *Authority, at time.Time, reason string, generated bool) (*State, error) {
 	root := authorityRoot(a)
 	if root == nil {
-		return nil, &FileError{Path: d.path(FileRootCert), Err: errors.New("holds no root that signs the chain of ca-cert.pem")}
+		return nil, errors.New("holds no root that signs the chain of the signing certificate")
 	}
-	at := a.Cert.NotBefore.UTC()
-	history := func(p Phase) []Transition { return []Transition{{To: p, At: at, Reason: MigratedReason}} }
-	s := &State{Sequence: 1}
+	history := func(p Phase) []Transition { return []Transition{{To: p, At: at, Reason: reason}} }
+	s := &State{}
 	for _, r := range a.Roots {
 		if r.Equal(root) || containsRoot(s, r) {
 			continue
@@ -59,7 +73,7 @@ func (d DirStore) loadSingleRoot() (*State, error) {
 	}
 	s.Authorities = append(s.Authorities, &AuthorityRecord{
 		Phase: PhaseActive, Root: root, Cert: a.Cert, Chain: a.Chain, Key: a.Key,
-		Generated: a.Cert.Equal(root), History: history(PhaseActive),
+		Generated: generated && a.Cert.Equal(root), History: history(PhaseActive),
 	})
 	return s, nil
 }

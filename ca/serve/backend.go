@@ -157,7 +157,8 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	if err := a.Validate(time.Now()); err != nil {
 		return nil, &FieldError{Field: "cfssl-ca-cert", Err: fmt.Errorf("with the trusted roots: %w", err)}
 	}
-	return be, be.rotateServing(keymgr.NewManager(td, a), names, c.Backdate, log)
+	_, err = be.serving(keymgr.NewManager(td, a), names, c.Backdate, log)
+	return be, err
 }
 
 // storeOpener opens the CA state Secret "namespace/name".
@@ -200,14 +201,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, &FieldError{Field: "state-dir", Err: errors.New("give exactly one of a state directory or Secret (self-signed CA) and a CA directory (plugged-in CA)")}
 	}
 	if c.CADir != "" {
-		a, err := keymgr.LoadCACerts(c.CADir, time.Now())
-		if err != nil {
-			return nil, &FieldError{Field: "ca-dir", Err: err}
-		}
-		log.Info("loaded plugged-in CA", "dir", c.CADir, "subject", a.Cert.Subject.String(), "not_after", a.NotAfter())
-		mgr := keymgr.NewManager(td, a)
-		be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
-		return be, be.rotateServing(mgr, names, c.Backdate, log)
+		return newPlugged(ctx, c, td, names, reg, log)
 	}
 	store, field, err := openState(c, newStore)
 	if err != nil {
@@ -322,11 +316,37 @@ func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time
 	return err
 }
 
-// rotateServing issues meshca's serving certificate from the CA and keeps
-// it fresh.
-func (be *backend) rotateServing(mgr *keymgr.Manager, names []string, backdate time.Duration, log *slog.Logger) error {
-	_, err := be.serving(mgr, names, backdate, log)
-	return err
+// newPlugged is the built-in CA on a plugged-in CA directory, followed as
+// its owner renews it (keymgr.PluggedDir): a new CA under a root already
+// served signs within one follow interval; one under a root workloads do
+// not trust yet is refused, and the last good CA keeps signing.
+func newPlugged(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
+	dir := &keymgr.PluggedDir{Dir: c.CADir}
+	st, _, err := dir.Load(ctx)
+	if err != nil {
+		return nil, &FieldError{Field: "ca-dir", Err: err}
+	}
+	a, err := keymgr.StateAuthority(st, time.Now())
+	if err != nil {
+		return nil, &FieldError{Field: "ca-dir", Err: err}
+	}
+	log.Info("loaded plugged-in CA", "dir", c.CADir, "subject", a.Cert.Subject.String(), "not_after", a.NotAfter())
+	mgr := keymgr.NewManager(td, a)
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
+	rot, err := be.serving(mgr, names, c.Backdate, log)
+	if err != nil {
+		return nil, err
+	}
+	f := be.follower(dir, keymgr.PluggedTarget{Manager: mgr}, ca.NewRotationMetrics(reg), log, func() {
+		if err := rot.Renew(); err != nil {
+			log.Error("serving certificate renewal failed", "error", err)
+		}
+	})
+	if _, err := f.Sync(ctx); err != nil {
+		return nil, &FieldError{Field: "ca-dir", Err: err}
+	}
+	be.runners = append(be.runners, f.Run)
+	return be, nil
 }
 
 func (be *backend) serving(mgr *keymgr.Manager, names []string, backdate time.Duration, log *slog.Logger) (*keymgr.ServingRotator, error) {

@@ -19,8 +19,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
@@ -146,6 +148,68 @@ func TestIntermediateRenewalLive(t *testing.T) {
 	if last := fetch(); len(last.Roots) != 1 || !last.Roots[0].Equal(root) {
 		t.Fatal("retiring an intermediate took its root, which another authority signs under, out of the bundle")
 	}
+}
+
+// TestPluggedCARenewalLive: `meshca serve --ca-dir` follows its plugged-in
+// directory as its owner (an operator, cert-manager) renews it: an
+// intermediate renewed under the same root signs within a few seconds,
+// without a restart and with the same bundle; a CA under a root workloads
+// do not trust yet is refused, and the renewed one keeps signing.
+func TestPluggedCARenewalLive(t *testing.T) {
+	dir := t.TempDir()
+	root := testca.NewRoot(t, "e2e plugged root", testca.Options{})
+	first := root.NewIntermediate(t, "e2e plugged issuing 1", testca.Options{})
+	writeCACerts(t, dir, first, root.Cert)
+	s := &server{Meshca: harness.StartMeshca(t, bin, "--ca-dir", dir, "--kubeconfig", cluster.Kubeconfig), roots: keymgr.Pool(root.Cert)}
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "plugged"), "web", "node-a")
+	id := workloadID(w)
+	c := s.client(t, w.Token)
+	signedBy := func(want *testca.CA, within time.Duration) {
+		t.Helper()
+		for deadline := time.Now().Add(within); ; time.Sleep(250 * time.Millisecond) {
+			svid, err := c.Fetch(context.Background(), id, caclient.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(svid.Roots) != 1 || !svid.Roots[0].Equal(root.Cert) {
+				t.Fatalf("the bundle changed: %d roots", len(svid.Roots))
+			}
+			if len(svid.Chain) == 2 && svid.Chain[1].Equal(want.Cert) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("not signed by %q within %v", want.Cert.Subject, within)
+			}
+		}
+	}
+	signedBy(first, 0)
+
+	second := root.NewIntermediate(t, "e2e plugged issuing 2", testca.Options{})
+	writeCACerts(t, dir, second, root.Cert)
+	signedBy(second, 10*time.Second)
+
+	stranger := testca.NewRoot(t, "e2e untrusted root", testca.Options{})
+	writeCACerts(t, dir, stranger.NewIntermediate(t, "e2e issuing under it", testca.Options{}), stranger.Cert)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.Logs(), "which workloads do not trust yet"); time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not log the refusal of a CA under an untrusted root within 10s")
+		}
+	}
+	signedBy(second, 0)
+}
+
+// writeCACerts writes issuing and roots in Istio's cacerts layout, one
+// file after the other, as an operator copying files would.
+func writeCACerts(t *testing.T, dir string, issuing *testca.CA, roots ...*x509.Certificate) {
+	t.Helper()
+	key, err := pemutil.EncodePrivateKey(issuing.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, dir, keymgr.FileRootCert, pemutil.EncodeCertificates(roots...), 0o644)
+	writeFile(t, dir, keymgr.FileCertChain, pemutil.EncodeCertificates(issuing.Cert), 0o644)
+	writeFile(t, dir, keymgr.FileCACert, pemutil.EncodeCertificates(issuing.Cert), 0o644)
+	writeFile(t, dir, keymgr.FileCAKey, key, 0o600)
 }
 
 // renewalClient is a client that authenticates by svid alone, as a

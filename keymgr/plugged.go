@@ -1,0 +1,129 @@
+package keymgr
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// PluggedReason is the history reason of the authorities a PluggedDir
+// makes of its directory.
+const PluggedReason = "plugged-in CA directory"
+
+// ErrPluggedReadOnly is PluggedDir's answer to Save.
+var ErrPluggedReadOnly = errors.New("keymgr: a plugged-in CA directory is read-only: its owner (an operator, cert-manager) writes it; rotate with a CA state to let meshca write")
+
+// PluggedDir is a plugged-in CA directory (LoadCACerts' layouts: Istio's
+// cacerts, or a cert-manager Certificate's tls.crt, tls.key and ca.crt) as
+// a read-only StateStore, so that a Follower keeps a server on it while
+// its owner renews it: the active authority signs with the directory's
+// CA, every other root of its bundle is a previous, external one. The
+// Version is a digest of the files; the Sequence starts at 1 and grows
+// whenever the bundle changes. Each Load checks the directory as
+// LoadCACerts does at that time; a directory caught halfway through a
+// change (a key that does not match its certificate) fails to load, and
+// the Follower keeps the last good CA until the next look.
+type PluggedDir struct {
+	Dir string
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+
+	mu    sync.Mutex
+	roots []*x509.Certificate // the bundle of the last Load
+	seq   uint64
+}
+
+// pluggedFiles are the files of both layouts; the digest covers those present.
+var pluggedFiles = []string{FileCACert, FileCAKey, FileCertChain, FileRootCert, FileTLSCert, FileTLSKey, FileTLSCA}
+
+// Load implements StateStore.
+func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
+	v, err := p.digest()
+	if err != nil {
+		return nil, "", err
+	}
+	now := time.Now()
+	if p.Now != nil {
+		now = p.Now()
+	}
+	a, err := LoadCACerts(p.Dir, now)
+	if err != nil {
+		return nil, "", err
+	}
+	s, err := stateOfAuthority(a, a.Cert.NotBefore.UTC(), PluggedReason, false)
+	if err != nil {
+		return nil, "", &FileError{Path: p.Dir, Err: err}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if bundle := s.Bundle(); p.seq == 0 || !sameCerts(bundle, p.roots) {
+		p.roots, p.seq = bundle, p.seq+1
+	}
+	s.Sequence = p.seq
+	return s, v, nil
+}
+
+// Save implements StateStore: it never writes.
+func (p *PluggedDir) Save(context.Context, *State, Version) (Version, error) {
+	return "", ErrPluggedReadOnly
+}
+
+// digest is the Version of the directory's files as they are now.
+func (p *PluggedDir) digest() (Version, error) {
+	h := sha256.New()
+	for _, name := range pluggedFiles {
+		b, err := os.ReadFile(filepath.Join(p.Dir, name))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return "", &FileError{Path: filepath.Join(p.Dir, name), Err: err}
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(b))
+		h.Write(b)
+	}
+	return Version(hex.EncodeToString(h.Sum(nil))[:16]), nil
+}
+
+// PluggedTarget is the Follower's Target for a PluggedDir: a Manager that
+// takes a new CA from the directory only when its root is one the Manager
+// already serves. A root that is new to workloads must first be served
+// beside the old one (added to root-cert.pem or ca.crt) for half a leaf's
+// lifetime before a CA under it signs, and no state records when it was
+// added: that timing is the directory's owner's, as with istiod.
+type PluggedTarget struct {
+	Manager *Manager
+}
+
+// Use implements Target.
+func (t PluggedTarget) Use(s *State, now time.Time) error {
+	active := s.Active()
+	if active == nil {
+		return errors.New("keymgr: the plugged-in CA directory has no signing CA")
+	}
+	if cur := t.Manager.Authority(); cur != nil && !containsCert(cur.Roots, active.Root) {
+		return fmt.Errorf("keymgr: the plugged-in CA %q signs under root %q, which workloads do not trust yet: "+
+			"serve that root beside the current one (root-cert.pem or ca.crt) for half a leaf's lifetime first, then switch the signing CA",
+			active.Cert.Subject, active.Root.Subject)
+	}
+	return t.Manager.Use(s, now)
+}
+
+func sameCerts(a, b []*x509.Certificate) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
+}
