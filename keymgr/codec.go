@@ -28,9 +28,9 @@ const EntryState = "state.json"
 // Version 1 names an authority by its root's fingerprint, so no two
 // authorities share a root; version 2 names it by its signing
 // certificate's, so intermediates rotate under one root. EncodeState
-// writes version 1 while every authority signs with its root, where the
-// two names agree, so a meshca that reads only version 1 can still read
-// such a state.
+// writes version 1 while no two authorities share a root, so that a
+// meshca that reads only version 1 (a replica not yet upgraded, or a
+// rollback) still reads such a state; version 2 only once they do.
 const StateFormat = 2
 
 // stateFormatRootIDs is the format version whose ids are the roots'.
@@ -104,9 +104,13 @@ func EncodeState(s *State) (map[string][]byte, error) {
 		return nil, errors.New("keymgr: encode CA state: no state")
 	}
 	doc := stateDoc{Format: stateFormatRootIDs, Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
+	roots := map[string]bool{}
 	for _, r := range s.Authorities {
-		if r != nil && r.Cert != nil && r.Root != nil && !r.SignsWithRoot() {
-			doc.Format = StateFormat
+		if r != nil && r.Root != nil {
+			if roots[r.RootID()] {
+				doc.Format = StateFormat
+			}
+			roots[r.RootID()] = true
 		}
 	}
 	out := map[string][]byte{}
@@ -116,8 +120,11 @@ func EncodeState(s *State) (map[string][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("keymgr: encode CA state: authority %d: %w", i+1, err)
 		}
+		if doc.Format == stateFormatRootIDs {
+			ad.ID = r.RootID()
+		}
 		if j, dup := ids[ad.ID]; dup {
-			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same signing certificate %.16s", j+1, i+1, ad.ID)
+			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same signing certificate %.16s", j+1, i+1, r.ID())
 		}
 		ids[ad.ID] = i
 		if key != nil {

@@ -130,9 +130,9 @@ func TestStateCodecSharedRoot(t *testing.T) {
 	}
 }
 
-// TestStateCodecFormat1Intermediate: a state written by a meshca that
-// named authorities by their roots (format 1) is read, an intermediate's
-// authority included; written again, it takes format 2.
+// TestStateCodecFormat1Intermediate: a state that names authorities by
+// their roots (format 1) is read, an intermediate's authority included,
+// and while no two authorities share a root it is written so again.
 func TestStateCodecFormat1Intermediate(t *testing.T) {
 	rs := storetest.NewIntermediateRecords(t, time.Now().Add(-time.Hour), keymgr.PhaseActive)
 	entries := encode(t, &keymgr.State{Sequence: 1, Authorities: rs})
@@ -140,13 +140,9 @@ func TestStateCodecFormat1Intermediate(t *testing.T) {
 	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
 		t.Fatal(err)
 	}
-	doc["format"] = 1
-	doc["authorities"].([]any)[0].(map[string]any)["id"] = keymgr.Fingerprint(rs[0].Root)
-	legacy, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
+	if f, id := doc["format"], doc["authorities"].([]any)[0].(map[string]any)["id"]; f != 1.0 || id != keymgr.Fingerprint(rs[0].Root) {
+		t.Fatalf("format %v, id %.16v; want format 1 and the root's fingerprint", f, id)
 	}
-	entries[keymgr.EntryState] = legacy
 	got, err := keymgr.DecodeState(entries)
 	if err != nil {
 		t.Fatal(err)

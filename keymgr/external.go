@@ -96,13 +96,7 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 	if c == nil {
 		return nil, errors.New("keymgr: no CA state loaded yet")
 	}
-	var rec *AuthorityRecord
-	for _, a := range c.state.Authorities {
-		if issuedUnder(a, leaf, intermediates) {
-			rec = a
-			break
-		}
-	}
+	rec := issuerOf(c.state, leaf, intermediates)
 	switch {
 	case rec == nil:
 		return nil, fmt.Errorf("keymgr: the backend signed under %q, which is no authority of the CA state: prepare and activate its root with `meshca root`", leaf.Issuer)
@@ -117,13 +111,27 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 	return rec, nil
 }
 
-// issuedUnder reports whether a's signing certificate issued leaf, given
-// the intermediates the backend returned.
-func issuedUnder(a *AuthorityRecord, leaf *x509.Certificate, intermediates []*x509.Certificate) bool {
-	if len(intermediates) > 0 && intermediates[0].Equal(a.Cert) {
-		return true
+// issuerOf is the authority of s whose signing certificate issued leaf:
+// the one the backend named (the first of intermediates), or else the one
+// whose key signed it. An intermediate renewed with its key is two
+// authorities with one key; of those, the active one, then a prepared,
+// then a previous one is taken, and a retired one last.
+func issuerOf(s *State, leaf *x509.Certificate, intermediates []*x509.Certificate) *AuthorityRecord {
+	if len(intermediates) > 0 {
+		for _, a := range s.Authorities {
+			if intermediates[0].Equal(a.Cert) { // the leaf's signature is checked on the way out
+				return a
+			}
+		}
 	}
-	return leaf.CheckSignatureFrom(a.Cert) == nil
+	for _, p := range []Phase{PhaseActive, PhasePrepared, PhasePrevious, PhaseRetired} {
+		for _, a := range s.Authorities {
+			if a.Phase == p && leaf.CheckSignatureFrom(a.Cert) == nil {
+				return a
+			}
+		}
+	}
+	return nil
 }
 
 // Intermediates is the path from r's signing certificate up to its root,

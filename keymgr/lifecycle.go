@@ -181,7 +181,7 @@ func (s *State) Retire(id string, now time.Time, force bool, reason string) erro
 		return err
 	}
 	if !force && now.Before(rec.LatestLeafNotAfter) {
-		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: rec.LatestLeafNotAfter, Now: now, Reason: retireWhy(rec)}
+		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: rec.LatestLeafNotAfter, Now: now, Reason: s.retireWhy(rec)}
 	}
 	rec.enter(PhaseRetired, now, reason, force)
 	rec.Key = nil
@@ -189,9 +189,15 @@ func (s *State) Retire(id string, now time.Time, force bool, reason string) erro
 	return nil
 }
 
-func retireWhy(rec *AuthorityRecord) string {
-	return fmt.Sprintf("leaves issued under it can be valid until %s, and workloads holding them need its root",
-		ceilSecond(rec.LatestLeafNotAfter).UTC().Format(time.RFC3339))
+func (s *State) retireWhy(rec *AuthorityRecord) string {
+	until := ceilSecond(rec.LatestLeafNotAfter).UTC().Format(time.RFC3339)
+	for _, a := range s.Authorities {
+		if a != rec && a.Phase != PhaseRetired && a.Root.Equal(rec.Root) {
+			return fmt.Sprintf("leaves issued under it can be valid until %s, and retiring it stops them renewing by mTLS "+
+				"(its root stays: authority %.16s signs under it)", until, a.ID())
+		}
+	}
+	return fmt.Sprintf("leaves issued under it can be valid until %s, and workloads holding them need its root", until)
 }
 
 // activationSafeAt is when the prepared authority rec may become active:

@@ -28,6 +28,11 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 			return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("this signing certificate is already in the state (%s)", a.Phase)}
 		}
 	}
+	for _, a := range s.Authorities {
+		if a.Phase == PhaseRetired && csr.SamePublicKey(a.Cert.PublicKey, rec.Cert.PublicKey) {
+			return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its signing key is that of retired authority %.16s, which no longer signs: give a new key", a.ID())}
+		}
+	}
 	if at, retired := s.rootRetiredAt(rec.Root); retired {
 		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its root was retired at %s and a retired root is not trusted again: prepare a new root",
 			at.UTC().Format(time.RFC3339))}
@@ -35,11 +40,12 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 	return nil
 }
 
-// rootRetiredAt reports whether root left the trust bundle: authorities of
-// s have it, and all of them are retired; at is when the last one was.
+// rootRetiredAt reports whether root, or another root with its key, left
+// the trust bundle: authorities of s have it, and all of them are retired;
+// at is when the last one was.
 func (s *State) rootRetiredAt(root *x509.Certificate) (at time.Time, retired bool) {
 	for _, a := range s.Authorities {
-		if !a.Root.Equal(root) {
+		if !a.Root.Equal(root) && !csr.SamePublicKey(a.Root.PublicKey, root.PublicKey) {
 			continue
 		}
 		if a.Phase != PhaseRetired {

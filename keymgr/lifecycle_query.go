@@ -82,9 +82,25 @@ func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 		found = a
 	}
 	if found == nil {
-		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "no authority has this id"}
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "no authority has this id" + s.rootHint(p)}
 	}
 	return found, nil
+}
+
+// rootHint names the authorities under a root whose fingerprint starts
+// with p, for one who gave a root's id (the id of an authority signing
+// with an intermediate is the intermediate's fingerprint).
+func (s *State) rootHint(p string) string {
+	var ids []string
+	for _, a := range s.Authorities {
+		if strings.HasPrefix(a.RootID(), p) {
+			ids = append(ids, fmt.Sprintf("%.16s", a.ID()))
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(": it is the root of %s; name an authority by its signing certificate's fingerprint", strings.Join(ids, ", "))
 }
 
 // find is lookup for a step that applies only to an authority in phase.
@@ -159,7 +175,7 @@ func (s *State) NextStep(now time.Time, g Guards) Step {
 		return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}
 	}
 	if a := s.first(PhasePrevious); a != nil {
-		return retireStep(a, now)
+		return s.retireStep(a, now)
 	}
 	a := s.Active()
 	if a == nil {
@@ -188,7 +204,7 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)):
 			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, true
 		case a.Phase == PhasePrevious && a.Generated && !now.Before(a.LatestLeafNotAfter):
-			return retireStep(a, now), true
+			return s.retireStep(a, now), true
 		case a.Phase == PhasePrepared:
 			prepared = true
 		case a.Phase == PhasePrevious && a.Generated:
@@ -217,7 +233,7 @@ func (s *State) first(phase Phase) *AuthorityRecord {
 	return nil
 }
 
-func retireStep(a *AuthorityRecord, now time.Time) Step {
+func (s *State) retireStep(a *AuthorityRecord, now time.Time) Step {
 	var why string
 	switch {
 	case a.LatestLeafNotAfter.IsZero():
@@ -225,7 +241,7 @@ func retireStep(a *AuthorityRecord, now time.Time) Step {
 	case !now.Before(a.LatestLeafNotAfter):
 		why = "every leaf issued under it has expired"
 	default:
-		why = retireWhy(a)
+		why = s.retireWhy(a)
 	}
 	return Step{Verb: VerbRetire, ID: a.ID(), SafeAt: a.LatestLeafNotAfter, Why: why}
 }

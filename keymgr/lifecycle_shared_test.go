@@ -1,7 +1,10 @@
 package keymgr_test
 
 import (
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"testing"
 	"time"
 
@@ -76,7 +79,9 @@ func TestIntermediateRenewal(t *testing.T) {
 	// The first intermediate retires once its leaves expire; the root
 	// stays, since the second one signs under it.
 	err = s.Retire(first.ID(), h(30*time.Hour), false, "")
-	lcCheckErr(t, err, true, "leaves issued under it can be valid until 2030-01-02T20:00:00Z")
+	lcCheckErr(t, err, true, "leaves issued under it can be valid until 2030-01-02T20:00:00Z, and retiring it stops them renewing by mTLS (its root stays")
+	_, err = s.Lookup(first.RootID())
+	lcCheckErr(t, err, false, "it is the root of "+first.ID()[:16]+", "+second.ID()[:16]+"; name an authority by its signing certificate's fingerprint")
 	if err := s.Retire(first.ID(), h(44*time.Hour), false, "renewed"); err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +110,7 @@ func TestRetiredRootStaysOut(t *testing.T) {
 	root := testca.NewRoot(t, "old root", testca.Options{NotBefore: lcT0.Add(-time.Hour), NotAfter: lcT0.Add(lcRootTTL)})
 	s := &keymgr.State{}
 	old := lcUnder(t, root, "issuing")
+	oldKey := old.Key // retire destroys the record's
 	if err := s.Bootstrap(old, lcT0, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +131,31 @@ func TestRetiredRootStaysOut(t *testing.T) {
 	seq, n := s.Sequence, len(s.Authorities)
 	err := s.Prepare(lcUnder(t, root, "issuing again"), h(3*time.Hour), "")
 	lcCheckErr(t, err, false, "its root was retired at 2030-01-01T02:00:00Z and a retired root is not trusted again: prepare a new root")
+	// Nor under the same root re-issued with its key.
+	again := testca.NewRoot(t, "old root, re-issued", testca.Options{Key: root.Key, NotBefore: lcT0.Add(-time.Hour), NotAfter: lcT0.Add(lcRootTTL)})
+	err = s.Prepare(lcUnder(t, again, "issuing under it"), h(3*time.Hour), "")
+	lcCheckErr(t, err, false, "a retired root is not trusted again")
+	// Nor a new certificate for the retired intermediate's key.
+	err = s.Prepare(&keymgr.AuthorityRecord{Root: next.Root, Cert: reissue(t, old, next), Key: oldKey}, h(3*time.Hour), "")
+	lcCheckErr(t, err, false, "its signing key is that of retired authority")
 	if s.Sequence != seq || len(s.Authorities) != n {
 		t.Error("a refused prepare changed the state")
 	}
+}
+
+// reissue returns a CA certificate for the key of rec, signed by parent's key.
+func reissue(t *testing.T, rec, parent *keymgr.AuthorityRecord) *x509.Certificate {
+	t.Helper()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(42), Subject: pkix.Name{CommonName: "re-issued"},
+		NotBefore: lcT0.Add(-time.Hour), NotAfter: lcT0.Add(lcRootTTL),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent.Cert, rec.Cert.PublicKey, parent.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -27,10 +27,11 @@ type rootBackend interface {
 	// prepare creates the authority to add, or returns nil to let the
 	// flags build it.
 	prepare(ctx context.Context, s *keymgr.State, f *prepareFlags) (*keymgr.AuthorityRecord, error)
-	// activate makes rec sign.
-	activate(ctx context.Context, rec *keymgr.AuthorityRecord) error
-	// retire destroys rec's key, or says who must.
-	retire(ctx context.Context, rec *keymgr.AuthorityRecord) error
+	// activate makes rec, an authority of s, sign.
+	activate(ctx context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error
+	// retire destroys rec's key, or says who must; what another authority
+	// of s that is not retired still uses is kept.
+	retire(ctx context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error
 }
 
 // Vault issuer kinds `meshca root prepare --signer vault` creates.
@@ -104,8 +105,8 @@ type localRoot struct{}
 func (localRoot) prepare(context.Context, *keymgr.State, *prepareFlags) (*keymgr.AuthorityRecord, error) {
 	return nil, nil
 }
-func (localRoot) activate(context.Context, *keymgr.AuthorityRecord) error { return nil }
-func (localRoot) retire(context.Context, *keymgr.AuthorityRecord) error   { return nil }
+func (localRoot) activate(context.Context, *keymgr.State, *keymgr.AuthorityRecord) error { return nil }
+func (localRoot) retire(context.Context, *keymgr.State, *keymgr.AuthorityRecord) error   { return nil }
 
 // vaultRoot drives the issuers of a Vault PKI mount.
 type vaultRoot struct {
@@ -140,7 +141,7 @@ func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlag
 	return &keymgr.AuthorityRecord{Root: rootCert, Cert: cert, External: true}, nil
 }
 
-func (v *vaultRoot) activate(ctx context.Context, rec *keymgr.AuthorityRecord) error {
+func (v *vaultRoot) activate(ctx context.Context, _ *keymgr.State, rec *keymgr.AuthorityRecord) error {
 	var roles []string
 	for _, r := range []string{v.flags.vault.role, v.flags.vault.rsaRole} {
 		if r != "" {
@@ -150,17 +151,40 @@ func (v *vaultRoot) activate(ctx context.Context, rec *keymgr.AuthorityRecord) e
 	return v.issuers.Activate(ctx, rec.Cert, roles)
 }
 
-func (v *vaultRoot) retire(ctx context.Context, rec *keymgr.AuthorityRecord) error {
+func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error {
 	if v.flags.keepIssuer {
 		fmt.Fprintf(v.flags.out, "kept in Vault: the issuers of %s (--vault-keep-issuer)\n", shortID(rec))
 		return nil
 	}
-	certs := append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...)
+	var certs []*x509.Certificate
+	for _, c := range append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...) {
+		if by := usedBy(s, rec, c); by != nil {
+			fmt.Fprintf(v.flags.out, "kept in Vault: %q and its key, which authority %s (%s) still uses\n", c.Subject, shortID(by), by.Phase)
+			continue
+		}
+		certs = append(certs, c)
+	}
 	deleted, err := v.issuers.Delete(ctx, v.flags.rootMount, certs...)
 	for _, d := range deleted {
 		fmt.Fprintf(v.flags.out, "deleted in Vault: %s and its key\n", d)
 	}
 	return err
+}
+
+// usedBy is an authority of s other than rec, not retired, whose signing
+// path (its root, signing certificate or chain) holds c; nil if none.
+func usedBy(s *keymgr.State, rec *keymgr.AuthorityRecord, c *x509.Certificate) *keymgr.AuthorityRecord {
+	for _, a := range s.Authorities {
+		if a.ID() == rec.ID() || a.Phase == keymgr.PhaseRetired {
+			continue
+		}
+		for _, x := range append([]*x509.Certificate{a.Cert, a.Root}, a.Chain...) {
+			if x.Equal(c) {
+				return a
+			}
+		}
+	}
+	return nil
 }
 
 // cfsslRoot: meshca manages the trust bundle around a key change that the
@@ -193,7 +217,7 @@ func (c *cfsslRoot) prepare(_ context.Context, _ *keymgr.State, f *prepareFlags)
 
 // activate checks, when the server is named, that it already signs with
 // the authority's key: the operator changes it once the guard allows.
-func (c *cfsslRoot) activate(ctx context.Context, rec *keymgr.AuthorityRecord) error {
+func (c *cfsslRoot) activate(ctx context.Context, _ *keymgr.State, rec *keymgr.AuthorityRecord) error {
 	if c.flags.cfsslURL == "" {
 		fmt.Fprintln(c.flags.out, "not checked: whether cfssl signs with the new key (give --cfssl-url to check)")
 		return nil
@@ -217,7 +241,11 @@ func (c *cfsslRoot) activate(ctx context.Context, rec *keymgr.AuthorityRecord) e
 	return nil
 }
 
-func (c *cfsslRoot) retire(_ context.Context, rec *keymgr.AuthorityRecord) error {
+func (c *cfsslRoot) retire(_ context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error {
+	if by := usedBy(s, rec, rec.Cert); by != nil {
+		fmt.Fprintf(c.flags.out, "keep the key of %q: authority %s (%s) still uses it\n", strings.TrimSpace(rec.Cert.Subject.String()), shortID(by), by.Phase)
+		return nil
+	}
 	fmt.Fprintf(c.flags.out, "to do by the cfssl operator: destroy the key of %q, which no longer signs\n",
 		strings.TrimSpace(rec.Cert.Subject.String()))
 	return nil

@@ -47,7 +47,7 @@ type stepFunc func(s *keymgr.State, id string, now time.Time, f *stepFlags) erro
 // external signer, the step is first tried on a copy of the state (its
 // guard decides), then taken in the backend, then recorded.
 func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFunc,
-	inBackend func(rootBackend, context.Context, *keymgr.AuthorityRecord) error) *cobra.Command {
+	inBackend func(rootBackend, context.Context, *keymgr.State, *keymgr.AuthorityRecord) error) *cobra.Command {
 	f := &stepFlags{}
 	cmd := &cobra.Command{
 		Use: use, Short: short, Long: long + "\n--force overrides the guard, only with --reason; both are recorded.",
@@ -81,8 +81,8 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			}
 			var id string
 			if _, local := be.(localRoot); !local {
-				if id, err = tryStep(ctx, store, args, phase, step, f, func(rec *keymgr.AuthorityRecord) error {
-					return inBackend(be, ctx, rec)
+				if id, err = tryStep(ctx, store, args, phase, step, f, func(s *keymgr.State, rec *keymgr.AuthorityRecord) error {
+					return inBackend(be, ctx, s, rec)
 				}); err != nil {
 					audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
 					return rootError(err)
@@ -116,9 +116,10 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 }
 
 // tryStep takes the step on a copy of the stored state and, if the state
-// allows it, in the backend (do); it returns the authority's id.
+// allows it, in the backend (do, given the state as it is before the
+// step); it returns the authority's id.
 func tryStep(ctx context.Context, store keymgr.StateStore, args []string, phase keymgr.Phase, step stepFunc, f *stepFlags,
-	do func(*keymgr.AuthorityRecord) error) (string, error) {
+	do func(*keymgr.State, *keymgr.AuthorityRecord) error) (string, error) {
 	cur, _, err := store.Load(ctx)
 	if err != nil {
 		return "", err
@@ -130,7 +131,7 @@ func tryStep(ctx context.Context, store keymgr.StateStore, args []string, phase 
 	if err := step(cur.Clone(), rec.ID(), time.Now(), f); err != nil {
 		return rec.ID(), err
 	}
-	return rec.ID(), do(rec)
+	return rec.ID(), do(cur, rec)
 }
 
 func (f *stepFlags) reasonOr(def string) string {
