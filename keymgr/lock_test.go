@@ -264,12 +264,14 @@ func TestLockDirContextEnds(t *testing.T) {
 			if tt.hold != nil {
 				release = tt.hold(t, dir)
 			}
+			// start before the context's clock, so that the wait measured
+			// is never shorter than the context's.
+			start := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			if tt.canceled {
 				cancel()
 			}
-			start := time.Now()
 			unlock, err := keymgr.LockDir(ctx, dir)
 			var le *keymgr.LockedError
 			switch {
