@@ -8,6 +8,10 @@ package keymgr
 import (
 	"bytes"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -82,7 +86,32 @@ func (a *Authority) verifyChain(now time.Time) error {
 	return fmt.Errorf("its leaves would break a path length constraint: %w", err)
 }
 
+// CAKeyRule is why pub is too weak, or of a kind too rare, to sign
+// workload certificates, or "": ECDSA on P-256, P-384 or P-521, RSA of
+// 2048 bits or more, and Ed25519 sign.
+func CAKeyRule(pub any) string {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		switch k.Curve {
+		case elliptic.P256(), elliptic.P384(), elliptic.P521():
+			return ""
+		}
+		return fmt.Sprintf("its ECDSA key is on curve %s: a CA key is on P-256, P-384 or P-521", k.Curve.Params().Name)
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return fmt.Sprintf("its RSA key has %d bits: a CA key has 2048 or more", k.N.BitLen())
+		}
+		return ""
+	case ed25519.PublicKey:
+		return ""
+	}
+	return fmt.Sprintf("its key, a %T, is not one a CA signs with (ECDSA, RSA of 2048 bits or more, Ed25519)", pub)
+}
+
 func checkSigningCert(c *x509.Certificate, now time.Time) error {
+	if why := CAKeyRule(c.PublicKey); why != "" {
+		return errors.New("keymgr: signing certificate: " + why)
+	}
 	switch {
 	case !c.BasicConstraintsValid || !c.IsCA:
 		return errors.New("keymgr: signing certificate is not a CA (basicConstraints CA:true is missing)")

@@ -86,10 +86,21 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 }
 
 // Run reloads the state every Interval until ctx ends, then returns nil.
+// OnError hears of a failure once, until a look succeeds or fails
+// otherwise: a state that stays broken is reported, not repeated every
+// Interval.
 func (f *Follower) Run(ctx context.Context) error {
+	last := ""
 	every(ctx, f.Interval, DefaultFollowInterval, func() {
-		if _, err := f.Sync(ctx); err != nil && ctx.Err() == nil && f.OnError != nil {
-			f.OnError(err)
+		_, err := f.Sync(ctx)
+		switch {
+		case err == nil:
+			last = ""
+		case ctx.Err() == nil && err.Error() != last:
+			last = err.Error()
+			if f.OnError != nil {
+				f.OnError(err)
+			}
 		}
 	})
 	return nil

@@ -29,9 +29,14 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 		}
 	}
 	for _, a := range s.Authorities {
-		if a.Phase == PhaseRetired && csr.SamePublicKey(a.Cert.PublicKey, rec.Cert.PublicKey) {
+		if !csr.SamePublicKey(a.Cert.PublicKey, rec.Cert.PublicKey) {
+			continue
+		}
+		if a.Phase == PhaseRetired {
 			return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its signing key is that of retired authority %.16s, which no longer signs: give a new key", a.ID())}
 		}
+		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its signing key is that of authority %.16s (%s): renew with a new key, "+
+			"or retiring one would destroy nothing and stop no leaf", a.ID(), a.Phase)}
 	}
 	if at, retired := s.rootRetiredAt(rec.Root); retired {
 		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its root was retired at %s and a retired root is not trusted again: prepare a new root",
@@ -82,6 +87,9 @@ func recordRule(rec *AuthorityRecord) string {
 		return "a root that signs by itself has no chain"
 	case rec.External && rec.Key != nil:
 		return "an external authority's key lives in its backend: give no key"
+	}
+	if why := CAKeyRule(rec.Cert.PublicKey); why != "" {
+		return "the signing certificate: " + why
 	}
 	return keyRule(rec)
 }

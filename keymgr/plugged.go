@@ -57,6 +57,11 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	// Its owner may have been writing it meanwhile: what was read must be
+	// what the version names.
+	if again, err := p.digest(); err != nil || again != v {
+		return nil, "", &FileError{Path: p.Dir, Err: errors.New("changed while it was read; read again at the next look")}
+	}
 	s, err := stateOfAuthority(a, a.Cert.NotBefore.UTC(), PluggedReason, false)
 	if err != nil {
 		return nil, "", &FileError{Path: p.Dir, Err: err}

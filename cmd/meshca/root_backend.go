@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/meshca/meshca/signer/vault"
@@ -172,14 +173,15 @@ func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.Aut
 }
 
 // usedBy is an authority of s other than rec, not retired, whose signing
-// path (its root, signing certificate or chain) holds c; nil if none.
+// path (its root, signing certificate or chain) holds c or c's key; nil
+// if none.
 func usedBy(s *keymgr.State, rec *keymgr.AuthorityRecord, c *x509.Certificate) *keymgr.AuthorityRecord {
 	for _, a := range s.Authorities {
 		if a.ID() == rec.ID() || a.Phase == keymgr.PhaseRetired {
 			continue
 		}
 		for _, x := range append([]*x509.Certificate{a.Cert, a.Root}, a.Chain...) {
-			if x.Equal(c) {
+			if x.Equal(c) || csr.SamePublicKey(x.PublicKey, c.PublicKey) {
 				return a
 			}
 		}
