@@ -84,6 +84,10 @@ func newRootPrepareCommand() *cobra.Command {
 			rec, _ := st.Lookup(added.ID())
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
 				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
+			if !rec.SignsWithRoot() {
+				fmt.Fprintf(cmd.OutOrStdout(), "signs with intermediate %s (%s, not after %s) under root %s\n",
+					rec.Cert.Subject, keyType(rec.Cert.PublicKey), rec.Cert.NotAfter.UTC().Format(time.RFC3339), short(rec.RootID()))
+			}
 			return nil
 		},
 	}
