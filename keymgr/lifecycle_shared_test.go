@@ -1,10 +1,7 @@
 package keymgr_test
 
 import (
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"testing"
 	"time"
 
@@ -136,26 +133,11 @@ func TestRetiredRootStaysOut(t *testing.T) {
 	err = s.Prepare(lcUnder(t, again, "issuing under it"), h(3*time.Hour), "")
 	lcCheckErr(t, err, false, "a retired root is not trusted again")
 	// Nor a new certificate for the retired intermediate's key.
-	err = s.Prepare(&keymgr.AuthorityRecord{Root: next.Root, Cert: reissue(t, old, next), Key: oldKey}, h(3*time.Hour), "")
+	reissued := (&testca.CA{Cert: next.Root, Key: next.Key}).NewIntermediate(t, "re-issued",
+		testca.Options{Key: oldKey, NotBefore: lcT0.Add(-time.Hour), NotAfter: lcT0.Add(lcRootTTL)})
+	err = s.Prepare(&keymgr.AuthorityRecord{Root: next.Root, Cert: reissued.Cert, Key: oldKey}, h(3*time.Hour), "")
 	lcCheckErr(t, err, false, "its signing key is that of retired authority")
 	if s.Sequence != seq || len(s.Authorities) != n {
 		t.Error("a refused prepare changed the state")
 	}
-}
-
-// reissue returns a CA certificate for the key of rec, signed by parent's key.
-func reissue(t *testing.T, rec, parent *keymgr.AuthorityRecord) *x509.Certificate {
-	t.Helper()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(42), Subject: pkix.Name{CommonName: "re-issued"},
-		NotBefore: lcT0.Add(-time.Hour), NotAfter: lcT0.Add(lcRootTTL),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent.Cert, rec.Cert.PublicKey, parent.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }

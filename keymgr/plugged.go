@@ -68,7 +68,7 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if bundle := s.Bundle(); p.seq == 0 || !sameCerts(bundle, p.roots) {
+	if bundle := s.Bundle(); p.seq == 0 || !SameCerts(bundle, p.roots) {
 		p.roots, p.seq = bundle, p.seq+1
 	}
 	s.Sequence = p.seq
@@ -121,7 +121,9 @@ func (t PluggedTarget) Use(s *State, now time.Time) error {
 	return t.Manager.Use(s, now)
 }
 
-func sameCerts(a, b []*x509.Certificate) bool {
+// SameCerts reports whether a and b hold the same certificates in the
+// same order.
+func SameCerts(a, b []*x509.Certificate) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -2,12 +2,7 @@ package e2e
 
 import (
 	"context"
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -67,8 +62,9 @@ func TestIntermediateRenewalLive(t *testing.T) {
 	// until the server signs with it.
 	switchTo := func(name string, atOnce bool) (*x509.Certificate, string) {
 		t.Helper()
-		inter, key := issueIntermediate(t, root, rootKey, name)
-		keyPEM, err := pemutil.EncodePrivateKey(key)
+		issuing := (&testca.CA{Cert: root, Key: rootKey}).NewIntermediate(t, "meshca e2e "+name, testca.Options{})
+		inter := issuing.Cert
+		keyPEM, err := pemutil.EncodePrivateKey(issuing.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,38 +219,6 @@ func (s *server) renewalClient(t *testing.T, svid *caclient.SVID) *checked.Clien
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// issueIntermediate signs a new P-256 intermediate CA under root.
-func issueIntermediate(t *testing.T, root *x509.Certificate, rootKey crypto.Signer, name string) (*x509.Certificate, crypto.Signer) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := keymgr.NewSerial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: root.Subject.Organization, CommonName: "meshca e2e " + name},
-		NotBefore:             time.Now().Add(-time.Minute),
-		NotAfter:              root.NotAfter,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, key.Public(), rootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
 }
 
 func mustRead(t *testing.T, path string) []byte {

@@ -147,7 +147,7 @@ func TestFederationFollowsRotation(t *testing.T) {
 		if seq, _ := b.SequenceNumber(); seq != wantSeq {
 			t.Errorf("%s: spiffe_sequence %d, want %d", step, seq, wantSeq)
 		}
-		if got := b.X509Authorities(); !sameCerts(got, want) {
+		if got := b.X509Authorities(); !keymgr.SameCerts(got, want) {
 			t.Errorf("%s: %d roots, want %d", step, len(got), len(want))
 		}
 		trusted = b
@@ -278,16 +278,4 @@ func TestNewRefusals(t *testing.T) {
 			}
 		})
 	}
-}
-
-func sameCerts(a, b []*x509.Certificate) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(b[i]) {
-			return false
-		}
-	}
-	return true
 }

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshca/meshca/keymgr"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -103,25 +104,11 @@ func (s *Source) number(observed uint64, roots []*x509.Certificate) uint64 {
 	switch {
 	case s.seq == 0:
 		s.seq = max(observed, 1)
-	case !sameCerts(roots, s.roots):
+	case !keymgr.SameCerts(roots, s.roots):
 		s.seq = max(observed, s.seq+1)
 	default:
 		s.seq = max(observed, s.seq)
 	}
 	s.roots = roots
 	return s.seq
-}
-
-// sameCerts reports whether a and b hold the same certificates in the same
-// order.
-func sameCerts(a, b []*x509.Certificate) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(b[i]) {
-			return false
-		}
-	}
-	return true
 }
