@@ -54,8 +54,9 @@ func (d DirStore) loadSingleRoot() (*State, error) {
 // stateOfAuthority is the State of a CA directory holding a: a's signing
 // path as the active authority (Generated when its root signs and
 // generated says so), and every other root of a.Roots as a previous,
-// External one (meshca does not hold its key), each with one transition
-// at at for reason. The Sequence is left to the caller.
+// External one (meshca does not hold its key), in a.Roots' order, each
+// with one transition at at for reason. The Sequence is left to the
+// caller.
 func stateOfAuthority(a *Authority, at time.Time, reason string, generated bool) (*State, error) {
 	root := authorityRoot(a)
 	if root == nil {
@@ -63,18 +64,20 @@ func stateOfAuthority(a *Authority, at time.Time, reason string, generated bool)
 	}
 	history := func(p Phase) []Transition { return []Transition{{To: p, At: at, Reason: reason}} }
 	s := &State{}
-	for _, r := range a.Roots {
-		if r.Equal(root) || containsRoot(s, r) {
-			continue
+	for _, r := range a.Roots { // in the directory's order, which the bundle keeps
+		switch {
+		case containsRoot(s, r):
+		case r.Equal(root):
+			s.Authorities = append(s.Authorities, &AuthorityRecord{
+				Phase: PhaseActive, Root: root, Cert: a.Cert, Chain: a.Chain, Key: a.Key,
+				Generated: generated && a.Cert.Equal(root), History: history(PhaseActive),
+			})
+		default:
+			s.Authorities = append(s.Authorities, &AuthorityRecord{
+				Phase: PhasePrevious, Root: r, Cert: r, External: true, History: history(PhasePrevious),
+			})
 		}
-		s.Authorities = append(s.Authorities, &AuthorityRecord{
-			Phase: PhasePrevious, Root: r, Cert: r, External: true, History: history(PhasePrevious),
-		})
 	}
-	s.Authorities = append(s.Authorities, &AuthorityRecord{
-		Phase: PhaseActive, Root: root, Cert: a.Cert, Chain: a.Chain, Key: a.Key,
-		Generated: generated && a.Cert.Equal(root), History: history(PhaseActive),
-	})
 	return s, nil
 }
 
