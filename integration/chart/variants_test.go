@@ -36,6 +36,13 @@ func TestChartVariants(t *testing.T) {
 			d := deployment(t, objs)
 			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--ca-dir=/etc/cacerts"}, []string{"--state-secret", "--auto-rotate"})
 			wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"cacerts": "cacerts"})
+			// meshca follows the Secret as its owner renews it: a subPath
+			// mount would never see a renewal.
+			for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+				if m.Name == "cacerts" && (m.SubPath != "" || m.SubPathExpr != "") {
+					t.Errorf("the cacerts Secret is mounted with a subPath (%+v), which the kubelet never updates", m)
+				}
+			}
 			if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
 				t.Errorf("rendered kinds %v: an imported CA has no state to rotate", k)
 			}
