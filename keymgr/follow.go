@@ -50,7 +50,8 @@ type Follower struct {
 	Interval time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
-	// OnError, when set, hears of every state that could not be used.
+	// OnError, when set, hears why a state could not be used: once for each
+	// failure that differs from the one before (Run), not at every look.
 	OnError func(error)
 	// OnChange, when set, hears of every state put in service.
 	OnChange func(*State)
