@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -61,6 +63,7 @@ type nextView struct {
 func newRootStatusCommand() *cobra.Command {
 	var (
 		store  storeFlags
+		caDir  string
 		output string
 		margin time.Duration
 	)
@@ -71,7 +74,7 @@ func newRootStatusCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := contextWithTimeout(cmd, 30*time.Second)
 			defer cancel()
-			st, err := store.load(ctx)
+			st, err := statusState(ctx, &store, caDir)
 			if err != nil {
 				return err
 			}
@@ -88,9 +91,27 @@ func newRootStatusCommand() *cobra.Command {
 		},
 	}
 	store.register(cmd)
+	cmd.Flags().StringVar(&caDir, "ca-dir", "", "instead of a CA state, a plugged-in CA directory (as meshca serve --ca-dir), checked as a server checks it: "+
+		"what it would serve, before the files are swapped in")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultActivationMargin, "margin the activation guard adds to half the longest leaf lifetime")
 	return cmd
+}
+
+// statusState is the state status shows: the CA state the flags name, or
+// what a server on the plugged-in directory caDir would serve.
+func statusState(ctx context.Context, store *storeFlags, caDir string) (*keymgr.State, error) {
+	if caDir == "" {
+		return store.load(ctx)
+	}
+	if store.stateDir != "" || store.stateSecret != "" {
+		return nil, &exitError{code: exitUsage, err: errors.New("give --ca-dir or a CA state (--state-dir, --state-secret), not both")}
+	}
+	st, _, err := (&keymgr.PluggedDir{Dir: caDir}).Load(ctx)
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	return st, nil
 }
 
 func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {

@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 )
 
@@ -106,5 +110,55 @@ func recordLeaf(t *testing.T, dir string, ttl time.Duration) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRootStatusCADir: status reads a plugged-in directory as a server
+// would, so an operator can check new files before swapping them in.
+func TestRootStatusCADir(t *testing.T) {
+	root := testca.NewRoot(t, "plugged root", testca.Options{})
+	issuing := root.NewIntermediate(t, "plugged issuing", testca.Options{})
+	other := root.NewIntermediate(t, "another issuing", testca.Options{})
+	write := func(dir string, key crypto.Signer) {
+		t.Helper()
+		keyPEM, err := pemutil.EncodePrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, b := range map[string][]byte{
+			keymgr.FileCACert: pemutil.EncodeCertificates(issuing.Cert), keymgr.FileCAKey: keyPEM,
+			keymgr.FileCertChain: pemutil.EncodeCertificates(issuing.Cert), keymgr.FileRootCert: pemutil.EncodeCertificates(root.Cert),
+		} {
+			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	good, bad := t.TempDir(), t.TempDir()
+	write(good, issuing.Key)
+	write(bad, other.Key)
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"a good directory", []string{"status", "--ca-dir", good}, 0, []string{"active", "signs with intermediate CN=plugged issuing", "under root " + keymgr.Fingerprint(root.Cert)[:16]}},
+		{"as JSON", []string{"status", "--ca-dir", good, "-o", "json"}, 0, []string{`"rootSha256": "` + keymgr.Fingerprint(root.Cert) + `"`}},
+		{"a key of another certificate", []string{"status", "--ca-dir", bad}, 2, []string{"does not match the public key"}},
+		{"and a state too", []string{"status", "--ca-dir", good, "--state-dir", t.TempDir()}, 2, []string{"not both"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, code := rootCmd(t, tt.args...)
+			if code != tt.code {
+				t.Fatalf("exit %d, want %d:\n%s", code, tt.code, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
 	}
 }
