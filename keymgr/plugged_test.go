@@ -8,7 +8,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -23,28 +22,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// writePlugged writes issuing, its path up to (not including) the root,
-// and roots in Istio's cacerts layout, as an operator replaces a mounted
-// Secret's files.
-func writePlugged(t *testing.T, dir string, issuing *testca.CA, roots ...*x509.Certificate) {
-	t.Helper()
-	key, err := pemutil.EncodePrivateKey(issuing.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{
-		keymgr.FileCACert:    pemutil.EncodeCertificates(issuing.Cert),
-		keymgr.FileCAKey:     key,
-		keymgr.FileCertChain: pemutil.EncodeCertificates(issuing.Cert),
-		keymgr.FileRootCert:  pemutil.EncodeCertificates(roots...),
-	}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestPluggedDirFollow: a server on a plugged-in CA directory takes an
 // intermediate renewed under its root at the next look; refuses one under
 // a root it does not serve yet, and a directory caught halfway through a
@@ -55,7 +32,7 @@ func TestPluggedDirFollow(t *testing.T) {
 	dir := t.TempDir()
 	root, next := testca.NewRoot(t, "plugged root", testca.Options{}), testca.NewRoot(t, "next plugged root", testca.Options{})
 	first := root.NewIntermediate(t, "issuing 1", testca.Options{})
-	writePlugged(t, dir, first, root.Cert)
+	first.WriteCACerts(t, dir, root.Cert)
 	store := &keymgr.PluggedDir{Dir: dir}
 	st, _, err := store.Load(context.Background())
 	if err != nil {
@@ -95,20 +72,20 @@ func TestPluggedDirFollow(t *testing.T) {
 	signs(first, 1)
 
 	second := root.NewIntermediate(t, "issuing 2", testca.Options{})
-	writePlugged(t, dir, second, root.Cert)
+	second.WriteCACerts(t, dir, root.Cert)
 	if s := sync(true, ""); s != seq {
 		t.Errorf("sequence %d after a renewal under the same root, want %d: the bundle did not change", s, seq)
 	}
 	signs(second, 1)
 
 	underNext := next.NewIntermediate(t, "issuing 3", testca.Options{})
-	writePlugged(t, dir, underNext, next.Cert)
+	underNext.WriteCACerts(t, dir, next.Cert)
 	sync(false, `signs under root "CN=next plugged root`)
 	signs(second, 1)
 
 	// Halfway through a change: the new certificate, the old key.
 	third := root.NewIntermediate(t, "issuing 4", testca.Options{})
-	writePlugged(t, dir, third, root.Cert)
+	third.WriteCACerts(t, dir, root.Cert)
 	key, err := pemutil.EncodePrivateKey(second.Key)
 	if err != nil {
 		t.Fatal(err)
@@ -120,12 +97,12 @@ func TestPluggedDirFollow(t *testing.T) {
 	signs(second, 1)
 
 	// The next root served beside the old one, then signing.
-	writePlugged(t, dir, second, root.Cert, next.Cert)
+	second.WriteCACerts(t, dir, root.Cert, next.Cert)
 	if s := sync(true, ""); s <= seq {
 		t.Errorf("sequence %d after the bundle grew, want more than %d", s, seq)
 	}
 	signs(second, 2)
-	writePlugged(t, dir, underNext, root.Cert, next.Cert)
+	underNext.WriteCACerts(t, dir, root.Cert, next.Cert)
 	sync(true, "")
 	signs(underNext, 2)
 

@@ -3,15 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 )
@@ -119,24 +116,10 @@ func TestRootStatusCADir(t *testing.T) {
 	root := testca.NewRoot(t, "plugged root", testca.Options{})
 	issuing := root.NewIntermediate(t, "plugged issuing", testca.Options{})
 	other := root.NewIntermediate(t, "another issuing", testca.Options{})
-	write := func(dir string, key crypto.Signer) {
-		t.Helper()
-		keyPEM, err := pemutil.EncodePrivateKey(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, b := range map[string][]byte{
-			keymgr.FileCACert: pemutil.EncodeCertificates(issuing.Cert), keymgr.FileCAKey: keyPEM,
-			keymgr.FileCertChain: pemutil.EncodeCertificates(issuing.Cert), keymgr.FileRootCert: pemutil.EncodeCertificates(root.Cert),
-		} {
-			if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	good, bad := t.TempDir(), t.TempDir()
-	write(good, issuing.Key)
-	write(bad, other.Key)
+	issuing.WriteCACerts(t, good)
+	// The certificate of one intermediate with the key of another.
+	(&testca.CA{Cert: issuing.Cert, Key: other.Key}).WriteCACerts(t, bad, root.Cert)
 	tests := []struct {
 		name string
 		args []string

@@ -155,7 +155,7 @@ func TestPluggedCARenewalLive(t *testing.T) {
 	dir := t.TempDir()
 	root := testca.NewRoot(t, "e2e plugged root", testca.Options{})
 	first := root.NewIntermediate(t, "e2e plugged issuing 1", testca.Options{})
-	writeCACerts(t, dir, first, root.Cert)
+	first.WriteCACerts(t, dir, root.Cert)
 	s := &server{Meshca: harness.StartMeshca(t, bin, "--ca-dir", dir, "--kubeconfig", cluster.Kubeconfig), roots: keymgr.Pool(root.Cert)}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "plugged"), "web", "node-a")
 	id := workloadID(w)
@@ -181,31 +181,17 @@ func TestPluggedCARenewalLive(t *testing.T) {
 	signedBy(first, 0)
 
 	second := root.NewIntermediate(t, "e2e plugged issuing 2", testca.Options{})
-	writeCACerts(t, dir, second, root.Cert)
+	second.WriteCACerts(t, dir, root.Cert)
 	signedBy(second, 10*time.Second)
 
 	stranger := testca.NewRoot(t, "e2e untrusted root", testca.Options{})
-	writeCACerts(t, dir, stranger.NewIntermediate(t, "e2e issuing under it", testca.Options{}), stranger.Cert)
+	stranger.NewIntermediate(t, "e2e issuing under it", testca.Options{}).WriteCACerts(t, dir, stranger.Cert)
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(s.Logs(), "which workloads do not trust yet"); time.Sleep(250 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the server did not log the refusal of a CA under an untrusted root within 10s")
 		}
 	}
 	signedBy(second, 0)
-}
-
-// writeCACerts writes issuing and roots in Istio's cacerts layout, one
-// file after the other, as an operator copying files would.
-func writeCACerts(t *testing.T, dir string, issuing *testca.CA, roots ...*x509.Certificate) {
-	t.Helper()
-	key, err := pemutil.EncodePrivateKey(issuing.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, dir, keymgr.FileRootCert, pemutil.EncodeCertificates(roots...), 0o644)
-	writeFile(t, dir, keymgr.FileCertChain, pemutil.EncodeCertificates(issuing.Cert), 0o644)
-	writeFile(t, dir, keymgr.FileCACert, pemutil.EncodeCertificates(issuing.Cert), 0o644)
-	writeFile(t, dir, keymgr.FileCAKey, key, 0o600)
 }
 
 // renewalClient is a client that authenticates by svid alone, as a
