@@ -41,8 +41,11 @@ func NewManager(td spiffeid.TrustDomain, a *Authority) *Manager {
 func (m *Manager) Authority() *Authority { return m.current.Load().a }
 
 // Set makes a the current signing authority.
-func (m *Manager) Set(a *Authority) {
-	c := &managed{a: a}
+func (m *Manager) Set(a *Authority) { m.set(a, nil) }
+
+// set makes a current, with the retired issuers of the state it came from.
+func (m *Manager) set(a *Authority, retired []*x509.Certificate) {
+	c := &managed{a: a, retired: retired}
 	if a != nil {
 		c.bundle = a.Bundle(m.td)
 	}
@@ -56,8 +59,7 @@ func (m *Manager) Use(s *State, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	c := &managed{a: a, bundle: a.Bundle(m.td), retired: s.RetiredIssuers()}
-	m.current.Store(c)
+	m.set(a, s.RetiredIssuers())
 	return nil
 }
 
