@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/meshca/meshca/csr"
 )
 
 // MinIDPrefix is the fewest hex digits of an id that Lookup accepts.
@@ -143,6 +145,23 @@ func (s *State) RetiredIssuers() []*x509.Certificate {
 		}
 	}
 	return out
+}
+
+// InUseBy returns an authority of s other than rec, not retired, whose
+// signing path (its root, signing certificate or chain) holds c or c's
+// key, or nil: what retiring rec must leave in its backend.
+func (s *State) InUseBy(rec *AuthorityRecord, c *x509.Certificate) *AuthorityRecord {
+	for _, a := range s.Authorities {
+		if a.ID() == rec.ID() || a.Phase == PhaseRetired {
+			continue
+		}
+		for _, x := range append([]*x509.Certificate{a.Cert, a.Root}, a.Chain...) {
+			if x.Equal(c) || csr.SamePublicKey(x.PublicKey, c.PublicKey) {
+				return a
+			}
+		}
+	}
+	return nil
 }
 
 // RecordIssued notes that a leaf valid until notAfter, with lifetime ttl,

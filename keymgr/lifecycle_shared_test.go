@@ -89,6 +89,14 @@ func TestIntermediateRenewal(t *testing.T) {
 	if r := s.RetiredIssuers(); len(r) != 1 || !r[0].Equal(first.Cert) {
 		t.Fatalf("retired issuers %d, want the first intermediate: its leaves still chain to the bundle", len(r))
 	}
+	// What retiring the first one must leave in a backend: the root,
+	// which the second signs under; not its own intermediate.
+	if by := s.InUseBy(first, root.Cert); by != second {
+		t.Errorf("the shared root is in use by %v, want the second intermediate's authority", by)
+	}
+	if by := s.InUseBy(first, first.Cert); by != nil {
+		t.Errorf("the retired intermediate is in use by %.16s, want none", by.ID())
+	}
 
 	// A third intermediate under the root is welcome while it is trusted.
 	if err := s.Prepare(lcUnder(t, root, "issuing 3"), h(45*time.Hour), ""); err != nil {

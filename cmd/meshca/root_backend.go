@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/meshca/meshca/signer/vault"
@@ -159,7 +158,7 @@ func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.Aut
 	}
 	var certs []*x509.Certificate
 	for _, c := range append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...) {
-		if by := usedBy(s, rec, c); by != nil {
+		if by := s.InUseBy(rec, c); by != nil {
 			fmt.Fprintf(v.flags.out, "kept in Vault: %q and its key, which authority %s (%s) still uses\n", c.Subject, shortID(by), by.Phase)
 			continue
 		}
@@ -170,23 +169,6 @@ func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.Aut
 		fmt.Fprintf(v.flags.out, "deleted in Vault: %s and its key\n", d)
 	}
 	return err
-}
-
-// usedBy is an authority of s other than rec, not retired, whose signing
-// path (its root, signing certificate or chain) holds c or c's key; nil
-// if none.
-func usedBy(s *keymgr.State, rec *keymgr.AuthorityRecord, c *x509.Certificate) *keymgr.AuthorityRecord {
-	for _, a := range s.Authorities {
-		if a.ID() == rec.ID() || a.Phase == keymgr.PhaseRetired {
-			continue
-		}
-		for _, x := range append([]*x509.Certificate{a.Cert, a.Root}, a.Chain...) {
-			if x.Equal(c) || csr.SamePublicKey(x.PublicKey, c.PublicKey) {
-				return a
-			}
-		}
-	}
-	return nil
 }
 
 // cfsslRoot: meshca manages the trust bundle around a key change that the
@@ -244,7 +226,7 @@ func (c *cfsslRoot) activate(ctx context.Context, _ *keymgr.State, rec *keymgr.A
 }
 
 func (c *cfsslRoot) retire(_ context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error {
-	if by := usedBy(s, rec, rec.Cert); by != nil {
+	if by := s.InUseBy(rec, rec.Cert); by != nil {
 		fmt.Fprintf(c.flags.out, "keep the key of %q: authority %s (%s) still uses it\n", strings.TrimSpace(rec.Cert.Subject.String()), shortID(by), by.Phase)
 		return nil
 	}
