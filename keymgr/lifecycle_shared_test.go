@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // lcUnder returns a new authority signed by an intermediate of its own
@@ -96,6 +97,20 @@ func TestIntermediateRenewal(t *testing.T) {
 	}
 	if by := s.InUseBy(first, first.Cert); by != nil {
 		t.Errorf("the retired intermediate is in use by %.16s, want none", by.ID())
+	}
+	// Both targets a server keeps on the state tell its retired issuer.
+	mgr := keymgr.NewManager(spiffeid.RequireTrustDomainFromString("cluster.local"), nil)
+	trust := keymgr.NewExternalTrust(spiffeid.RequireTrustDomainFromString("cluster.local"), keymgr.DefaultGuards())
+	for name, target := range map[string]interface {
+		keymgr.Target
+		RetiredIssuer(*x509.Certificate) bool
+	}{"Manager": mgr, "ExternalTrust": trust} {
+		if err := target.Use(s, h(44*time.Hour)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !target.RetiredIssuer(first.Cert) || target.RetiredIssuer(second.Cert) {
+			t.Errorf("%s: RetiredIssuer wrong for the retired or the active intermediate", name)
+		}
 	}
 
 	// A third intermediate under the root is welcome while it is trusted.
