@@ -96,9 +96,9 @@ func checkText(data []byte, from, to int) error {
 		if at > 0 && data[at-1] != '\n' {
 			why = "its BEGIN is not at the start of the line"
 		}
-		return fmt.Errorf("line %d: %q begins a PEM block that does not decode (%s)", lineOf(data, at), lineAt(data, at), why)
+		return fmt.Errorf("line %d: %q begins a PEM block that does not decode (%s)", lineOf(data, at), boundaryAt(data, at), why)
 	case e >= 0:
-		return fmt.Errorf("line %d: %q ends no PEM block", lineOf(data, from+e), lineAt(data, from+e))
+		return fmt.Errorf("line %d: %q ends no PEM block", lineOf(data, from+e), boundaryAt(data, from+e))
 	}
 	return nil
 }
@@ -109,19 +109,25 @@ func lineOf(data []byte, i int) int {
 	return bytes.Count(data[:i], []byte("\n")) + 1
 }
 
-// lineAt returns the line of data that holds data[i], without its white
-// space and cut to 64 bytes, for an error.
-func lineAt(data []byte, i int) string {
-	start := bytes.LastIndexByte(data[:i], '\n') + 1
-	line := data[start:]
+// boundaryAt returns the PEM boundary that starts at data[i] (a BEGIN or
+// END mark), for an error: its own text only, up to its closing dashes,
+// never what follows it on the line or precedes it, which may be a key
+// written on one line. Without closing dashes in the first 64 bytes it is
+// the mark alone.
+func boundaryAt(data []byte, i int) string {
+	line := data[i:]
 	if end := bytes.IndexByte(line, '\n'); end >= 0 {
 		line = line[:end]
 	}
-	line = bytes.TrimSpace(line)
-	if len(line) > 64 {
-		return string(line[:64]) + "..."
+	mark := beginMark
+	if bytes.HasPrefix(line, endMark) {
+		mark = endMark
 	}
-	return string(line)
+	line = line[:min(len(line), 64)]
+	if k := bytes.Index(line[len(mark):], []byte("-----")); k >= 0 {
+		return string(line[:len(mark)+k+5])
+	}
+	return string(mark) + "..."
 }
 
 // EncodeCertificates returns the concatenated PEM of certs.

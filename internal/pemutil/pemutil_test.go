@@ -1,11 +1,13 @@
 package pemutil_test
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -35,6 +37,12 @@ func TestPrivateKeyRoundTrip(t *testing.T) {
 			`line 1: "-----BEGIN PRIVATE KEY-----" begins a PEM block that does not decode`},
 		{"damaged block alone", []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n"), `line 1: "-----BEGIN PRIVATE KEY-----" begins a PEM block that does not decode`},
 		{"stray END before the key", append([]byte("-----END PRIVATE KEY-----\n"), mustEncode(t, ec)...), `line 1: "-----END PRIVATE KEY-----" ends no PEM block`},
+		// A key pasted on one line, its newlines written as \n (a Helm or
+		// Secret mistake): the error names the boundary, never key bytes.
+		{"key on one line", oneLine(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: sec1})),
+			`line 1: "-----BEGIN EC PRIVATE KEY-----" begins a PEM block that does not decode`},
+		{"key on one line, no closing dashes", []byte("-----BEGIN EC PRIVATE KEY" + base64.StdEncoding.EncodeToString(sec1)),
+			`line 1: "-----BEGIN..." begins a PEM block that does not decode`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,6 +55,9 @@ func TestPrivateKeyRoundTrip(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
+			}
+			if body := base64.StdEncoding.EncodeToString(sec1); strings.Contains(err.Error(), body[:12]) {
+				t.Fatalf("err = %v: it quotes the key", err)
 			}
 		})
 	}
@@ -102,7 +113,7 @@ func TestParseCertificates(t *testing.T) {
 		{name: "indented block", in: "  " + one,
 			want: `line 1: "-----BEGIN CERTIFICATE-----" begins a PEM block that does not decode (its BEGIN is not at the start of the line)`},
 		{name: "BEGIN in text", in: "the chain: -----BEGIN CERTIFICATE-----\n\n" + one,
-			want: `line 1: "the chain: -----BEGIN CERTIFICATE-----" begins a PEM block that does not decode (its BEGIN is not at the start of the line)`},
+			want: `line 1: "-----BEGIN CERTIFICATE-----" begins a PEM block that does not decode (its BEGIN is not at the start of the line)`},
 		{name: "END without BEGIN", in: one + "-----END CERTIFICATE-----\n",
 			want: fmt.Sprintf(`line %d: "-----END CERTIFICATE-----" ends no PEM block`, n+1)},
 		{name: "private key", in: key, want: `line 1: PEM block 1 is "PRIVATE KEY", want "CERTIFICATE"`},
@@ -159,4 +170,9 @@ func FuzzParse(f *testing.F) {
 		_, _ = pemutil.ParseCertificates(data)
 		_, _ = pemutil.ParsePrivateKey(data)
 	})
+}
+
+// oneLine is p with its newlines written as the two characters \ and n.
+func oneLine(p []byte) []byte {
+	return bytes.ReplaceAll(bytes.TrimSpace(p), []byte("\n"), []byte(`\n`))
 }
