@@ -82,8 +82,14 @@ func (l *IssuanceLog) write(ctx context.Context, key string, issuer, leaf *x509.
 	var longest time.Duration
 	_, err := Update(ctx, l.Store, func(s *State) error {
 		rec := signedBy(s, issuer)
-		if rec == nil {
+		switch {
+		case rec == nil:
 			return fmt.Errorf("keymgr: no authority of the CA state signs with %s", issuer.Subject)
+		case rec.Phase == PhaseRetired:
+			// This process has not followed the state yet: the leaf's root
+			// is no longer in the bundle workloads trust.
+			return fmt.Errorf("keymgr: authority %.16s that signed the leaf was retired at %s; this server has not followed the CA state yet",
+				rec.ID(), rec.Since().Format(time.RFC3339))
 		}
 		horizon = maxTime(rec.LatestLeafNotAfter, leaf.NotAfter.Add(ahead))
 		longest = max(rec.LongestLeafTTL, ttl)

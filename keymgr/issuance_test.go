@@ -152,3 +152,28 @@ func TestIssuanceLogWaitHonoursContext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A server that has not followed the state yet still signs with an
+// authority another replica or the CLI has retired: the leaf is not
+// recorded, so it is not handed out under a root workloads no longer trust.
+func TestIssuanceLogRefusesRetired(t *testing.T) {
+	ctx := context.Background()
+	s := lcAllPhases(t)
+	retired := s.Authorities[0]
+	store := &keymgr.DirStore{Dir: t.TempDir()}
+	if _, err := store.Save(ctx, s, ""); err != nil {
+		t.Fatal(err)
+	}
+	l := &keymgr.IssuanceLog{Store: store}
+	err := l.Record(ctx, retired.Cert, leafOf(lcT0.Add(30*time.Hour), time.Hour))
+	if err == nil || !strings.Contains(err.Error(), "was retired at 2030-01-02T00:00:00Z; this server has not followed the CA state yet") {
+		t.Fatalf("Record under a retired authority: %v", err)
+	}
+	got, _, err := store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := got.Lookup(retired.ID()); !rec.LatestLeafNotAfter.Equal(retired.LatestLeafNotAfter) {
+		t.Fatalf("the retired authority's record changed: %v", rec.LatestLeafNotAfter)
+	}
+}
