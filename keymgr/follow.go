@@ -59,6 +59,7 @@ type Follower struct {
 	mu      sync.Mutex // one Sync at a time: Run and a rotation step may both ask
 	version Version
 	loaded  bool
+	state   *State // the state in service
 }
 
 // Sync loads the stored state once and, when it changed and is good, puts
@@ -76,14 +77,42 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, fmt.Errorf("keymgr: CA state version %s is invalid, still serving the last good one: %w", v, err)
 	}
+	if err := notBehind(s, f.state); err != nil {
+		return false, fmt.Errorf("keymgr: CA state version %s is older than the one in service, still serving that one: %w", v, err)
+	}
 	if err := f.Target.Use(s, f.now()); err != nil {
 		return false, fmt.Errorf("keymgr: CA state version %s cannot serve, still serving the last good one: %w", v, err)
 	}
-	f.version, f.loaded = v, true
+	f.version, f.loaded, f.state = v, true, s
 	if f.OnChange != nil {
 		f.OnChange(s)
 	}
 	return true, nil
+}
+
+// notBehind refuses a state s that would take back what cur, the state
+// in service, has done: a bundle sequence that goes down, or an
+// authority cur has retired in service again. Such a state is an older
+// one written back (a backup restored, a Secret re-applied, a store
+// deleted and bootstrapped anew by a restarting server): serving it
+// would drop the roots of live leaves from the bundle, or sign again with
+// a retired key.
+func notBehind(s, cur *State) error {
+	if cur == nil {
+		return nil
+	}
+	if s.Sequence < cur.Sequence {
+		return fmt.Errorf("its bundle sequence %d is below %d; if it is meant, restart the servers on it", s.Sequence, cur.Sequence)
+	}
+	for _, a := range cur.Authorities {
+		for _, b := range s.Authorities {
+			if a.Phase == PhaseRetired && b.Phase != PhaseRetired && b.ID() == a.ID() {
+				return fmt.Errorf("it holds authority %.16s as %s, which was retired at %s; if it is meant, restart the servers on it",
+					a.ID(), b.Phase, a.Since().UTC().Format(time.RFC3339))
+			}
+		}
+	}
+	return nil
 }
 
 // Run reloads the state every Interval until ctx ends, then returns nil.
