@@ -1,6 +1,7 @@
 package keymgr
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -49,6 +50,49 @@ func (d DirStore) loadSingleRoot() (*State, error) {
 	}
 	s.Sequence = 1
 	return s, nil
+}
+
+// ErrNotMigrated is the answer of a rotation step on a directory in the
+// single-root layout that no server has migrated yet.
+var ErrNotMigrated = errors.New("the directory holds a CA in the single-root layout of meshca before rotation, " +
+	"which keeps no record of the leaves issued under it: start meshca serve --state-dir on it once " +
+	"(it migrates the directory, assuming leaves of up to its --max-ttl), then take the step")
+
+// CheckMigrated returns ErrNotMigrated when store is a directory in the
+// single-root layout never saved as a state: a step saved on it would
+// record no leaves under its authorities, and the guards would pass at
+// once.
+func CheckMigrated(ctx context.Context, store StateStore) error {
+	s, v, err := store.Load(ctx)
+	switch {
+	case errors.Is(err, ErrNoState):
+		return nil
+	case err != nil:
+		return err
+	case v == "" && s.Active() != nil:
+		return ErrNotMigrated
+	}
+	return nil
+}
+
+// MigrateSingleRoot saves a directory found in the single-root layout as
+// a state, recording that leaves of up to maxTTL may have been issued,
+// until now, under each authority it trusts (nothing says otherwise, and
+// none outlives its issuer), so that no guard passes early. It reports
+// whether it migrated; a store already holding a state is left alone.
+func MigrateSingleRoot(ctx context.Context, store StateStore, maxTTL time.Duration, now time.Time) (bool, error) {
+	if err := CheckMigrated(ctx, store); !errors.Is(err, ErrNotMigrated) {
+		return false, err
+	}
+	_, err := Update(ctx, store, func(s *State) error {
+		for _, a := range s.Authorities {
+			if a.Phase != PhaseRetired {
+				s.RecordIssued(a.ID(), minTime(now.Add(maxTTL), a.Cert.NotAfter), maxTTL)
+			}
+		}
+		return nil
+	})
+	return err == nil, err
 }
 
 // stateOfAuthority is the State of a CA directory holding a: a's signing

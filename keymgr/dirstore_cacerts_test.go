@@ -223,3 +223,63 @@ func writeFiles(t *testing.T, dir string, files map[string][]byte) {
 		}
 	}
 }
+
+// TestMigrateSingleRoot: a directory of the single-root layout is saved as
+// a state recording that leaves of up to the server's longest lifetime
+// may live under each root it trusts (none beyond that root's expiry);
+// until then a rotation step is refused, since the guards would pass at
+// once.
+func TestMigrateSingleRoot(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Second)
+	dir := filepath.Join(t.TempDir(), "state")
+	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
+		t.Fatal(err)
+	}
+	// An older root, still trusted beside the one that signs, expiring
+	// before any leaf of the longest lifetime would.
+	older := testca.NewRoot(t, "older root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(2 * time.Hour)})
+	f, err := os.OpenFile(filepath.Join(dir, keymgr.FileRootCert), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(pemutil.EncodeCertificates(older.Cert)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := &keymgr.DirStore{Dir: dir}
+	if err := keymgr.CheckMigrated(ctx, st); !errors.Is(err, keymgr.ErrNotMigrated) {
+		t.Fatalf("CheckMigrated before = %v, want ErrNotMigrated", err)
+	}
+	if ok, err := keymgr.MigrateSingleRoot(ctx, st, 24*time.Hour, now); !ok || err != nil {
+		t.Fatalf("MigrateSingleRoot = %v, %v", ok, err)
+	}
+	s, v, err := st.Load(ctx)
+	if err != nil || v == "" {
+		t.Fatalf("after the migration: version %q, %v", v, err)
+	}
+	if len(s.Authorities) != 2 {
+		t.Fatalf("%d authorities, want the signing root and the older one", len(s.Authorities))
+	}
+	for _, a := range s.Authorities {
+		want := now.Add(24 * time.Hour)
+		if a.Cert.Equal(older.Cert) {
+			want = older.Cert.NotAfter
+		}
+		if !a.LatestLeafNotAfter.Equal(want) || a.LongestLeafTTL != 24*time.Hour {
+			t.Errorf("%s %s: leaves recorded until %s, longest %s; want %s, 24h", a.Phase, a.Cert.Subject, a.LatestLeafNotAfter, a.LongestLeafTTL, want)
+		}
+	}
+	if err := keymgr.CheckMigrated(ctx, st); err != nil {
+		t.Fatalf("CheckMigrated after = %v", err)
+	}
+	if ok, err := keymgr.MigrateSingleRoot(ctx, st, time.Hour, now); ok || err != nil {
+		t.Fatalf("MigrateSingleRoot of a state = %v, %v; want nothing done", ok, err)
+	}
+	empty := &keymgr.DirStore{Dir: t.TempDir()}
+	if err := keymgr.CheckMigrated(ctx, empty); err != nil {
+		t.Fatalf("CheckMigrated of an empty directory = %v", err)
+	}
+}

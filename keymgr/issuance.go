@@ -127,3 +127,10 @@ func maxTime(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -294,22 +294,11 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 }
 
 // completeMigration saves a state directory found in the single-root
-// layout as a state, recording that leaves of up to maxTTL may have been
-// issued under its authority (nothing says otherwise), so that no guard
-// passes early.
+// layout as a state (keymgr.MigrateSingleRoot), assuming leaves of up to
+// maxTTL were issued under it.
 func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time.Duration, log *slog.Logger) error {
-	st, v, err := store.Load(ctx)
-	if err != nil || v != "" || st.Active() == nil {
-		return nil // nothing stored, or already a state: LoadOrBootstrap takes it from here
-	}
-	now := time.Now()
-	_, err = keymgr.Update(ctx, store, func(s *keymgr.State) error {
-		if a := s.Active(); a != nil {
-			s.RecordIssued(a.ID(), now.Add(maxTTL), maxTTL)
-		}
-		return nil
-	})
-	if err == nil {
+	migrated, err := keymgr.MigrateSingleRoot(ctx, store, maxTTL, time.Now())
+	if migrated {
 		log.Warn("CA state migrated from the single-root layout; rotation guards assume leaves of up to --max-ttl were issued under it",
 			"max_ttl", maxTTL)
 	}

@@ -49,9 +49,9 @@ func newRootPrepareCommand() *cobra.Command {
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.open()
+			store, err := f.store.openForStep(ctx)
 			if err != nil {
-				return &exitError{code: exitUsage, err: err}
+				return err
 			}
 			f.signer.out = cmd.OutOrStdout()
 			made, err := f.inBackend(ctx, store)

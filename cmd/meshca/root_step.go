@@ -63,9 +63,9 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.open()
+			store, err := f.store.openForStep(ctx)
 			if err != nil {
-				return &exitError{code: exitUsage, err: err}
+				return err
 			}
 			if d, ok := store.(*keymgr.DirStore); ok {
 				// Finish a step a crash cut short after its commit (a

@@ -96,6 +96,20 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
 }
 
+// openForStep returns the store the flags name, for a step that saves:
+// a directory still in the single-root layout is refused until a server
+// has migrated it with the record of its leaves.
+func (s *storeFlags) openForStep(ctx context.Context) (keymgr.StateStore, error) {
+	store, err := s.open()
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	if err := keymgr.CheckMigrated(ctx, store); errors.Is(err, keymgr.ErrNotMigrated) {
+		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--state-dir %s: %w", s.stateDir, err)}
+	}
+	return store, nil
+}
+
 // load reads the state, for commands that only look.
 func (s *storeFlags) load(ctx context.Context) (*keymgr.State, error) {
 	store, err := s.open()

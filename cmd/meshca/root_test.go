@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -143,5 +144,39 @@ func TestRootStatusCADir(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRootStepsRefuseSingleRoot: a state directory of the single-root
+// layout keeps no record of its leaves, so the steps that save wait for a
+// server to migrate it (recording leaves of up to its --max-ttl); status
+// and bundle read it as it is.
+func TestRootStepsRefuseSingleRoot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
+		t.Fatal(err)
+	}
+	st := "--state-dir=" + dir
+	tests := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"prepare", st}, 2, "single-root layout of meshca before rotation"},
+		{[]string{"activate", st}, 2, "start meshca serve --state-dir on it once"},
+		{[]string{"retire", st}, 2, "start meshca serve --state-dir on it once"},
+		{[]string{"status", st}, 0, "active"},
+		{[]string{"bundle", st}, 0, "BEGIN CERTIFICATE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.args[0], func(t *testing.T) {
+			out, code := rootCmd(t, tt.args...)
+			if code != tt.code || !strings.Contains(out, tt.want) {
+				t.Fatalf("exit %d, want %d with %q:\n%s", code, tt.code, tt.want, out)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); !os.IsNotExist(err) {
+		t.Fatalf("a refused step wrote %s: %v", keymgr.FileState, err)
 	}
 }
