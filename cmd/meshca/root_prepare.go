@@ -121,6 +121,10 @@ func (f *prepareFlags) inBackend(ctx context.Context, store keymgr.StateStore) (
 		cur = &keymgr.State{}
 	case err != nil:
 		return nil, err
+	default:
+		if err := cur.Validate(); err != nil { // before the backend changes, as Update would refuse to save it
+			return nil, fmt.Errorf("the stored CA state is invalid, nothing changed: %w", err)
+		}
 	}
 	rec, err := be.prepare(ctx, cur, f)
 	if err != nil {

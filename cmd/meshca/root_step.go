@@ -124,6 +124,9 @@ func tryStep(ctx context.Context, store keymgr.StateStore, args []string, phase 
 	if err != nil {
 		return "", err
 	}
+	if err := cur.Validate(); err != nil { // before the backend changes, as Update would refuse to save it
+		return "", fmt.Errorf("the stored CA state is invalid, nothing changed: %w", err)
+	}
 	rec, err := pick(cur, args, phase)
 	if err != nil {
 		return "", &exitError{code: exitUsage, err: err}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,5 +179,35 @@ func TestRootStepsRefuseSingleRoot(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); !os.IsNotExist(err) {
 		t.Fatalf("a refused step wrote %s: %v", keymgr.FileState, err)
+	}
+}
+
+// staticStore hands out one state, whatever it holds.
+type staticStore struct{ s *keymgr.State }
+
+func (s staticStore) Load(context.Context) (*keymgr.State, keymgr.Version, error) {
+	return s.s, "1", nil
+}
+
+func (s staticStore) Save(context.Context, *keymgr.State, keymgr.Version) (keymgr.Version, error) {
+	return "", errors.New("read-only")
+}
+
+// TestTryStepValidatesFirst: with an external signer, a step on a stored
+// state that does not validate changes nothing in the backend.
+func TestTryStepValidatesFirst(t *testing.T) {
+	var bad keymgr.State
+	for _, name := range []string{"one", "two"} {
+		root := testca.NewRoot(t, name, testca.Options{})
+		bad.Authorities = append(bad.Authorities, &keymgr.AuthorityRecord{Phase: keymgr.PhaseActive, Root: root.Cert, Cert: root.Cert, External: true,
+			History: []keymgr.Transition{{To: keymgr.PhaseActive, At: time.Now()}}})
+	}
+	bad.Sequence = 1
+	called := false
+	_, err := tryStep(context.Background(), staticStore{&bad}, nil, keymgr.PhaseActive,
+		func(*keymgr.State, string, time.Time, *stepFlags) error { return nil }, &stepFlags{},
+		func(*keymgr.State, *keymgr.AuthorityRecord) error { called = true; return nil })
+	if err == nil || !strings.Contains(err.Error(), "the stored CA state is invalid, nothing changed") || called {
+		t.Fatalf("tryStep = %v, backend called %v; want a refusal before the backend", err, called)
 	}
 }
