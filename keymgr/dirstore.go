@@ -51,6 +51,12 @@ type DirStore struct {
 	// while another writer holds it; DefaultLockTimeout when zero or
 	// negative. The context passed to Save bounds it too.
 	LockTimeout time.Duration
+	// MigrationTTL is, for a directory in the single-root layout, the
+	// longest lifetime of the leaves its CA may have issued (meshca serve's
+	// --max-ttl): the layout keeps no record of them, so its Load records
+	// leaves that long, issued until now, under every root it trusts
+	// (recordMigration). DefaultMigrationTTL when zero or negative.
+	MigrationTTL time.Duration
 }
 
 // Load returns the state in the directory. It takes no lock: every file

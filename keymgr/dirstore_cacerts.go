@@ -29,7 +29,7 @@ var singleRootFiles = []string{FileCAKey, FileCACert, FileRootCert}
 // LoadCACerts does, but at the signing certificate's NotBefore rather
 // than now: a store loads an expired CA too, and leaves the judgement to
 // its caller. Nothing of the single-root layout says which leaves were
-// issued, so LatestLeafNotAfter and LongestLeafTTL are zero.
+// issued: d.MigrationTTL says how long they may live.
 func (d DirStore) loadSingleRoot() (*State, error) {
 	present, err := d.singleRootPresent()
 	if err != nil || !present {
@@ -48,50 +48,52 @@ func (d DirStore) loadSingleRoot() (*State, error) {
 	if err != nil {
 		return nil, &FileError{Path: d.path(FileRootCert), Err: err}
 	}
+	ttl := d.MigrationTTL
+	if ttl <= 0 {
+		ttl = DefaultMigrationTTL
+	}
+	recordMigration(s, ttl, time.Now())
 	s.Sequence = 1
 	return s, nil
 }
 
-// ErrNotMigrated is the answer of a rotation step on a directory in the
-// single-root layout that no server has migrated yet.
-var ErrNotMigrated = errors.New("the directory holds a CA in the single-root layout of meshca before rotation, " +
-	"which keeps no record of the leaves issued under it: start meshca serve --state-dir on it once " +
-	"(it migrates the directory, assuming leaves of up to its --max-ttl), then take the step")
+// DefaultMigrationTTL is a DirStore's MigrationTTL when none is set:
+// meshca's default --max-ttl, the longest a workload certificate of
+// Istio's may live.
+const DefaultMigrationTTL = 90 * 24 * time.Hour
 
-// CheckMigrated returns ErrNotMigrated when store is a directory in the
-// single-root layout never saved as a state: a step saved on it would
-// record no leaves under its authorities, and the guards would pass at
-// once.
-func CheckMigrated(ctx context.Context, store StateStore) error {
+// recordMigration records in s, a state made of the single-root layout,
+// that leaves of up to ttl may have been issued until now under each
+// authority it trusts (nothing says otherwise, and none outlives its
+// issuer), so that no guard passes early.
+func recordMigration(s *State, ttl time.Duration, now time.Time) {
+	for _, a := range s.Authorities {
+		s.RecordIssued(a.ID(), minTime(now.Add(ttl), a.Cert.NotAfter), ttl)
+	}
+}
+
+// Unmigrated reports whether store is a directory in the single-root
+// layout that was never saved as a state.
+func Unmigrated(ctx context.Context, store StateStore) (bool, error) {
 	s, v, err := store.Load(ctx)
 	switch {
 	case errors.Is(err, ErrNoState):
-		return nil
+		return false, nil
 	case err != nil:
-		return err
-	case v == "" && s.Active() != nil:
-		return ErrNotMigrated
+		return false, err
 	}
-	return nil
+	return v == "" && s.Active() != nil, nil
 }
 
 // MigrateSingleRoot saves a directory found in the single-root layout as
-// a state, recording that leaves of up to maxTTL may have been issued,
-// until now, under each authority it trusts (nothing says otherwise, and
-// none outlives its issuer), so that no guard passes early. It reports
-// whether it migrated; a store already holding a state is left alone.
-func MigrateSingleRoot(ctx context.Context, store StateStore, maxTTL time.Duration, now time.Time) (bool, error) {
-	if err := CheckMigrated(ctx, store); !errors.Is(err, ErrNotMigrated) {
+// a state, with the record of its leaves its Load made (see
+// DirStore.MigrationTTL). It reports whether it migrated; a store already
+// holding a state is left alone.
+func MigrateSingleRoot(ctx context.Context, store StateStore) (bool, error) {
+	if ok, err := Unmigrated(ctx, store); err != nil || !ok {
 		return false, err
 	}
-	_, err := Update(ctx, store, func(s *State) error {
-		for _, a := range s.Authorities {
-			if a.Phase != PhaseRetired {
-				s.RecordIssued(a.ID(), minTime(now.Add(maxTTL), a.Cert.NotAfter), maxTTL)
-			}
-		}
-		return nil
-	})
+	_, err := Update(ctx, store, func(*State) error { return nil })
 	return err == nil, err
 }
 

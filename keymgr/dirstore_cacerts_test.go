@@ -46,6 +46,8 @@ func TestDirStoreMigratesSingleRoot(t *testing.T) {
 				Phase: keymgr.PhaseActive, Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true,
 				History: []keymgr.Transition{{To: keymgr.PhaseActive, At: a.Cert.NotBefore, Reason: keymgr.MigratedReason}},
 			}}}
+			// What the layout may have issued: TestMigrateSingleRoot.
+			want.Authorities[0].LatestLeafNotAfter, want.Authorities[0].LongestLeafTTL = s.Authorities[0].LatestLeafNotAfter, keymgr.DefaultMigrationTTL
 			if d := storetest.Diff(s, want); d != "" || v != "" {
 				t.Fatalf("migrated state at version %q: %s", v, d)
 			}
@@ -224,20 +226,19 @@ func writeFiles(t *testing.T, dir string, files map[string][]byte) {
 	}
 }
 
-// TestMigrateSingleRoot: a directory of the single-root layout is saved as
-// a state recording that leaves of up to the server's longest lifetime
-// may live under each root it trusts (none beyond that root's expiry);
-// until then a rotation step is refused, since the guards would pass at
-// once.
+// TestMigrateSingleRoot: a directory of the single-root layout loads,
+// and is saved as a state, with the record that leaves of up to the
+// server's longest lifetime may live under each root it trusts (none
+// beyond that root's expiry), so the guards do not pass at once.
 func TestMigrateSingleRoot(t *testing.T) {
 	ctx := context.Background()
-	now := time.Now().Truncate(time.Second)
 	dir := filepath.Join(t.TempDir(), "state")
 	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
 		t.Fatal(err)
 	}
 	// An older root, still trusted beside the one that signs, expiring
 	// before any leaf of the longest lifetime would.
+	now := time.Now()
 	older := testca.NewRoot(t, "older root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(2 * time.Hour)})
 	f, err := os.OpenFile(filepath.Join(dir, keymgr.FileRootCert), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -249,37 +250,54 @@ func TestMigrateSingleRoot(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	st := &keymgr.DirStore{Dir: dir}
-	if err := keymgr.CheckMigrated(ctx, st); !errors.Is(err, keymgr.ErrNotMigrated) {
-		t.Fatalf("CheckMigrated before = %v, want ErrNotMigrated", err)
+	tests := []struct {
+		name string
+		ttl  time.Duration
+		want time.Duration
+	}{
+		{name: "the server's --max-ttl", ttl: 24 * time.Hour, want: 24 * time.Hour},
+		{name: "unset: meshca's default", want: keymgr.DefaultMigrationTTL},
 	}
-	if ok, err := keymgr.MigrateSingleRoot(ctx, st, 24*time.Hour, now); !ok || err != nil {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := &keymgr.DirStore{Dir: dir, MigrationTTL: tt.ttl}
+			before := time.Now()
+			s, v, err := st.Load(ctx)
+			if err != nil || v != "" {
+				t.Fatalf("Load = version %q, %v; want the single-root layout", v, err)
+			}
+			if len(s.Authorities) != 2 {
+				t.Fatalf("%d authorities, want the signing root and the older one", len(s.Authorities))
+			}
+			for _, a := range s.Authorities {
+				low, high := before.Add(tt.want), time.Now().Add(tt.want)
+				if a.Cert.Equal(older.Cert) {
+					low, high = older.Cert.NotAfter, older.Cert.NotAfter
+				}
+				if got := a.LatestLeafNotAfter; got.Before(low) || got.After(high) || a.LongestLeafTTL != tt.want {
+					t.Errorf("%s %s: leaves recorded until %s, longest %s; want %s, %s", a.Phase, a.Cert.Subject, got, a.LongestLeafTTL, low, tt.want)
+				}
+			}
+		})
+	}
+	st := &keymgr.DirStore{Dir: dir, MigrationTTL: 24 * time.Hour}
+	if old, err := keymgr.Unmigrated(ctx, st); !old || err != nil {
+		t.Fatalf("Unmigrated before = %v, %v", old, err)
+	}
+	if ok, err := keymgr.MigrateSingleRoot(ctx, st); !ok || err != nil {
 		t.Fatalf("MigrateSingleRoot = %v, %v", ok, err)
 	}
 	s, v, err := st.Load(ctx)
-	if err != nil || v == "" {
-		t.Fatalf("after the migration: version %q, %v", v, err)
+	if err != nil || v == "" || s.Active().LongestLeafTTL != 24*time.Hour {
+		t.Fatalf("after the migration: version %q, %v, %+v", v, err, s.Active())
 	}
-	if len(s.Authorities) != 2 {
-		t.Fatalf("%d authorities, want the signing root and the older one", len(s.Authorities))
+	if old, err := keymgr.Unmigrated(ctx, st); old || err != nil {
+		t.Fatalf("Unmigrated after = %v, %v", old, err)
 	}
-	for _, a := range s.Authorities {
-		want := now.Add(24 * time.Hour)
-		if a.Cert.Equal(older.Cert) {
-			want = older.Cert.NotAfter
-		}
-		if !a.LatestLeafNotAfter.Equal(want) || a.LongestLeafTTL != 24*time.Hour {
-			t.Errorf("%s %s: leaves recorded until %s, longest %s; want %s, 24h", a.Phase, a.Cert.Subject, a.LatestLeafNotAfter, a.LongestLeafTTL, want)
-		}
-	}
-	if err := keymgr.CheckMigrated(ctx, st); err != nil {
-		t.Fatalf("CheckMigrated after = %v", err)
-	}
-	if ok, err := keymgr.MigrateSingleRoot(ctx, st, time.Hour, now); ok || err != nil {
+	if ok, err := keymgr.MigrateSingleRoot(ctx, st); ok || err != nil {
 		t.Fatalf("MigrateSingleRoot of a state = %v, %v; want nothing done", ok, err)
 	}
-	empty := &keymgr.DirStore{Dir: t.TempDir()}
-	if err := keymgr.CheckMigrated(ctx, empty); err != nil {
-		t.Fatalf("CheckMigrated of an empty directory = %v", err)
+	if old, err := keymgr.Unmigrated(ctx, &keymgr.DirStore{Dir: t.TempDir()}); old || err != nil {
+		t.Fatalf("Unmigrated of an empty directory = %v, %v", old, err)
 	}
 }

@@ -168,7 +168,7 @@ type storeOpener func(secret string) (keymgr.StateStore, error)
 // the flag that named it.
 func openState(c Backend, newStore storeOpener) (keymgr.StateStore, string, error) {
 	if c.StateSecret == "" {
-		return &keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout}, "state-dir", nil
+		return &keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout, MigrationTTL: c.MaxTTL}, "state-dir", nil
 	}
 	store, err := newStore(c.StateSecret)
 	if err != nil {
@@ -294,10 +294,10 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 }
 
 // completeMigration saves a state directory found in the single-root
-// layout as a state (keymgr.MigrateSingleRoot), assuming leaves of up to
-// maxTTL were issued under it.
+// layout as a state (keymgr.MigrateSingleRoot), with the record that
+// leaves of up to maxTTL (the store's MigrationTTL) were issued under it.
 func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time.Duration, log *slog.Logger) error {
-	migrated, err := keymgr.MigrateSingleRoot(ctx, store, maxTTL, time.Now())
+	migrated, err := keymgr.MigrateSingleRoot(ctx, store)
 	if migrated {
 		log.Warn("CA state migrated from the single-root layout; rotation guards assume leaves of up to --max-ttl were issued under it",
 			"max_ttl", maxTTL)

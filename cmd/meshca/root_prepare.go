@@ -49,7 +49,7 @@ func newRootPrepareCommand() *cobra.Command {
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.openForStep(ctx)
+			store, err := f.store.openForStep(ctx, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

@@ -63,7 +63,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.openForStep(ctx)
+			store, err := f.store.openForStep(ctx, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spf13/cobra"
@@ -65,12 +68,15 @@ type storeFlags struct {
 	stateDir    string
 	stateSecret string
 	kubeconfig  string
+	maxTTL      time.Duration
 }
 
 func (s *storeFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&s.stateDir, "state-dir", "", "the CA state directory (as meshca serve --state-dir)")
 	cmd.Flags().StringVar(&s.stateSecret, "state-secret", "", "the CA state Secret, namespace/name (as meshca serve --state-secret)")
 	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig for --state-secret; empty uses the in-cluster configuration")
+	cmd.Flags().DurationVar(&s.maxTTL, "max-ttl", ca.DefaultMaxTTL, "a --state-dir still in the single-root layout of an earlier meshca: its server's --max-ttl; "+
+		"the guards assume leaves that long were issued under its roots")
 }
 
 // open returns the store the flags name.
@@ -79,7 +85,7 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	case (s.stateDir == "") == (s.stateSecret == ""):
 		return nil, errors.New("give exactly one of --state-dir and --state-secret")
 	case s.stateDir != "":
-		return &keymgr.DirStore{Dir: s.stateDir}, nil
+		return &keymgr.DirStore{Dir: s.stateDir, MigrationTTL: s.maxTTL}, nil
 	}
 	ns, name, ok := strings.Cut(s.stateSecret, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
@@ -96,16 +102,17 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
 }
 
-// openForStep returns the store the flags name, for a step that saves:
-// a directory still in the single-root layout is refused until a server
-// has migrated it with the record of its leaves.
-func (s *storeFlags) openForStep(ctx context.Context) (keymgr.StateStore, error) {
+// openForStep returns the store the flags name, for a step that saves,
+// and tells w when that save migrates a directory of the single-root
+// layout (with the record of leaves of up to --max-ttl under its roots).
+func (s *storeFlags) openForStep(ctx context.Context, w io.Writer) (keymgr.StateStore, error) {
 	store, err := s.open()
 	if err != nil {
 		return nil, &exitError{code: exitUsage, err: err}
 	}
-	if err := keymgr.CheckMigrated(ctx, store); errors.Is(err, keymgr.ErrNotMigrated) {
-		return nil, &exitError{code: exitUsage, err: fmt.Errorf("--state-dir %s: %w", s.stateDir, err)}
+	if old, err := keymgr.Unmigrated(ctx, store); err == nil && old {
+		fmt.Fprintf(w, "migrating %s from the single-root layout: the guards assume leaves of up to %s (--max-ttl) were issued under its roots\n",
+			s.stateDir, s.maxTTL)
 	}
 	return store, nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -148,11 +147,11 @@ func TestRootStatusCADir(t *testing.T) {
 	}
 }
 
-// TestRootStepsRefuseSingleRoot: a state directory of the single-root
-// layout keeps no record of its leaves, so the steps that save wait for a
-// server to migrate it (recording leaves of up to its --max-ttl); status
-// and bundle read it as it is.
-func TestRootStepsRefuseSingleRoot(t *testing.T) {
+// TestRootStepsMigrateSingleRoot: a state directory of the single-root
+// layout keeps no record of its leaves; the first step saved on it
+// migrates it, assuming leaves of up to --max-ttl under its root, and
+// says so; the guards then count from that.
+func TestRootStepsMigrateSingleRoot(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
 		t.Fatal(err)
@@ -163,22 +162,17 @@ func TestRootStepsRefuseSingleRoot(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"prepare", st}, 2, "single-root layout of meshca before rotation"},
-		{[]string{"activate", st}, 2, "start meshca serve --state-dir on it once"},
-		{[]string{"retire", st}, 2, "start meshca serve --state-dir on it once"},
-		{[]string{"status", st}, 0, "active"},
-		{[]string{"bundle", st}, 0, "BEGIN CERTIFICATE"},
+		{[]string{"status", st, "--max-ttl", "2h"}, 0, "active"},
+		{[]string{"prepare", st, "--max-ttl", "2h"}, 0, "migrating " + dir + " from the single-root layout: the guards assume leaves of up to 2h0m0s (--max-ttl)"},
+		{[]string{"activate", st}, 1, "half the longest leaf lifetime (2h0m0s) plus a margin (5m0s); safe at"},
+		{[]string{"activate", st, "--force", "--reason", "test"}, 0, "active"},
+		{[]string{"retire", st}, 1, "safe at"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.args[0], func(t *testing.T) {
-			out, code := rootCmd(t, tt.args...)
-			if code != tt.code || !strings.Contains(out, tt.want) {
-				t.Fatalf("exit %d, want %d with %q:\n%s", code, tt.code, tt.want, out)
-			}
-		})
-	}
-	if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); !os.IsNotExist(err) {
-		t.Fatalf("a refused step wrote %s: %v", keymgr.FileState, err)
+		out, code := rootCmd(t, tt.args...)
+		if code != tt.code || !strings.Contains(out, tt.want) {
+			t.Fatalf("%v: exit %d, want %d with %q:\n%s", tt.args, code, tt.code, tt.want, out)
+		}
 	}
 }
 
