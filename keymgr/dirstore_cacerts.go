@@ -68,7 +68,7 @@ const DefaultMigrationTTL = 90 * 24 * time.Hour
 // issuer), so that no guard passes early.
 func recordMigration(s *State, ttl time.Duration, now time.Time) {
 	for _, a := range s.Authorities {
-		s.RecordIssued(a.ID(), minTime(now.Add(ttl), a.Cert.NotAfter), ttl)
+		s.RecordPrior(a.ID(), ttl, now)
 	}
 }
 

@@ -185,6 +185,20 @@ func (s *State) RecordIssued(id string, notAfter time.Time, ttl time.Duration) b
 	return false
 }
 
+// RecordPrior notes that leaves of up to ttl may have been issued under
+// the authority id until now by what signed with it before this state
+// knew it (an earlier meshca, istiod, a cfssl server): leaves valid until
+// now+ttl, or the authority's own expiry if sooner. It reports whether the
+// record changed, as RecordIssued does.
+func (s *State) RecordPrior(id string, ttl time.Duration, now time.Time) bool {
+	for _, a := range s.Authorities {
+		if a.ID() == id {
+			return s.RecordIssued(id, minTime(now.Add(ttl), a.Cert.NotAfter), ttl)
+		}
+	}
+	return false
+}
+
 // NextStep is the next step of a rotation and when it becomes safe, for
 // an operator: activate the oldest prepared authority, else retire the
 // oldest previous one, else prepare the next authority when automatic

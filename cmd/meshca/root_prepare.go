@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ type prepareFlags struct {
 	rootFile    string
 	caDir       string
 	external    bool
+	issuedTTL   time.Duration
 	reason      string
 	signer      rootSignerFlags
 	audit       auditFlags
@@ -72,7 +74,14 @@ func newRootPrepareCommand() *cobra.Command {
 				}
 				added = rec
 				if s.Active() == nil {
-					return s.Bootstrap(rec, time.Now(), f.reasonOr("first authority"))
+					now := time.Now()
+					if err := s.Bootstrap(rec, now, f.reasonOr("first authority")); err != nil {
+						return err
+					}
+					if f.imports() && f.issuedTTL > 0 {
+						s.RecordPrior(rec.ID(), f.issuedTTL, now)
+					}
+					return nil
 				}
 				return s.Prepare(rec, time.Now(), f.reasonOr("prepared by meshca root prepare"))
 			})
@@ -84,6 +93,9 @@ func newRootPrepareCommand() *cobra.Command {
 			rec, _ := st.Lookup(added.ID())
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
 				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
+			if rec.Phase == keymgr.PhaseActive && f.imports() && f.issuedTTL > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "the guards assume leaves of up to %s (--issued-ttl) were issued under it before\n", f.issuedTTL)
+			}
 			if !rec.SignsWithRoot() {
 				fmt.Fprintf(cmd.OutOrStdout(), "signs with intermediate %s (%s, not after %s) under root %s\n",
 					rec.Cert.Subject, keyType(rec.Cert.PublicKey), rec.Cert.NotAfter.UTC().Format(time.RFC3339), short(rec.RootID()))
@@ -102,6 +114,8 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.StringVar(&f.rootFile, "root", "", "import: the root above an intermediate --cert")
 	fl.StringVar(&f.caDir, "ca-dir", "", "import a CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem)")
 	fl.BoolVar(&f.external, "external", false, "import the certificates of an external backend's signing authority without its key (--cert, with --chain and --root for an intermediate): meshca manages trust, the backend signs")
+	fl.DurationVar(&f.issuedTTL, "issued-ttl", ca.DefaultMaxTTL, "an imported CA that becomes the first authority may have signed before (istiod, a plugged-in meshca, "+
+		"a cfssl server): the guards assume leaves of up to this lifetime were issued under it; 0 when it never signed")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	f.signer.register(fl)
 	f.audit.register(fl, "standard error")
@@ -132,6 +146,10 @@ func (f *prepareFlags) inBackend(ctx context.Context, store keymgr.StateStore) (
 	}
 	return rec, nil
 }
+
+// imports reports whether the flags import an authority that may have
+// signed before, rather than make a new key.
+func (f *prepareFlags) imports() bool { return f.certFile != "" || f.caDir != "" }
 
 func (f *prepareFlags) reasonOr(def string) string {
 	if f.reason != "" {

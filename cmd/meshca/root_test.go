@@ -205,3 +205,43 @@ func TestTryStepValidatesFirst(t *testing.T) {
 		t.Fatalf("tryStep = %v, backend called %v; want a refusal before the backend", err, called)
 	}
 }
+
+// TestRootPrepareImportedFirst: a CA imported as the first authority may
+// have signed before meshca knew it; the guards assume leaves of up to
+// --issued-ttl under it, unless it is 0.
+func TestRootPrepareImportedFirst(t *testing.T) {
+	root := testca.NewRoot(t, "imported root", testca.Options{})
+	caDir := t.TempDir()
+	root.WriteCACerts(t, caDir)
+	tests := []struct {
+		name     string
+		prepare  []string
+		said     string
+		activate int
+		want     string
+	}{
+		{name: "default: meshca's longest leaf", prepare: []string{"--ca-dir", caDir},
+			said: "the guards assume leaves of up to 2160h0m0s (--issued-ttl) were issued under it before", activate: 1,
+			want: "half the longest leaf lifetime (2160h0m0s)"},
+		{name: "istiod's day", prepare: []string{"--ca-dir", caDir, "--issued-ttl", "24h"},
+			said: "(--issued-ttl)", activate: 1, want: "half the longest leaf lifetime (24h0m0s)"},
+		{name: "never signed", prepare: []string{"--ca-dir", caDir, "--issued-ttl", "0"},
+			said: "active", activate: 0, want: "active"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := "--state-dir=" + filepath.Join(t.TempDir(), "state")
+			out, code := rootCmd(t, append([]string{"prepare", st}, tt.prepare...)...)
+			if code != 0 || !strings.Contains(out, tt.said) {
+				t.Fatalf("prepare: exit %d, want 0 saying %q:\n%s", code, tt.said, out)
+			}
+			if out, code := rootCmd(t, "prepare", st); code != 0 {
+				t.Fatalf("second prepare: exit %d:\n%s", code, out)
+			}
+			out, code = rootCmd(t, "activate", st, "--margin", "0s")
+			if code != tt.activate || !strings.Contains(out, tt.want) {
+				t.Fatalf("activate: exit %d, want %d saying %q:\n%s", code, tt.activate, tt.want, out)
+			}
+		})
+	}
+}

@@ -40,7 +40,7 @@ func TestCfsslRootRotation(t *testing.T) {
 		srv = harness.StartCfssl(t, cfsslBin, a.Authority(), opts)
 	}
 	st := []string{"--state-dir", state, "--signer", "cfssl"}
-	if out, code := meshcaRoot(t, append([]string{"prepare", "--cert", filepath.Join(dir, "root1.pem")}, st...)...); code != 0 {
+	if out, code := meshcaRoot(t, append([]string{"prepare", "--cert", filepath.Join(dir, "root1.pem"), "--issued-ttl", "1m"}, st...)...); code != 0 {
 		t.Fatalf("first prepare: exit %d: %s", code, out)
 	}
 	serving := newServing(t, dir)
