@@ -26,8 +26,9 @@ import (
 //
 // A new bundle (a rotation) starts afresh. A path whose certificates carry
 // name or policy constraints is never kept: a leaf under it is verified in
-// full, as is any leaf the fast checks do not pass, so that every refusal
-// comes from x509svid.Verify.
+// full, as is a leaf that carries such constraints itself and any leaf the
+// fast checks do not pass, so that every refusal comes from
+// x509svid.Verify.
 type issuedChains struct {
 	mu  sync.Mutex // serializes additions; readers only load cur
 	cur atomic.Pointer[bundleChains]
@@ -203,15 +204,17 @@ func (p *issuingPath) sends(intermediates []*x509.Certificate) bool {
 
 // verifyLeaf makes the checks x509svid.Verify makes of a leaf under a
 // verified, unconstrained path: one SPIFFE ID and no CA powers, no
-// critical extension x509 does not handle, valid now with its path, and
-// issued by the path's issuer (its name, and its signature unless the
-// backend checked it). ok is false when any check fails.
+// critical extension x509 does not handle, no name or policy constraints
+// of its own (x509 applies a leaf's policy constraints: such a leaf is
+// verified in full), valid now with its path, and issued by the path's
+// issuer (its name, and its signature unless the backend checked it). ok
+// is false when any check fails.
 func (p *issuingPath) verifyLeaf(res *signer.Response, now time.Time) (spiffeid.ID, bool) {
 	leaf := res.Leaf
 	id, err := x509svid.IDFromCert(leaf)
 	switch {
 	case err != nil, leaf.IsCA, leaf.KeyUsage&(x509.KeyUsageCertSign|x509.KeyUsageCRLSign) != 0,
-		len(leaf.UnhandledCriticalExtensions) > 0,
+		len(leaf.UnhandledCriticalExtensions) > 0, constrained(leaf),
 		now.Before(leaf.NotBefore), now.After(leaf.NotAfter), now.Before(p.notBefore), now.After(p.notAfter),
 		!bytes.Equal(leaf.RawIssuer, p.issuer.RawSubject):
 		return spiffeid.ID{}, false

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"math/big"
 	"net/url"
 	"slices"
@@ -86,6 +87,13 @@ func pathLenZeroRoot(t *testing.T) *testca.CA {
 	return &testca.CA{Cert: cert, Key: key}
 }
 
+// explicitPolicy adds to a leaf policy constraints that require an
+// explicit policy at once (requireExplicitPolicy 0), which x509 applies to
+// the leaf itself: without certificate policies no chain verifies.
+func explicitPolicy(c *x509.Certificate) {
+	c.ExtraExtensions = append(c.ExtraExtensions, pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 36}, Value: []byte{0x30, 0x03, 0x80, 0x01, 0x00}})
+}
+
 // TestIssuedChains holds the kept paths to what x509svid.Verify decides:
 // every answer is the same as a full verification's, and a path is kept
 // only when it verified and carries no constraints.
@@ -117,6 +125,8 @@ func TestIssuedChains(t *testing.T) {
 		{"leaf with two URIs", &signer.Response{Leaf: leafUnder(t, root, func(c *x509.Certificate) { c.URIs = append(c.URIs, c.URIs[0]) }), VerifiedIssuer: root.Cert}, time.Time{}, false, true},
 		{"root with pathlen 0 over the issuing intermediate", &signer.Response{Leaf: leafUnder(t, plInter, nil), Intermediates: []*x509.Certificate{plInter.Cert}, VerifiedIssuer: plInter.Cert}, time.Time{}, false, false},
 		{"name-constrained intermediate", &signer.Response{Leaf: leafUnder(t, limited, nil), Intermediates: []*x509.Certificate{limited.Cert}, VerifiedIssuer: limited.Cert}, time.Time{}, false, false},
+		{"leaf requiring an explicit policy at once", &signer.Response{Leaf: leafUnder(t, inter, explicitPolicy), Intermediates: []*x509.Certificate{inter.Cert}}, time.Time{}, false, true},
+		{"leaf requiring an explicit policy, backend checked", &signer.Response{Leaf: leafUnder(t, root, explicitPolicy), VerifiedIssuer: root.Cert}, time.Time{}, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -90,7 +90,9 @@ func (e *ExternalTrust) ChainNotAfter() time.Time {
 // prepared one whose root has not been served long enough for workloads
 // to trust it (the activation guard at now). A backend switched to a new
 // key before `meshca root activate` allows it is caught here, and its
-// leaves are refused rather than break handshakes.
+// leaves are refused rather than break handshakes. The authority returned
+// is one whose signing certificate's key Judge has seen sign leaf, not
+// merely the one the backend named.
 func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Certificate, now time.Time) (*AuthorityRecord, error) {
 	c := e.cur.Load()
 	if c == nil {
@@ -111,15 +113,19 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 	return rec, nil
 }
 
-// issuerOf is the authority of s whose signing certificate issued leaf:
-// the one the backend named (the first of intermediates), or else the one
-// whose key signed it. An intermediate renewed with its key is two
-// authorities with one key; of those, the active one, then a prepared,
-// then a previous one is taken, and a retired one last.
+// issuerOf is the authority of s whose signing certificate's key signed
+// leaf: the one the backend named (the first of intermediates) when its
+// key did, or else the one whose key did. A name alone proves nothing: a
+// backend signing under a prepared root while naming the active
+// authority would pass the server's check of the chain, which takes any
+// root of the bundle. An intermediate renewed with its key is two
+// authorities with one key; of those, the one named, or else the active
+// one, then a prepared, then a previous one is taken, and a retired one
+// last.
 func issuerOf(s *State, leaf *x509.Certificate, intermediates []*x509.Certificate) *AuthorityRecord {
 	if len(intermediates) > 0 {
 		for _, a := range s.Authorities {
-			if intermediates[0].Equal(a.Cert) { // the leaf's signature is checked on the way out
+			if intermediates[0].Equal(a.Cert) && leaf.CheckSignatureFrom(a.Cert) == nil {
 				return a
 			}
 		}

@@ -30,7 +30,8 @@ func extLeaf(t *testing.T, cert *x509.Certificate, key crypto.Signer) *x509.Cert
 }
 
 // TestExternalTrustJudge: the leaves an external backend returns are
-// handed out only under an authority workloads trust by then.
+// handed out only under an authority workloads trust by then, the one
+// whose key signed them, whichever the backend names.
 func TestExternalTrustJudge(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("cluster.local")
 	s, a, b := lcRotating(t) // b prepared at lcT0+1h, safe to activate at lcT0+13h5m
@@ -47,6 +48,7 @@ func TestExternalTrustJudge(t *testing.T) {
 		name   string
 		state  *keymgr.State
 		leaf   *x509.Certificate
+		named  []*x509.Certificate // the intermediates the backend returned
 		now    time.Time
 		wantID string
 		want   string // error fragment
@@ -60,6 +62,13 @@ func TestExternalTrustJudge(t *testing.T) {
 			want: "which is no authority of the CA state: prepare and activate its root with `meshca root`"},
 		{name: "retired", state: retired, leaf: extLeaf(t, old.Cert, oldKey), now: lcT0.Add(26 * time.Hour),
 			want: "signed under retired authority"},
+		{name: "active, named", state: s, leaf: extLeaf(t, a.Cert, keyA), named: []*x509.Certificate{a.Cert}, now: lcT0, wantID: a.ID()},
+		{name: "prepared before its activation is safe, the active one named", state: s, leaf: extLeaf(t, b.Cert, b.Key),
+			named: []*x509.Certificate{a.Cert}, now: lcT0.Add(2 * time.Hour), want: "the backend already signs under this prepared authority", guard: true},
+		{name: "retired, the active one named", state: retired, leaf: extLeaf(t, old.Cert, oldKey),
+			named: []*x509.Certificate{retired.Active().Cert}, now: lcT0.Add(26 * time.Hour), want: "signed under retired authority"},
+		{name: "no authority of the state, the active one named", state: s, leaf: extLeaf(t, stranger.Cert, stranger.Key),
+			named: []*x509.Certificate{a.Cert}, now: lcT0, want: "which is no authority of the CA state"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,10 +76,13 @@ func TestExternalTrustJudge(t *testing.T) {
 			if err := e.Use(tt.state, tt.now); err != nil {
 				t.Fatal(err)
 			}
-			rec, err := e.Judge(tt.leaf, nil, tt.now)
+			rec, err := e.Judge(tt.leaf, tt.named, tt.now)
 			if tt.want == "" {
 				if err != nil || rec.ID() != tt.wantID {
 					t.Fatalf("Judge = %v, %v; want %.16s", rec, err, tt.wantID)
+				}
+				if err := tt.leaf.CheckSignatureFrom(rec.Cert); err != nil {
+					t.Fatalf("Judge returned an authority whose key did not sign the leaf: %v", err)
 				}
 				return
 			}

@@ -20,17 +20,68 @@ var oidSAN = asn1.ObjectIdentifier{2, 5, 29, 17}
 // tagURI is the GeneralName tag of a uniformResourceIdentifier.
 const tagURI = 6
 
+// LifetimeSlack is how far past the requested lifetime an issued
+// certificate may end: a backend counts from its own clock, and cfssl
+// rounds its start to the minute.
+const LifetimeSlack = 2 * time.Minute
+
+// Lifetime bounds the NotAfter of an issued certificate (CheckIssued).
+type Lifetime struct {
+	// Start is when the backend was asked, on the backend's clock, read
+	// before the call: the certificate may end at most the request's TTL
+	// (and LifetimeSlack) after it.
+	Start time.Time
+	// IssuerNotAfter is when the issuing path expires: the certificate
+	// may not end after it. Zero sets no such limit.
+	IssuerNotAfter time.Time
+}
+
+// LifetimeError is CheckIssued's refusal of a certificate that ends later
+// than the requested lifetime allows; a backend adds which setting of its
+// own issues for longer than asked.
+type LifetimeError struct {
+	// NotAfter is the certificate's; Want is the requested end, the
+	// request's TTL after Lifetime.Start.
+	NotAfter, Want time.Time
+}
+
+func (e *LifetimeError) Error() string {
+	return fmt.Sprintf("issued certificate expires at %s, past the requested lifetime (until %s)",
+		e.NotAfter.UTC().Format(time.RFC3339), e.Want.UTC().Format(time.RFC3339))
+}
+
+// Extensions a workload certificate must not carry: RFC 5280 lets only CA
+// certificates carry name constraints, policy mappings and policy
+// constraints (4.2.1.5, 4.2.1.10, 4.2.1.11) and inhibitAnyPolicy
+// (4.2.1.14); and Microsoft's application policies are extended key
+// usages under another name, which Windows honours.
+var forbiddenExtensions = []struct {
+	id   asn1.ObjectIdentifier
+	name string
+}{
+	{asn1.ObjectIdentifier{2, 5, 29, 30}, "nameConstraints"},
+	{asn1.ObjectIdentifier{2, 5, 29, 33}, "policyMappings"},
+	{asn1.ObjectIdentifier{2, 5, 29, 36}, "policyConstraints"},
+	{asn1.ObjectIdentifier{2, 5, 29, 54}, "inhibitAnyPolicy"},
+	{asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10}, "Microsoft application policies"},
+}
+
 // CheckIssued holds a certificate a backend issued to meshca's rules, so
 // that a permissive profile or role, or a backend that copies from the
 // CSR, cannot widen what workloads get. The leaf must certify the CSR's
 // key; have an empty subject (meshca never asks for one: see Request);
 // carry exactly one SAN, the URI of req.ID, in a critical extension; not be
 // a CA; carry exactly the key usages and extended key usages of
-// req.Usages; and not end after notAfterLimit (unless it is zero). A
-// violation is KindRefused: the backend's configuration must change.
-func CheckIssued(backend string, req *Request, leaf *x509.Certificate, notAfterLimit time.Time) error {
+// req.Usages, and no extension a workload certificate must not carry
+// (name constraints, policy mappings, policy constraints,
+// inhibitAnyPolicy, Microsoft application policies); and end neither after
+// the issuing path (lt.IssuerNotAfter, unless it is zero) nor more than
+// LifetimeSlack past req.TTL from lt.Start (a *LifetimeError). A violation
+// is KindRefused: the backend's configuration must change.
+func CheckIssued(backend string, req *Request, leaf *x509.Certificate, lt Lifetime) error {
 	refused := func(format string, args ...any) error { return Errorf(backend, KindRefused, format, args...) }
 	extraKU, missingKU := leaf.KeyUsage&^req.Usages.Key, req.Usages.Key&^leaf.KeyUsage
+	want := lt.Start.Add(req.TTL)
 	switch {
 	case !csr.SamePublicKey(leaf.PublicKey, req.CSR.PublicKey):
 		return refused("issued certificate does not certify the CSR's key")
@@ -44,8 +95,13 @@ func CheckIssued(backend string, req *Request, leaf *x509.Certificate, notAfterL
 		return refused("issued certificate lacks key usage %q (want exactly %q)", keyUsageNames(missingKU), keyUsageNames(req.Usages.Key))
 	case len(leaf.UnknownExtKeyUsage) != 0:
 		return refused("issued certificate carries extended key usages %v that workloads may not have", leaf.UnknownExtKeyUsage)
-	case !notAfterLimit.IsZero() && leaf.NotAfter.After(notAfterLimit):
-		return refused("issued certificate expires at %s, after its issuer (%s)", leaf.NotAfter.UTC().Format(time.RFC3339), notAfterLimit.UTC().Format(time.RFC3339))
+	case !lt.IssuerNotAfter.IsZero() && leaf.NotAfter.After(lt.IssuerNotAfter):
+		return refused("issued certificate expires at %s, after its issuer (%s)", leaf.NotAfter.UTC().Format(time.RFC3339), lt.IssuerNotAfter.UTC().Format(time.RFC3339))
+	case leaf.NotAfter.After(want.Add(LifetimeSlack)):
+		return &Error{Backend: backend, Kind: KindRefused, Err: &LifetimeError{NotAfter: leaf.NotAfter, Want: want}}
+	}
+	if name := forbiddenExtension(leaf); name != "" {
+		return refused("issued certificate carries the %s extension, which a workload certificate must not carry: remove it from the profile or role", name)
 	}
 	if err := checkSAN(leaf, req); err != nil {
 		return refused("%w", err)
@@ -94,6 +150,19 @@ func checkSAN(leaf *x509.Certificate, req *Request) error {
 		return fmt.Errorf("issued certificate names %s, want exactly the URI %s", describeNames(sans), want)
 	}
 	return nil
+}
+
+// forbiddenExtension names the first extension of leaf that
+// forbiddenExtensions lists; "" when there is none.
+func forbiddenExtension(leaf *x509.Certificate) string {
+	for _, ext := range leaf.Extensions {
+		for _, f := range forbiddenExtensions {
+			if ext.Id.Equal(f.id) {
+				return f.name
+			}
+		}
+	}
+	return ""
 }
 
 func isURI(n asn1.RawValue) bool {

@@ -36,7 +36,8 @@ func TestCheckIssued(t *testing.T) {
 		t.Fatal(err)
 	}
 	otherKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	limit := time.Now().Add(2 * time.Hour)
+	start := time.Now()
+	lifetime := signer.Lifetime{Start: start, IssuerNotAfter: start.Add(2 * time.Hour)}
 	tests := []struct {
 		name string
 		key  crypto.Signer
@@ -75,7 +76,26 @@ func TestCheckIssued(t *testing.T) {
 		{"code signing", ecKey, func(c *x509.Certificate) { c.ExtKeyUsage = append(c.ExtKeyUsage, x509.ExtKeyUsageCodeSigning) }, "not allowed for workloads"},
 		{"unknown extended key usage", ecKey, func(c *x509.Certificate) { c.UnknownExtKeyUsage = []asn1.ObjectIdentifier{{1, 2, 3, 4}} }, "that workloads may not have"},
 		{"no client auth", ecKey, func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth} }, "lacks extended key usage"},
-		{"outlives its issuer", ecKey, func(c *x509.Certificate) { c.NotAfter = limit.Add(time.Hour) }, "after its issuer"},
+		{"outlives its issuer", ecKey, func(c *x509.Certificate) { c.NotAfter = lifetime.IssuerNotAfter.Add(time.Hour) }, "after its issuer"},
+		{"outlives the requested lifetime (a role with not_after, a profile's expiry)", ecKey, func(c *x509.Certificate) {
+			c.NotAfter = start.Add(time.Hour + signer.LifetimeSlack + time.Second)
+		}, "past the requested lifetime (until " + start.Add(time.Hour).UTC().Format(time.RFC3339) + ")"},
+		{"ends within the slack for the backend's clock", ecKey, func(c *x509.Certificate) { c.NotAfter = start.Add(time.Hour + signer.LifetimeSlack) }, ""},
+		{"what Vault and cfssl add: key IDs, AIA, CRL distribution points, certificate policies", ecKey, func(c *x509.Certificate) {
+			c.SubjectKeyId = []byte{1, 2, 3, 4}
+			c.OCSPServer, c.IssuingCertificateURL = []string{"http://ocsp.example"}, []string{"http://ca.example/ca.der"}
+			c.CRLDistributionPoints = []string{"http://ca.example/crl"}
+			c.PolicyIdentifiers = []asn1.ObjectIdentifier{{2, 23, 140, 1, 2, 1}}
+		}, ""},
+		{"name constraints", ecKey, withExtension(t, asn1.ObjectIdentifier{2, 5, 29, 30},
+			nameConstraints{Permitted: []generalSubtree{{Base: uriName("other.example")}}}), "carries the nameConstraints extension"},
+		{"policy mappings", ecKey, withExtension(t, asn1.ObjectIdentifier{2, 5, 29, 33},
+			[]policyMapping{{asn1.ObjectIdentifier{1, 2, 3}, asn1.ObjectIdentifier{2, 23, 140, 1, 2, 1}}}), "carries the policyMappings extension"},
+		{"policy constraints: explicit policy required at once", ecKey, withExtension(t, asn1.ObjectIdentifier{2, 5, 29, 36},
+			policyConstraints{RequireExplicitPolicy: 0}), "carries the policyConstraints extension"},
+		{"inhibitAnyPolicy", ecKey, withExtension(t, asn1.ObjectIdentifier{2, 5, 29, 54}, 0), "carries the inhibitAnyPolicy extension"},
+		{"Microsoft application policies: code signing", ecKey, withExtension(t, asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10},
+			[]policyInformation{{asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 3}}}), "carries the Microsoft application policies extension"},
 		{"another key", ecKey, func(c *x509.Certificate) { c.PublicKey = otherKey.Public() }, "does not certify the CSR's key"},
 	}
 	for _, tt := range tests {
@@ -103,7 +123,7 @@ func TestCheckIssued(t *testing.T) {
 				t.Fatal(err)
 			}
 			req := &signer.Request{CSR: &x509.CertificateRequest{PublicKey: tt.key.Public()}, ID: id, TTL: time.Hour, Usages: usages}
-			err = signer.CheckIssued("test", req, leaf, limit)
+			err = signer.CheckIssued("test", req, leaf, lifetime)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("CheckIssued: %v, want success", err)
@@ -145,3 +165,30 @@ func sanExtension(t *testing.T, critical bool, names ...asn1.RawValue) pkix.Exte
 	}
 	return pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Critical: critical, Value: der}
 }
+
+// withExtension returns an edit that adds to a leaf the non-critical
+// extension id holding the DER of value.
+func withExtension(t *testing.T, id asn1.ObjectIdentifier, value any) func(*x509.Certificate) {
+	t.Helper()
+	der, err := asn1.Marshal(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(c *x509.Certificate) {
+		c.ExtraExtensions = append(c.ExtraExtensions, pkix.Extension{Id: id, Value: der})
+	}
+}
+
+// ASN.1 values of the extensions only a CA may carry (RFC 5280, 4.2.1),
+// and of Microsoft's application policies (certificatePolicies' syntax).
+type (
+	generalSubtree  struct{ Base asn1.RawValue }
+	nameConstraints struct {
+		Permitted []generalSubtree `asn1:"tag:0"`
+	}
+	policyMapping     struct{ IssuerDomainPolicy, SubjectDomainPolicy asn1.ObjectIdentifier }
+	policyConstraints struct {
+		RequireExplicitPolicy int `asn1:"tag:0"`
+	}
+	policyInformation struct{ PolicyIdentifier asn1.ObjectIdentifier }
+)

@@ -54,7 +54,9 @@ type Response struct {
 	// certificate's public key itself: crypto/x509 does so for every
 	// certificate it creates. The server then verifies the rest of the
 	// chain to the trust bundle, but not that signature a second time.
-	// Remote backends leave it nil: their answers are verified in full.
+	// Remote backends leave it nil: their answers are verified in full,
+	// unless a wrapper checked the signature (keymgr.ExternalTrust.Judge
+	// does, for a backend whose CA state meshca follows).
 	VerifiedIssuer *x509.Certificate
 }
 

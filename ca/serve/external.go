@@ -43,7 +43,9 @@ func (be *backend) followExternal(ctx context.Context, c Backend, td spiffeid.Tr
 // state trusts the authority that issued it (keymgr.ExternalTrust.Judge:
 // not retired, not a prepared one before its activation is safe) and has
 // recorded the leaf's lifetime under it, which the retire guard relies on.
-// The leaf goes out with the authority's own path to its root.
+// The leaf goes out with the authority's own path to its root, and with
+// the authority's certificate as its VerifiedIssuer, Judge having checked
+// the leaf's signature with it.
 type judgedSigner struct {
 	inner  signer.Signer
 	name   string
@@ -70,6 +72,7 @@ func (s *judgedSigner) Sign(ctx context.Context, req *signer.Request) (*signer.R
 		return nil, &signer.Error{Backend: s.name, Kind: signer.KindUnavailable, Err: fmt.Errorf("recording the leaf in the CA state: %w", err)}
 	}
 	// The state knows the path to the root; the backend's own idea of it
-	// may be stale after its key changed.
-	return &signer.Response{Leaf: resp.Leaf, Intermediates: rec.Intermediates()}, nil
+	// may be stale after its key changed. Judge saw rec.Cert's key sign
+	// the leaf: the server need not check that signature again.
+	return &signer.Response{Leaf: resp.Leaf, Intermediates: rec.Intermediates(), VerifiedIssuer: rec.Cert}, nil
 }

@@ -32,10 +32,6 @@ import (
 
 const name = "cfssl"
 
-// lifetimeSlack is how far past the requested NotAfter a certificate may
-// end: cfssl rounds, and a profile's expiry counts from its own clock.
-const lifetimeSlack = 2 * time.Minute
-
 // backend is one way of reaching cfssl: in process or over HTTP.
 type backend interface {
 	// sign returns the PEM certificate cfssl issued for req, whose
@@ -72,8 +68,9 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
+	now := s.now()
 	limit := keymgr.PathExpiry(issuer, s.chain...)
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: s.now(), TTL: req.TTL, Backdate: s.backdate}, issuer, s.chain...)
+	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     []string{req.ID.String()},
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
@@ -97,15 +94,8 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 			issuer, limit = fresh, keymgr.PathExpiry(fresh, s.chain...)
 		}
 	}
-	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
+	if err := signer.CheckIssued(name, req, leaf, signer.Lifetime{Start: now, IssuerNotAfter: limit}); err != nil {
 		return nil, withHint(err, leaf)
-	}
-	// A remote cfssl ignores the requested validity: its profile's expiry
-	// decides. Never hand out more than the client asked for.
-	if leaf.NotAfter.After(notAfter.Add(lifetimeSlack)) {
-		return nil, signer.Errorf(name, signer.KindRefused,
-			"cfssl issued a certificate until %s, past the requested %s: set the profile's expiry to at most the TTL clients request (24h for ztunnel and istio-agent)",
-			leaf.NotAfter.UTC().Format(time.RFC3339), notAfter.UTC().Format(time.RFC3339))
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: s.intermediates(issuer)}, nil
 }
@@ -124,11 +114,20 @@ func (s *Signer) profileFor(u csr.Usages) string {
 const subjectWhitelist = `"CSRWhitelist": {"PublicKey": true, "PublicKeyAlgorithm": true, "SignatureAlgorithm": true}`
 
 // withHint tells the operator how to fix a profile that copied the CSR's
-// subject, the one refusal whose cure is not obvious from cfssl's docs.
+// subject, the one refusal whose cure is not obvious from cfssl's docs, or
+// that issued for longer than asked: a remote cfssl ignores the requested
+// validity, its profile's expiry decides.
 func withHint(err error, leaf *x509.Certificate) error {
-	var se *signer.Error
-	if len(leaf.Subject.Names) != 0 && errors.As(err, &se) {
+	var (
+		se *signer.Error
+		le *signer.LifetimeError
+	)
+	switch {
+	case !errors.As(err, &se):
+	case len(leaf.Subject.Names) != 0:
 		se.Err = fmt.Errorf("%w; add %s to the cfssl profile", se.Err, subjectWhitelist)
+	case errors.As(err, &le):
+		se.Err = fmt.Errorf("%w; set the profile's expiry to at most the TTL clients request (24h for ztunnel and istio-agent)", se.Err)
 	}
 	return err
 }

@@ -106,6 +106,7 @@ func TestRemoteRefusesWhatTheProfileDecides(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	a := root.Authority()
 	copying := startCfssl(t, a, serverConfig(false, false))
+	documented := startCfssl(t, a, serverConfig(true, false)) // expiry 24h
 	tests := []struct {
 		name    string
 		cfg     cfssl.RemoteConfig
@@ -121,6 +122,8 @@ func TestRemoteRefusesWhatTheProfileDecides(t *testing.T) {
 			[]string{`lacks key usage ["key encipherment"]`}},
 		{"EC key sent to the RSA profile", cfssl.RemoteConfig{URL: copying.URL, Profile: "rsa"}, "ec", pkix.Name{},
 			[]string{`key usage ["digital signature" "key encipherment"] goes beyond the allowed ["digital signature"]`}},
+		{"profile's expiry past the requested TTL", cfssl.RemoteConfig{URL: documented.URL}, "ec", pkix.Name{},
+			[]string{"past the requested lifetime", "set the profile's expiry to at most the TTL clients request"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

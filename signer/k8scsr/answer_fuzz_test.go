@@ -68,9 +68,9 @@ func condition(typ certv1.RequestConditionType, status corev1.ConditionStatus, r
 //   - a status.certificate that pemutil.ParseCertificates refuses is a
 //     KindInternal k8scsr *signer.Error;
 //   - otherwise response refuses (KindRefused) exactly the leaves that
-//     break signer.CheckIssued, end past the requested lifetime (with the
-//     slack for the signer's clock), or outlive the chain returned (or,
-//     for a leaf alone, the trust bundle's root);
+//     break signer.CheckIssued, which holds them to the requested lifetime
+//     and to the chain returned (or, for a leaf alone, the trust bundle's
+//     root);
 //   - a response's leaf is the first certificate of status.certificate,
 //     and its intermediates are the others, in order, without any
 //     self-signed root.
@@ -162,9 +162,7 @@ func FuzzCSRAnswer(f *testing.F) {
 		if len(rest) == 0 && roots {
 			limit = root.Cert.NotAfter
 		}
-		breaks := signer.CheckIssued(name, req, first, time.Time{}) != nil ||
-			first.NotAfter.After(fuzzNow.Add(req.TTL+lifetimeSlack)) || !limit.IsZero() && first.NotAfter.After(limit)
-		if breaks {
+		if signer.CheckIssued(name, req, first, signer.Lifetime{Start: fuzzNow, IssuerNotAfter: limit}) != nil {
 			requireKind(t, resp, err, signer.KindRefused)
 			return
 		}

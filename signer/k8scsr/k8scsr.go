@@ -3,8 +3,8 @@
 // CertificateSigningRequest for a configured signer name, waits within the
 // request's deadline for whatever signs that name in the cluster (a
 // controller of the operator's choosing) to approve and issue it, holds
-// the answer to meshca's rules (signer.CheckIssued and the requested
-// lifetime) and deletes the object.
+// the answer to meshca's rules (signer.CheckIssued, the requested
+// lifetime among them) and deletes the object.
 //
 // The trust bundle is never learned from the cluster: meshca pins it
 // (--trust-anchors) or follows a CA state, as for the other external
@@ -38,10 +38,6 @@ const name = "k8scsr"
 // (spec.expirationSeconds); a request for less is refused before any
 // object is created.
 const MinTTL = 600 * time.Second
-
-// lifetimeSlack is how far past the requested NotAfter a certificate may
-// end: a signer counts from its own clock.
-const lifetimeSlack = time.Minute
 
 // Labels and annotations meshca puts on the objects it creates.
 const (

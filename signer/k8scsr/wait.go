@@ -126,8 +126,8 @@ func (s *Signer) settled(c *certv1.CertificateSigningRequest) (bool, error) {
 }
 
 // response checks the certificate the signer issued: meshca's rules
-// (signer.CheckIssued) with the issuer's expiry as the limit, and no
-// longer a lifetime than requested from start.
+// (signer.CheckIssued), with the issuer's expiry as a limit and start as
+// when the lifetime requested began.
 func (s *Signer) response(req *signer.Request, c *certv1.CertificateSigningRequest, start time.Time) (*signer.Response, error) {
 	certs, err := pemutil.ParseCertificates(c.Status.Certificate)
 	if err != nil {
@@ -140,15 +140,23 @@ func (s *Signer) response(req *signer.Request, c *certv1.CertificateSigningReque
 			intermediates = append(intermediates, ca)
 		}
 	}
-	if err := signer.CheckIssued(name, req, leaf, s.limit(leaf, chain)); err != nil {
-		return nil, err
-	}
-	if want := start.Add(req.TTL); leaf.NotAfter.After(want.Add(lifetimeSlack)) {
-		return nil, signer.Errorf(name, signer.KindRefused,
-			"signer %s issued a certificate until %s, past the requested %s: it must honour spec.expirationSeconds",
-			s.c.SignerName, leaf.NotAfter.UTC().Format(time.RFC3339), want.UTC().Format(time.RFC3339))
+	if err := signer.CheckIssued(name, req, leaf, signer.Lifetime{Start: start, IssuerNotAfter: s.limit(leaf, chain)}); err != nil {
+		return nil, s.withHint(err)
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
+}
+
+// withHint tells the operator what the external signer must do when it
+// issued for longer than requested.
+func (s *Signer) withHint(err error) error {
+	var (
+		se *signer.Error
+		le *signer.LifetimeError
+	)
+	if errors.As(err, &le) && errors.As(err, &se) {
+		se.Err = fmt.Errorf("%w; signer %s must honour spec.expirationSeconds", se.Err, s.c.SignerName)
+	}
+	return err
 }
 
 // limit is the latest NotAfter leaf may have: the earliest expiry of the

@@ -35,8 +35,9 @@ import (
 // answers 403 to the tokens deny refuses and issues a leaf to the others,
 // with the key usages of the role whatever the key (as Vault does): role
 // "mesh" grants digital signature, "mesh-rsa" digital signature and key
-// encipherment, other roles are unknown; auth/token/revoke-self records
-// the token that asked.
+// encipherment, other roles are unknown; the leaf lives an hour whatever
+// the ttl asked (as under a role with not_after); auth/token/revoke-self
+// records the token that asked.
 type fakeVault struct {
 	srv  *httptest.Server
 	ca   *x509.Certificate
@@ -49,6 +50,8 @@ type fakeVault struct {
 	signed  []string // the roles that signed, in order
 	// tokens is how logins hand out tokens (set it before the first).
 	tokens fakeTokens
+	// edit, when set, changes the data of every pki/sign answer.
+	edit func(data map[string]any)
 	// opened counts the connections clients opened.
 	opened atomic.Int64
 }
@@ -203,10 +206,17 @@ func (f *fakeVault) sign(w http.ResponseWriter, r *http.Request, ku x509.KeyUsag
 		fail(err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{
+	data := map[string]any{
 		"certificate": string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		"issuing_ca":  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: f.ca.Raw})),
-	}})
+	}
+	f.mu.Lock()
+	edit := f.edit
+	f.mu.Unlock()
+	if edit != nil {
+		edit(data)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"data": data})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

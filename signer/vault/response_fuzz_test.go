@@ -45,7 +45,7 @@ func vaultSignAnswer(tb testing.TB, data map[string]any) []byte {
 // certificateOf, which reads the issuers `meshca root --signer vault`
 // creates. Nothing may panic. response fails only with a vault
 // *signer.Error; a certificate it returns passes signer.CheckIssued for
-// the request; and when the certificate field holds the leaf alone, no
+// the request sent at now; and when the certificate field holds the leaf alone, no
 // root travels among the intermediates.
 func FuzzSignResponse(f *testing.F) {
 	now := time.Now()
@@ -68,7 +68,7 @@ func FuzzSignResponse(f *testing.F) {
 	f.Add([]byte(`{"errors":["permission denied"]}`))
 	f.Add([]byte{})
 
-	s, err := New(Config{Address: "https://vault.vault.svc:8200", Role: "mesh", Auth: fuzzLogin{}})
+	s, err := New(Config{Address: "https://vault.vault.svc:8200", Role: "mesh", Auth: fuzzLogin{}, Now: func() time.Time { return now }})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func FuzzSignResponse(f *testing.F) {
 		if c, err := certificateOf(secret, "certificate"); err == nil && c == nil {
 			t.Fatal("certificateOf returned neither a certificate nor an error")
 		}
-		resp, err := s.response(req, secret, "mesh")
+		resp, err := s.response(req, secret, "mesh", now)
 		if err != nil {
 			var se *signer.Error
 			if !errors.As(err, &se) || se.Backend != name || (se.Kind != signer.KindRefused && se.Kind != signer.KindInternal) {
@@ -88,7 +88,7 @@ func FuzzSignResponse(f *testing.F) {
 			}
 			return
 		}
-		if err := signer.CheckIssued(name, req, resp.Leaf, time.Time{}); err != nil {
+		if err := signer.CheckIssued(name, req, resp.Leaf, signer.Lifetime{Start: now}); err != nil {
 			t.Fatalf("response returned a certificate that breaks the rules: %v", err)
 		}
 		certPEM, _ := secret.Data["certificate"].(string)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/vault"
@@ -80,6 +81,57 @@ func TestKeyEnciphermentRole(t *testing.T) {
 			}
 			if res.Leaf.KeyUsage != tt.wantKU {
 				t.Errorf("key usage %v, want %v", res.Leaf.KeyUsage, tt.wantKU)
+			}
+		})
+	}
+}
+
+// TestSignAnswerLimits: a leaf Vault issued for longer than the requested
+// TTL is refused with the role setting to change, and so is an answer
+// without its issuing CA, as nothing would then hold the leaf to its
+// issuer's expiry.
+func TestSignAnswerLimits(t *testing.T) {
+	tests := []struct {
+		name string
+		ttl  time.Duration
+		edit func(data map[string]any)
+		kind signer.Kind // "": issued
+		want []string
+	}{
+		{name: "the lifetime the role issues", ttl: time.Hour},
+		{name: "a shorter TTL than the role issues", ttl: 5 * time.Minute, kind: signer.KindRefused,
+			want: []string{"past the requested lifetime", "role pki/roles/mesh must leave the lifetime to the ttl meshca sends: unset its not_after"}},
+		{name: "ca_chain without issuing_ca", ttl: time.Hour, edit: func(d map[string]any) {
+			d["ca_chain"] = []string{d["issuing_ca"].(string)}
+			delete(d, "issuing_ca")
+		}},
+		{name: "no issuing CA", ttl: time.Hour, edit: func(d map[string]any) { delete(d, "issuing_ca") }, kind: signer.KindInternal,
+			want: []string{"answer from pki/sign/mesh holds no issuing CA (issuing_ca or ca_chain)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeVault(t, func(string) bool { return false })
+			f.edit = tt.edit
+			s := f.newSigner(t, vault.Config{})
+			req := newRequest(t, workload)
+			req.TTL = tt.ttl
+			res, err := s.Sign(context.Background(), req)
+			if tt.kind == "" {
+				if err != nil {
+					t.Fatalf("Sign: %v", err)
+				}
+				if !res.Leaf.NotAfter.Before(f.ca.NotAfter) {
+					t.Errorf("leaf until %v outlives its issuer (%v)", res.Leaf.NotAfter, f.ca.NotAfter)
+				}
+				return
+			}
+			if signer.KindOf(err) != tt.kind || res != nil {
+				t.Fatalf("Sign = %v, %v; want a %s failure", res, err, tt.kind)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("err = %v, want it to say %q", err, w)
+				}
 			}
 		})
 	}

@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -62,8 +63,8 @@ type Config struct {
 	// refusing to sign (403). Within it, a 403 fails as signer.KindRefused
 	// without a login. Zero means DefaultReloginBackoff.
 	ReloginBackoff time.Duration
-	// Now is the clock that ReloginBackoff and the token's expiry are
-	// measured on; nil means time.Now.
+	// Now is the clock that ReloginBackoff, the token's expiry and the
+	// lifetime of issued certificates are measured on; nil means time.Now.
 	Now func() time.Time
 	// Observer hears whether the signer holds a token and when it
 	// expires; nil ignores it.
@@ -176,6 +177,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	}
 	role := s.roleFor(req.Usages)
 	path := s.c.Mount + "/sign/" + role
+	start := s.c.Now()
 	secret, err := s.client.Logical().WriteWithContext(ctx, path, data)
 	if isPermissionDenied(err) {
 		// The token expired or was revoked, or the role's policy refuses:
@@ -183,12 +185,13 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		if lerr := s.reloginDenied(ctx, used, path, err); lerr != nil {
 			return nil, lerr
 		}
+		start = s.c.Now()
 		secret, err = s.client.Logical().WriteWithContext(ctx, path, data)
 	}
 	if err != nil {
 		return nil, classify(err)
 	}
-	return s.response(req, secret, role)
+	return s.response(req, secret, role, start)
 }
 
 // roleFor names the role that signs a request for usages u.
@@ -199,8 +202,12 @@ func (s *Signer) roleFor(u csr.Usages) string {
 	return s.c.Role
 }
 
-// response assembles and checks what role issued.
-func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) (*signer.Response, error) {
+// response assembles and checks what role issued for a request sent at
+// start. The CA certificates Vault sent (issuing_ca, or ca_chain, and any
+// after the leaf) bound the leaf's lifetime: an answer without any is
+// refused, as nothing would then stop a leaf that outlives its issuer.
+// Vault's PKI engine always sends issuing_ca.
+func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, start time.Time) (*signer.Response, error) {
 	if secret == nil || secret.Data == nil {
 		return nil, signer.Errorf(name, signer.KindInternal, "empty answer from %s/sign/%s", s.c.Mount, role)
 	}
@@ -224,7 +231,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) 
 		}
 	}
 	intermediates := certs[1:]
-	var path []*x509.Certificate
+	path := slices.Clone(certs[1:])
 	for _, p := range chain {
 		cs, err := s.chains.parse(p)
 		if err != nil {
@@ -237,23 +244,33 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string) 
 			}
 		}
 	}
-	limit := keymgr.EarliestExpiry(path...)
-	if err := signer.CheckIssued(name, req, leaf, limit); err != nil {
+	if len(path) == 0 {
+		return nil, signer.Errorf(name, signer.KindInternal, "answer from %s/sign/%s holds no issuing CA (issuing_ca or ca_chain): the leaf cannot be held to its issuer's expiry", s.c.Mount, role)
+	}
+	lt := signer.Lifetime{Start: start, IssuerNotAfter: keymgr.EarliestExpiry(path...)}
+	if err := signer.CheckIssued(name, req, leaf, lt); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
 }
 
 // withRoleHint tells the operator which role to change when role issued
-// other key usages than req's.
+// other key usages than req's, or for longer than req asked.
 func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certificate, role string) error {
-	var se *signer.Error
-	if leaf.KeyUsage == req.Usages.Key || !errors.As(err, &se) {
+	var (
+		se *signer.Error
+		le *signer.LifetimeError
+	)
+	if !errors.As(err, &se) {
 		return err
 	}
 	const ke = x509.KeyUsageKeyEncipherment
 	var hint string
 	switch {
+	case errors.As(err, &le):
+		hint = fmt.Sprintf("role %s/roles/%s must leave the lifetime to the ttl meshca sends: unset its not_after", s.c.Mount, role)
+	case leaf.KeyUsage == req.Usages.Key:
+		return err
 	case req.Usages.Key&ke != 0 && s.c.KeyEnciphermentRole == "":
 		hint = fmt.Sprintf("role %s/roles/%s signs every key type; RSA keys need a role of their own with key_usage=%s: name it with --vault-rsa-role (vault.Config.KeyEnciphermentRole)",
 			s.c.Mount, role, keyUsageParam(req.Usages.Key))
