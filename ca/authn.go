@@ -65,9 +65,11 @@ func authenticate(ctx context.Context, auths []Authenticator, c *Credentials) (*
 		case errors.Is(err, ErrNoCredentials):
 			continue
 		}
-		// A method that cannot decide now decides the request: the
+		// A method that cannot decide now, or may not try now (the
+		// address has spent its failures), decides the request: the
 		// client must retry, not be told its credentials are bad.
-		if c := classify(err).Code; c == codes.Unavailable || c == codes.DeadlineExceeded || c == codes.Canceled {
+		switch classify(err).Code {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted:
 			return nil, err
 		}
 		failures = append(failures, err)

@@ -14,8 +14,9 @@ type fixedAuthn struct{ err error }
 func (f fixedAuthn) Authenticate(context.Context, *Credentials) (*Caller, error) { return nil, f.err }
 
 // TestAuthenticateUndecided: when one method cannot decide now (the
-// apiserver did not answer, the request ran out of time), the client is
-// told to retry, even if another method refused its credentials.
+// apiserver did not answer, the request ran out of time) or may not try
+// now (the address has spent its failures), the client is told to retry,
+// even if another method refused its credentials.
 func TestAuthenticateUndecided(t *testing.T) {
 	certRefused := fixedAuthn{refuse(codes.Unauthenticated, "cert_invalid", "client certificate is not a valid SVID", nil)}
 	tests := []struct {
@@ -27,6 +28,7 @@ func TestAuthenticateUndecided(t *testing.T) {
 		{"bad certificate, apiserver down", []Authenticator{certRefused, fixedAuthn{&kube.Error{Reason: "tokenreview_failed", Msg: "retry", Retry: true}}}, codes.Unavailable},
 		{"bad certificate, out of time", []Authenticator{certRefused, fixedAuthn{context.DeadlineExceeded}}, codes.DeadlineExceeded},
 		{"bad certificate, bad token", []Authenticator{certRefused, fixedAuthn{&kube.Error{Reason: "token_invalid", Msg: "no"}}}, codes.Unauthenticated},
+		{"bad certificate, address over its failures", []Authenticator{certRefused, fixedAuthn{&Error{Code: codes.ResourceExhausted, Reason: reasonPeerAuthnFailures, Msg: "retry"}}}, codes.ResourceExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

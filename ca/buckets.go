@@ -10,9 +10,10 @@ import (
 
 // buckets are token buckets by key (a caller's identity, a peer's
 // address), at most max of them, so that keys an attacker can mint do not
-// grow the heap. A bucket that has refilled to its burst carries no
-// information and is dropped when a new key comes (idle eviction); when
-// max buckets are kept all the same, the least recently used goes.
+// grow the heap. A bucket that has refilled to its burst and holds no
+// reservation carries no information and is dropped when a new key comes
+// (idle eviction); when max buckets are kept all the same, the least
+// recently used goes.
 // Evicting a bucket that is not full forgives its debt: max is sized so
 // that only a flood of keys can do that.
 type buckets struct {
@@ -28,6 +29,9 @@ type buckets struct {
 type bucket struct {
 	key string
 	lim *rate.Limiter
+	// held counts the tokens reserved for outcomes not known yet
+	// (reserve); they are not spent, and not free either.
+	held int
 }
 
 // idleSweep is how many idle buckets a new key looks at, from the least
@@ -47,13 +51,17 @@ func newBuckets(perSecond float64, burst, max int) *buckets {
 func (b *buckets) get(key string, now time.Time) *rate.Limiter {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.getLocked(key, now).lim
+}
+
+func (b *buckets) getLocked(key string, now time.Time) *bucket {
 	if el, ok := b.byKey[key]; ok {
 		b.lru.MoveToFront(el)
-		return el.Value.(*bucket).lim
+		return el.Value.(*bucket)
 	}
 	for range idleSweep {
 		el := b.lru.Back()
-		if el == nil || el.Value.(*bucket).lim.TokensAt(now) < float64(b.burst) {
+		if el == nil || el.Value.(*bucket).held > 0 || el.Value.(*bucket).lim.TokensAt(now) < float64(b.burst) {
 			break
 		}
 		b.removeLocked(el)
@@ -61,9 +69,9 @@ func (b *buckets) get(key string, now time.Time) *rate.Limiter {
 	for b.lru.Len() >= b.max {
 		b.removeLocked(b.lru.Back())
 	}
-	lim := rate.NewLimiter(b.limit, b.burst)
-	b.byKey[key] = b.lru.PushFront(&bucket{key: key, lim: lim})
-	return lim
+	bk := &bucket{key: key, lim: rate.NewLimiter(b.limit, b.burst)}
+	b.byKey[key] = b.lru.PushFront(bk)
+	return bk
 }
 
 func (b *buckets) removeLocked(el *list.Element) {
@@ -85,25 +93,48 @@ func (b *buckets) take(key string, now time.Time) (time.Duration, bool) {
 	if lim.AllowN(now, 1) {
 		return 0, true
 	}
-	return untilToken(lim, now), false
+	return untilToken(lim, 0, now), false
 }
 
-// check returns how long until key's bucket holds a token, without
-// spending one; 0 when it does now.
+// check returns how long until key's bucket holds a token that is not
+// reserved, without spending one; 0 when it does now.
 func (b *buckets) check(key string, now time.Time) time.Duration {
-	return untilToken(b.get(key, now), now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bk := b.getLocked(key, now)
+	return untilToken(bk.lim, bk.held, now)
 }
 
-// charge spends one token of key's bucket after the fact: the bucket may
-// go into debt, which check then reports as a longer wait.
-func (b *buckets) charge(key string, now time.Time) {
-	b.get(key, now).ReserveN(now, 1)
+// reserve holds one token of key's bucket for an outcome not known yet,
+// so that concurrent requests cannot all count on the same token. When
+// every token is spent or held it holds nothing and returns how long
+// until one is free. settle ends the hold: spend spends the token, the
+// bucket going into debt if need be (check then reports a longer wait);
+// otherwise it is given back untouched.
+func (b *buckets) reserve(key string, now time.Time) (settle func(spend bool, now time.Time), wait time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bk := b.getLocked(key, now)
+	if w := untilToken(bk.lim, bk.held, now); w > 0 {
+		return nil, w, false
+	}
+	bk.held++
+	return func(spend bool, now time.Time) {
+		// bk may have been evicted meanwhile (a flood of keys): its
+		// count then matters to no one.
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		bk.held--
+		if spend {
+			bk.lim.ReserveN(now, 1)
+		}
+	}, 0, true
 }
 
-// untilToken is how long until lim holds one token, rounded up to a
-// millisecond; 0 when it holds one now.
-func untilToken(lim *rate.Limiter, now time.Time) time.Duration {
-	missing := 1 - lim.TokensAt(now)
+// untilToken is how long until lim holds one token besides the held ones,
+// rounded up to a millisecond; 0 when it holds one now.
+func untilToken(lim *rate.Limiter, held int, now time.Time) time.Duration {
+	missing := float64(1+held) - lim.TokensAt(now)
 	if missing <= 0 {
 		return 0
 	}

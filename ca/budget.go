@@ -219,25 +219,41 @@ func (b *callerBudget) enter(key, who string) (func(), error) {
 }
 
 // peerAllowed refuses a peer that has spent its authentication failures,
-// before its request is authenticated.
+// before its request waits for an authentication turn. The failures held
+// by authentications in progress (peerReserve) count as spent.
 func (l *limiter) peerAllowed(addr string) error {
 	if l.failures == nil {
 		return nil
 	}
 	p := peerPrefix(addr)
 	if wait := l.failures.check(p, l.now()); wait > 0 {
-		return exhausted(reasonPeerAuthnFailures,
-			fmt.Sprintf("too many failed authentications from this address, retry in %v", wait),
-			wait, fmt.Errorf("peer %s: bucket of authentication failures empty", p))
+		return peerFailuresSpent(p, wait)
 	}
 	return nil
 }
 
-// peerFailed spends a token of the peer's failure bucket.
-func (l *limiter) peerFailed(addr string) {
-	if l.failures != nil {
-		l.failures.charge(peerPrefix(addr), l.now())
+// peerReserve holds one of the peer's authentication failures for an
+// authentication about to cost a review, or refuses as peerAllowed does:
+// so the reviews an address has in progress never outnumber the failures
+// it has left, however many of its requests ran peerAllowed at once.
+// settle ends the hold: a failure spends it, anything else gives it back.
+func (l *limiter) peerReserve(addr string) (settle func(failed bool), err error) {
+	if l.failures == nil {
+		return func(bool) {}, nil
 	}
+	p := peerPrefix(addr)
+	done, wait, ok := l.failures.reserve(p, l.now())
+	if !ok {
+		return nil, peerFailuresSpent(p, wait)
+	}
+	return func(failed bool) { done(failed, l.now()) }, nil
+}
+
+// peerFailuresSpent is the refusal of a peer with no failures left.
+func peerFailuresSpent(prefix string, wait time.Duration) *Error {
+	return exhausted(reasonPeerAuthnFailures,
+		fmt.Sprintf("too many failed authentications from this address, retry in %v", wait),
+		wait, fmt.Errorf("peer %s: bucket of authentication failures empty", prefix))
 }
 
 // exhausted is a ResourceExhausted refusal that says when to retry.

@@ -6,7 +6,13 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"maps"
+	"math/big"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -233,5 +240,127 @@ func TestPeerFailuresSpareOthers(t *testing.T) {
 		if err := call(st.token, st.id); status.Code(err) != st.code {
 			t.Fatalf("%s: %v, want %v", st.name, err, st.code)
 		}
+	}
+}
+
+// slowReviews is a token authenticator that refuses every token after a
+// TokenReview's round trip, and counts the reviews.
+type slowReviews struct {
+	reviews atomic.Int64
+	delay   time.Duration
+}
+
+func (r *slowReviews) Authenticate(_ context.Context, c *ca.Credentials) (*ca.Caller, error) {
+	if c.Token == "" {
+		return nil, ca.ErrNoCredentials
+	}
+	r.reviews.Add(1)
+	time.Sleep(r.delay)
+	return nil, &ca.Error{Code: codes.Unauthenticated, Reason: "test_bad_token", Msg: "bad token"}
+}
+
+// withClientCert is ctx with leaf as the client certificate its TLS
+// handshake verified; ctx must come from inProcess.
+func withClientCert(ctx context.Context, leaf *x509.Certificate) context.Context {
+	p, _ := peer.FromContext(ctx)
+	verified := *p
+	verified.AuthInfo = credentials.TLSInfo{State: tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf},
+		VerifiedChains: [][]*x509.Certificate{{leaf}}}}
+	return peer.NewContext(ctx, &verified)
+}
+
+// clientLeaf is a client certificate for the URI id, signed by parent.
+func clientLeaf(t *testing.T, parent *testca.CA, id string) *x509.Certificate {
+	t.Helper()
+	u, err := url.Parse(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now()
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+		URIs: []*url.URL{u}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent.Cert, key.Public(), parent.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+// TestPeerFailuresBoundReviews: an address causes no more reviews than it
+// has failures left, however many of its requests come at once, and
+// whatever client certificate they carry: only a certificate the
+// CertAuthenticator accepts spares a request the address's failures.
+func TestPeerFailuresBoundReviews(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	const spent = "too many failed authentications from this address, retry in 2s"
+	tests := []struct {
+		name     string
+		maxAuthn int // MaxAuthnPerPeer; 0 is the default
+		// spend: the address spends its two failures first.
+		spend    bool
+		cert     *x509.Certificate // sent, with a token to review, by each request
+		requests int               // at once
+		want     map[codes.Code]int
+	}{
+		{name: "tokens to review, one authentication at a time", maxAuthn: 1, requests: 40,
+			want: map[codes.Code]int{codes.Unauthenticated: 2, codes.ResourceExhausted: 38}},
+		{name: "tokens to review, all authenticating at once", requests: 40,
+			want: map[codes.Code]int{codes.Unauthenticated: 2, codes.ResourceExhausted: 38}},
+		{name: "a client certificate the CertAuthenticator refuses", spend: true, requests: 10,
+			cert: clientLeaf(t, root, "spiffe://cluster.local/not-a-workload"), want: map[codes.Code]int{codes.ResourceExhausted: 10}},
+		{name: "a client certificate it accepts", spend: true, requests: 10,
+			cert: clientLeaf(t, root, frontend.String()), want: map[codes.Code]int{codes.OK: 10}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &slowReviews{delay: 20 * time.Millisecond}
+			now := time.Now() // frozen: no failures refill during the test
+			f := newFixture(t, root.Authority(), options{authn: r, config: func(c *ca.Config) {
+				c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2}, func() time.Time { return now }
+				c.MaxAuthnPerPeer = tt.maxAuthn
+			}})
+			in := &authpb.IstioCertificateRequest{Csr: frontendCSR(t)}
+			call := func(cert *x509.Certificate) error {
+				ctx := inProcess(context.Background(), "198.51.100.7:4000", "a.b.c")
+				if cert != nil {
+					ctx = withClientCert(ctx, cert)
+				}
+				_, err := f.srv.CreateCertificate(ctx, in)
+				return err
+			}
+			if tt.spend {
+				for i := range 2 {
+					if err := call(nil); status.Code(err) != codes.Unauthenticated {
+						t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
+					}
+				}
+			}
+			var mu sync.Mutex
+			got := map[codes.Code]int{}
+			var wg sync.WaitGroup
+			for range tt.requests {
+				wg.Go(func() {
+					st := status.Convert(call(tt.cert))
+					if st.Code() == codes.ResourceExhausted && st.Message() != spent {
+						t.Errorf("refused with %q, want %q", st.Message(), spent)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					got[st.Code()]++
+				})
+			}
+			wg.Wait()
+			if n := r.reviews.Load(); n != 2 {
+				t.Errorf("the address caused %d reviews, want 2, its failure burst", n)
+			}
+			if !maps.Equal(got, tt.want) {
+				t.Errorf("codes %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -169,7 +169,11 @@ func TestNoLimit(t *testing.T) {
 		if _, err := l.admit(limitsCluster, workload("shop", "cart")); err != nil {
 			t.Fatal(err)
 		}
-		l.peerFailed("192.0.2.1:1")
+		settle, err := l.peerReserve("192.0.2.1:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		settle(true)
 	}
 	if err := l.peerAllowed("192.0.2.1:1"); err != nil {
 		t.Fatal(err)
@@ -188,10 +192,11 @@ func TestPeerFailures(t *testing.T) {
 		}
 	}
 	for range 3 {
-		if err := l.peerAllowed(peer); err != nil {
+		settle, err := l.peerReserve(peer)
+		if err != nil {
 			t.Fatal(err)
 		}
-		l.peerFailed(peer)
+		settle(true)
 	}
 	tests := []struct {
 		name    string
@@ -220,6 +225,90 @@ func TestPeerFailures(t *testing.T) {
 	clk.add(500 * time.Millisecond)
 	if err := l.peerAllowed(peer); err != nil {
 		t.Fatalf("after the hint: %v", err)
+	}
+}
+
+// TestPeerFailureReservations: an authentication in progress holds one of
+// its peer's failures, so that concurrent requests cannot all count on
+// the same ones; a failure spends it, a success gives it back.
+func TestPeerFailureReservations(t *testing.T) {
+	const peer = "192.0.2.7:40000"
+	tests := []struct {
+		name                       string
+		succeeded, failed, holding int
+		refused                    bool
+		after                      time.Duration // the retry hint
+		// afterHeld: refused once the held ones succeed.
+		afterHeld bool
+	}{
+		{name: "successes give their failure back", succeeded: 100},
+		{name: "one failure left", failed: 1, holding: 1},
+		{name: "every failure held", holding: 3, refused: true, after: 500 * time.Millisecond},
+		{name: "failed and held", failed: 1, holding: 2, refused: true, after: 500 * time.Millisecond},
+		{name: "spent", failed: 3, refused: true, after: 500 * time.Millisecond, afterHeld: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := &clock{now: time.Unix(1e9, 0)}
+			l := newLimiter(Limits{PeerFailureRate: 2, PeerFailureBurst: 3}, clk.Now)
+			var held []func(bool)
+			for i := range tt.succeeded + tt.failed + tt.holding {
+				settle, err := l.peerReserve(peer)
+				if err != nil {
+					t.Fatalf("reservation %d: %v", i+1, err)
+				}
+				switch {
+				case i < tt.succeeded:
+					settle(false)
+				case i < tt.succeeded+tt.failed:
+					settle(true)
+				default:
+					held = append(held, settle)
+				}
+			}
+			for _, check := range []func() error{
+				func() error { return l.peerAllowed(peer) },
+				func() error { _, err := l.peerReserve(peer); return err },
+			} {
+				err := check()
+				if !tt.refused {
+					if err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				if reason, after := limitErr(t, err); reason != reasonPeerAuthnFailures || after != tt.after {
+					t.Fatalf("refused with %s after %v, want %s after %v", reason, after, reasonPeerAuthnFailures, tt.after)
+				}
+			}
+			for _, settle := range held {
+				settle(false)
+			}
+			if err := l.peerAllowed(peer); (err != nil) != tt.afterHeld {
+				t.Fatalf("once the held authentications succeed: %v, want refused %v", err, tt.afterHeld)
+			}
+		})
+	}
+}
+
+// TestBucketsKeepHeld: a bucket holding a reservation is not idle, however
+// full, and outlives new keys sweeping idle ones out.
+func TestBucketsKeepHeld(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	b := newBuckets(1, 1, 100)
+	settle, _, ok := b.reserve("holder", now)
+	if !ok {
+		t.Fatal("a new bucket refused a reservation")
+	}
+	for i := range 10 {
+		b.take(fmt.Sprintf("peer-%d", i), now)
+	}
+	if wait := b.check("holder", now); wait != time.Second {
+		t.Fatalf("the holder's bucket was swept (wait %v, want 1s)", wait)
+	}
+	settle(true, now)
+	if wait := b.check("holder", now); wait != time.Second {
+		t.Fatalf("after the failure: wait %v, want 1s", wait)
 	}
 }
 

@@ -274,21 +274,36 @@ func (s *Server) takeSlot() error {
 func (s *Server) releaseSlot() { <-s.slots }
 
 // authenticate runs the authenticators under the peer's budgets: a peer
-// that has spent its authentication failures is refused at once, unless
-// its request costs nothing to authenticate; a peer may have
-// MaxAuthnPerPeer authentications in progress, and more wait, until their
-// deadline, for a turn. A failure that cost a review is charged to the
-// peer.
+// may have MaxAuthnPerPeer authentications in progress, and more wait,
+// until their deadline, for a turn; a request about to ask someone to
+// authenticate it (a TokenReview) first holds one of the peer's remaining
+// failures (reviewHold), spent if it fails, so that an address never has
+// more reviews under way than failures left, however many of its
+// requests come at once. A peer whose failures are spent is refused
+// before it waits for a turn, unless its request may cost nothing.
 //
 // The failures are counted per address (an IPv6 /64), which many
 // workloads may share: a node's Pods, clients behind one NAT. So that
-// none of them can lock the others out, a request carrying a client
-// certificate the TLS handshake verified, or a token whose review is
-// cached, is never refused for the address's failures; and a refusal that
-// cost nothing (no credentials, a token that is not a JWT) spends none.
+// none of them can lock the others out, a request that authenticates
+// without asking anyone (a client certificate the CertAuthenticator
+// accepts, a token whose review is cached) is never refused for the
+// address's failures; and a refusal that cost nothing (no credentials, a
+// token that is not a JWT, a client certificate refused) spends none.
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
-	auths := append(slices.Clip(s.c.Authenticators), cluster.Authenticators...)
-	if !costless(auths, &r.creds) {
+	auths := slices.Concat(s.c.Authenticators, cluster.Authenticators)
+	hold := &reviewHold{limits: s.limits, peer: r.peer}
+	// A client certificate may cost nothing: whether the CertAuthenticator
+	// accepts it is known after the wait.
+	free := len(r.creds.PeerCerts) > 0
+	for i, a := range auths {
+		switch {
+		case knows(a, r.creds.Token):
+			free = true
+		case asksSomeone(a, &r.creds):
+			auths[i] = &budgetedReview{Authenticator: a, hold: hold}
+		}
+	}
+	if !free {
 		if err := s.limits.peerAllowed(r.peer); err != nil {
 			return nil, err
 		}
@@ -300,8 +315,71 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 	}
 	defer release()
 	caller, err := authenticate(ctx, auths, &r.creds)
+	hold.end(err)
+	return caller, err
+}
+
+// knows reports whether a already holds token's identity (a cached
+// review): authenticating it asks no one.
+func knows(a Authenticator, token string) bool {
+	k, ok := a.(interface{ Known(string) bool })
+	return ok && token != "" && k.Known(token)
+}
+
+// asksSomeone reports whether a, not knowing c's token already, asks
+// someone (a TokenReview) to decide c: not a CertAuthenticator, which
+// verifies the client certificate here, nor a token authenticator given
+// no token.
+func asksSomeone(a Authenticator, c *Credentials) bool {
+	switch a.(type) {
+	case *CertAuthenticator:
+		return false
+	case interface{ Known(string) bool }:
+		return c.Token != ""
+	}
+	return true
+}
+
+// reviewHold is the one failure of its peer's budget a request holds
+// (limiter.peerReserve) from the moment it first asks someone to
+// authenticate it. end spends it if the request failed after a refusal
+// that cost something, and gives it back otherwise.
+type reviewHold struct {
+	limits *limiter
+	peer   string
+	settle func(failed bool) // nil until held
+	failed bool              // a review refused the credentials
+}
+
+func (h *reviewHold) take() error {
+	if h.settle != nil {
+		return nil
+	}
+	settle, err := h.limits.peerReserve(h.peer)
+	h.settle = settle
+	return err
+}
+
+func (h *reviewHold) end(err error) {
+	if h.settle != nil {
+		h.settle(err != nil && h.failed)
+	}
+}
+
+// budgetedReview is an authenticator that asks someone, run once the
+// request holds a failure of its peer's budget.
+type budgetedReview struct {
+	Authenticator
+	hold *reviewHold
+}
+
+func (b *budgetedReview) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
+	if err := b.hold.take(); err != nil {
+		return nil, err
+	}
+	caller, err := b.Authenticator.Authenticate(ctx, c)
 	if o := classify(err); err != nil && o.Code == codes.Unauthenticated && !freeRefusals[o.Reason] {
-		s.limits.peerFailed(r.peer)
+		b.hold.failed = true
 	}
 	return caller, err
 }
@@ -309,21 +387,6 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 // freeRefusals are the authentication refusals decided without a review
 // or a lookup: they spend none of the peer's failures.
 var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}
-
-// costless reports whether c is authenticated without asking anyone: a
-// client certificate (verified in the TLS handshake against the trust
-// bundle) or a token an authenticator already knows.
-func costless(auths []Authenticator, c *Credentials) bool {
-	if len(c.PeerCerts) > 0 {
-		return true
-	}
-	for _, a := range auths {
-		if k, ok := a.(interface{ Known(string) bool }); ok && k.Known(c.Token) {
-			return true
-		}
-	}
-	return false
-}
 
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
 // when the caller asks for its own identity.

@@ -111,9 +111,8 @@ func SanitizeKubeconfig(raw []byte, allow KubeconfigAllow) (*rest.Config, error)
 		if c.CertificateAuthority != "" && !allow[KubeconfigCertificateAuthority] {
 			return nil, &KubeconfigError{Feature: KubeconfigCertificateAuthority, Entry: fmt.Sprintf("cluster %q", name)}
 		}
-		if _, err := url.Parse(c.ProxyURL); err != nil {
-			// client-go's message would quote the URL, which may hold a password.
-			return nil, &KubeconfigError{Detail: fmt.Sprintf("cluster %q: proxy-url does not parse", name)}
+		if detail := proxyURLProblem(c.ProxyURL); detail != "" {
+			return nil, &KubeconfigError{Detail: fmt.Sprintf("cluster %q: %s", name, detail)}
 		}
 		out.Clusters[name] = &clientcmdapi.Cluster{
 			Server:                   c.Server,
@@ -159,6 +158,23 @@ func SanitizeKubeconfig(raw []byte, allow KubeconfigAllow) (*rest.Config, error)
 		return nil, &KubeconfigError{Feature: f, Entry: "the client configuration"}
 	}
 	return rc, nil
+}
+
+// proxyURLProblem says why client-go would refuse a cluster's proxy-url,
+// or "". client-go's own message quotes the URL, which may hold a
+// password: this one names neither the URL nor any part of it.
+func proxyURLProblem(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return "proxy-url does not parse"
+	case u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "socks5":
+		return "proxy-url must be an http, https or socks5 URL"
+	}
+	return ""
 }
 
 // refusedFeature returns the first feature a uses that allow does not

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -59,6 +60,7 @@ func fuzzKubeconfigSeeds() [][]byte {
 		[]byte("apiVersion: v1\nkind: Config\ncurrent-context: missing\n"),
 		[]byte(`{"apiVersion":"v1","kind":"Config","clusters":[{"name":"c","cluster":{"server":"https://c"}}],"users":[{"name":"u","user":{"exec":{"command":"x"}}}],"contexts":[{"name":"c","context":{"cluster":"c","user":"u"}}],"current-context":"c"}`),
 		{},
+		fuzzKubeconfig("west", "    proxy-url: ftp://proxyuser:S3cretProxyPass@proxy.example:21", ""),
 	}
 }
 
@@ -99,7 +101,8 @@ func usesRefused(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeature, boo
 // Secrets in the remote-secret namespace can put there, with any allowed
 // set of the features that need no file. It never panics. A refusal is a
 // *KubeconfigError, names a feature only when it is not allowed, and never
-// quotes a token, password or client key of the file. A configuration it
+// quotes a token, password (a user's, or one in a server or proxy URL) or
+// client key of the file. A configuration it
 // returns has a server, and uses no feature that is not allowed, and the
 // file it came from has no user or cluster using one either, whether the
 // current context uses it or not.
@@ -127,6 +130,14 @@ func FuzzSanitizeKubeconfig(f *testing.F) {
 				var secrets []string
 				for _, a := range in.AuthInfos {
 					secrets = append(secrets, a.Token, a.Password, string(a.ClientKeyData))
+				}
+				for _, c := range in.Clusters {
+					for _, raw := range []string{c.Server, c.ProxyURL} {
+						if u, err := url.Parse(raw); err == nil && u.User != nil {
+							password, _ := u.User.Password()
+							secrets = append(secrets, password)
+						}
+					}
 				}
 				for _, s := range secrets {
 					if len(s) >= 12 && bytes.Count(raw, []byte(s)) == 1 && strings.Contains(err.Error(), s) {

@@ -171,6 +171,10 @@ func TestSanitizeKubeconfigInvalid(t *testing.T) {
 		{name: "no such context", raw: []byte(strings.Replace(string(testKubeconfig("https://e", "", "    token: "+kcSecretToken)), "current-context: east", "current-context: west", 1)),
 			want: "unusable"},
 		{name: "bad proxy", raw: testKubeconfig("https://e", "    proxy-url: \"http://u:"+kcSecretToken+"@%zz\"", "    token: x"), want: "proxy-url does not parse"},
+		{name: "proxy of a scheme client-go refuses", raw: testKubeconfig("https://e", "    proxy-url: ftp://u:"+kcSecretToken+"@proxy.example:21", "    token: x"),
+			want: "proxy-url must be an http, https or socks5 URL"},
+		{name: "proxy without a scheme", raw: testKubeconfig("https://e", "    proxy-url: \"u:"+kcSecretToken+"@proxy.example\"", "    token: x"),
+			want: "proxy-url must be an http, https or socks5 URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,7 +3,9 @@ package kube
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
@@ -32,7 +34,8 @@ func (p *PodInfo) Live() bool { return !p.Terminated && !p.Deleting }
 
 // PodIndex is a watch-fed cache of Pods, indexed by (namespace, service
 // account, node). A miss is confirmed against the apiserver once, rate
-// limited, so that informer lag never turns into a hard denial.
+// limited, so that informer lag never turns into a hard denial; a miss of
+// an account the apiserver confirmed is remembered for a few seconds.
 type PodIndex struct {
 	api      APIPods
 	factory  informers.SharedInformerFactory
@@ -40,8 +43,10 @@ type PodIndex struct {
 	accounts *accountIndex
 	// handler is the registration of the event handler that feeds
 	// accounts (Run); the index is synced once it has had the first list.
-	handler  atomic.Pointer[cache.ResourceEventHandlerRegistration]
-	limiter  *rate.Limiter
+	handler atomic.Pointer[cache.ResourceEventHandlerRegistration]
+	limiter *rate.Limiter
+	// misses are the misses the apiserver confirmed (confirm).
+	misses   *podMisses
 	onDelete []func(PodInfo)
 }
 
@@ -61,7 +66,7 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
 	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf, accounts: newAccountIndex(),
-		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate))}, nil
+		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate)), misses: newPodMisses()}, nil
 }
 
 // OnDelete registers f to run when a Pod is deleted or replaced (same
@@ -141,7 +146,7 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 }
 
 // OfAccount returns the live Pods of ns/sa on any node. A miss in the
-// index is confirmed against the apiserver.
+// index is confirmed against the apiserver (confirm).
 func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {
 	if !x.Synced() {
 		return nil, ErrNotSynced
@@ -149,15 +154,14 @@ func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, err
 	if out := x.accounts.liveOf(ns, sa); len(out) > 0 {
 		return out, nil
 	}
-	if err := x.limiter.Wait(ctx); err != nil {
-		return nil, err
-	}
-	return x.api.OfAccount(ctx, ns, sa)
+	return x.confirm(ctx, missKey("of", ns, sa), func(ctx context.Context) ([]PodInfo, error) {
+		return x.api.OfAccount(ctx, ns, sa)
+	})
 }
 
 // OnNode returns the not-terminated Pods of ns/sa on node (a Pod being
 // deleted still needs its certificate while it drains). A miss in the index
-// is confirmed against the apiserver with one bounded list.
+// is confirmed against the apiserver with one bounded list (confirm).
 func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error) {
 	if !x.Synced() {
 		return nil, ErrNotSynced
@@ -165,11 +169,58 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if out := x.accounts.liveOnNode(ns, sa, node); len(out) > 0 {
 		return out, nil
 	}
-	if err := x.limiter.Wait(ctx); err != nil {
-		return nil, err
-	}
-	return x.api.OnNode(ctx, ns, sa, node)
+	return x.confirm(ctx, missKey("on", ns, sa, node), func(ctx context.Context) ([]PodInfo, error) {
+		return x.api.OnNode(ctx, ns, sa, node)
+	})
 }
+
+// confirm answers a miss of the index with list, an apiserver list run
+// once the lookup limiter allows it. Concurrent misses of one question
+// (key) share one list, and a list that found no Pod is remembered for
+// missTTL (podMisses). A caller that keeps asking after Pods that are
+// gone (a still-valid certificate of a deleted workload) then costs one
+// list per missTTL, not one per request, and cannot use up the limiter
+// that every other miss shares.
+func (x *PodIndex) confirm(ctx context.Context, key string, list func(context.Context) ([]PodInfo, error)) ([]PodInfo, error) {
+	if x.misses.known(key) {
+		return nil, nil
+	}
+	ch := x.misses.flight.DoChan(key, func() (any, error) {
+		if x.misses.known(key) {
+			// A list that ended since this caller looked.
+			return []PodInfo(nil), nil
+		}
+		// The list answers every waiter: it keeps the first one's
+		// deadline, not its cancellation.
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(confirmTimeout)
+		}
+		lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
+		if err := x.limiter.Wait(lctx); err != nil {
+			return nil, err
+		}
+		out, err := list(lctx)
+		if err == nil && len(out) == 0 {
+			x.misses.put(key)
+		}
+		return out, err
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return slices.Clone(res.Val.([]PodInfo)), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// confirmTimeout bounds a confirmation started by a request without a
+// deadline.
+const confirmTimeout = 10 * time.Second
 
 // APIPods answers Pod questions from the apiserver directly, without a
 // cache: the index's fallback, and `meshca explain`.
@@ -195,6 +246,7 @@ func (a APIPods) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, er
 		FieldSelector: fields.AndSelectors(
 			fields.OneTermEqualSelector("spec.nodeName", node),
 			fields.OneTermEqualSelector("spec.serviceAccountName", sa),
+			notSucceeded, notFailed,
 		).String(),
 		Limit: 16,
 	})
@@ -207,14 +259,25 @@ func (a APIPods) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, er
 // OfAccount implements PodSource with one bounded list by field selector.
 func (a APIPods) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {
 	list, err := a.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.serviceAccountName", sa).String(),
-		Limit:         16,
+		FieldSelector: fields.AndSelectors(
+			fields.OneTermEqualSelector("spec.serviceAccountName", sa),
+			notSucceeded, notFailed,
+		).String(),
+		Limit: 16,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return live(podObjects(list), false), nil
 }
+
+// notSucceeded and notFailed leave terminated Pods out of a list: a Job's
+// finished Pods stay until deleted, and would otherwise fill the bounded
+// list ahead of a live one.
+var (
+	notSucceeded = fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded))
+	notFailed    = fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed))
+)
 
 func podObjects(list *corev1.PodList) []any {
 	objs := make([]any, 0, len(list.Items))

@@ -2,14 +2,22 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func testPod(ns, name, uid, sa, node string) *corev1.Pod {
@@ -128,5 +136,218 @@ func TestPodRecord(t *testing.T) {
 		if c := r.DeepCopyObject().(*podRecord); *c != *r {
 			t.Errorf("%q: copy %+v", uid, c)
 		}
+	}
+}
+
+// apiserverLists makes the Pod lists of client that carry a field
+// selector answer as the apiserver does and the fake does not: only the
+// Pods the selector matches, by name, up to the limit. lists counts them;
+// when fail is set, they fail with it. (The fake runs its reactors under
+// one lock: a reactor must not block.)
+type apiserverLists struct {
+	client *fake.Clientset
+	lists  atomic.Int64
+	fail   error
+}
+
+func newAPIServerLists(client *fake.Clientset) *apiserverLists {
+	s := &apiserverLists{client: client}
+	client.PrependReactor("list", "pods", s.react)
+	return s
+}
+
+func (s *apiserverLists) react(a k8stesting.Action) (bool, runtime.Object, error) {
+	la, ok := a.(k8stesting.ListActionImpl)
+	if !ok || la.GetListRestrictions().Fields.Empty() {
+		return false, nil, nil // the informer's own lists
+	}
+	s.lists.Add(1)
+	if s.fail != nil {
+		return true, nil, s.fail
+	}
+	obj, err := s.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), la.GetNamespace())
+	if err != nil {
+		return true, nil, err
+	}
+	all := obj.(*corev1.PodList).Items
+	slices.SortFunc(all, func(p, q corev1.Pod) int { return strings.Compare(p.Name, q.Name) })
+	out := &corev1.PodList{}
+	for _, p := range all {
+		f := fields.Set{"metadata.name": p.Name, "spec.nodeName": p.Spec.NodeName, "spec.serviceAccountName": p.Spec.ServiceAccountName,
+			"status.phase": string(p.Status.Phase)}
+		if la.GetListRestrictions().Fields.Matches(f) && (la.GetListOptions().Limit == 0 || int64(len(out.Items)) < la.GetListOptions().Limit) {
+			out.Items = append(out.Items, p)
+		}
+	}
+	return true, out, nil
+}
+
+func finishedPod(name string, phase corev1.PodPhase) *corev1.Pod {
+	p := testPod("apps", name, "", "batch", "node-a")
+	p.Status.Phase = phase
+	return p
+}
+
+// TestAPIPodsFindsLiveBehindFinished: the apiserver fallback asks for Pods
+// that have not finished, so that a Job's finished Pods, which stay until
+// deleted, cannot fill its bounded list ahead of a live one.
+func TestAPIPodsFindsLiveBehindFinished(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 16 {
+		phase := corev1.PodSucceeded
+		if i%2 == 1 {
+			phase = corev1.PodFailed
+		}
+		objs = append(objs, finishedPod(fmt.Sprintf("batch-%02d", i), phase))
+	}
+	objs = append(objs, finishedPod("batch-live", corev1.PodRunning))
+	client := fake.NewClientset(objs...)
+	newAPIServerLists(client)
+	api := APIPods{Client: client}
+	tests := []struct {
+		name   string
+		lookup func() ([]PodInfo, error)
+	}{
+		{"on a node", func() ([]PodInfo, error) { return api.OnNode(context.Background(), "apps", "batch", "node-a") }},
+		{"of an account", func() ([]PodInfo, error) { return api.OfAccount(context.Background(), "apps", "batch") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pods, err := tt.lookup()
+			if err != nil || len(pods) != 1 || pods[0].Name != "batch-live" {
+				t.Fatalf("got %+v, %v; want batch-live behind 16 finished Pods", pods, err)
+			}
+		})
+	}
+}
+
+// runPodIndex runs x until the test ends, and waits for its first list.
+func runPodIndex(t *testing.T, x *PodIndex) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, "synced", x.Synced)
+}
+
+// TestPodIndexRemembersMisses: the apiserver's answer that an account (on
+// a node) has no live Pod is given again for missTTL without another
+// list; an error is not remembered, and a Pod the index gets is found at
+// once.
+func TestPodIndexRemembersMisses(t *testing.T) {
+	const uid = "0b6f3a2e-4c1d-4a7e-9f2b-000000000003"
+	type step struct {
+		of, on  string        // "ns/sa" asked of OfAccount, or "ns/sa/node" of OnNode
+		after   time.Duration // the clock moves on this much first
+		add     *corev1.Pod   // created first, and waited for in the index
+		fail    bool          // the list fails
+		want    int           // Pods found
+		wantErr bool
+	}
+	tests := []struct {
+		name  string
+		steps []step
+		lists int64
+	}{
+		{name: "a gone account, asked again and again", lists: 1,
+			steps: []step{{of: "old/deleted"}, {of: "old/deleted"}, {of: "old/deleted", after: missTTL - time.Second}}},
+		{name: "asked again after missTTL", lists: 2, steps: []step{{of: "old/deleted"}, {of: "old/deleted", after: missTTL}}},
+		{name: "another account", lists: 2, steps: []step{{of: "old/deleted"}, {of: "old/other"}}},
+		{name: "on a node, then on another", lists: 2,
+			steps: []step{{on: "old/deleted/node-a"}, {on: "old/deleted/node-a"}, {on: "old/deleted/node-b"}}},
+		{name: "an account, then on a node", lists: 2, steps: []step{{of: "old/deleted"}, {on: "old/deleted/node-a"}}},
+		{name: "an apiserver that fails is asked again", lists: 2, steps: []step{{of: "old/deleted", fail: true, wantErr: true}, {of: "old/deleted"}}},
+		{name: "a Pod the index gets is found at once", lists: 1,
+			steps: []step{{of: "old/deleted"}, {add: testPod("old", "back-0", uid, "deleted", "node-a"), of: "old/deleted", want: 1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset(testPod("apps", "web-0", uid, "web", "node-a"))
+			api := newAPIServerLists(client)
+			x, err := NewPodIndex(PodIndexConfig{Client: client})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := &fakeClock{now: time.Unix(1e9, 0)}
+			x.misses.now = clk.Now
+			runPodIndex(t, x)
+			ctx := context.Background()
+			for i, st := range tt.steps {
+				clk.Add(st.after)
+				if st.add != nil {
+					if _, err := client.CoreV1().Pods(st.add.Namespace).Create(ctx, st.add, metav1.CreateOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					eventually(t, "added", func() bool { return len(x.accounts.liveOf(st.add.Namespace, st.add.Spec.ServiceAccountName)) == 1 })
+				}
+				api.fail = nil
+				if st.fail {
+					api.fail = errors.New("connection refused")
+				}
+				var pods []PodInfo
+				if st.of != "" {
+					ns, sa, _ := strings.Cut(st.of, "/")
+					pods, err = x.OfAccount(ctx, ns, sa)
+				} else {
+					parts := strings.Split(st.on, "/")
+					pods, err = x.OnNode(ctx, parts[0], parts[1], parts[2])
+				}
+				if (err != nil) != st.wantErr || len(pods) != st.want {
+					t.Fatalf("step %d: %d Pods, %v; want %d (error: %v)", i+1, len(pods), err, st.want, st.wantErr)
+				}
+			}
+			if n := api.lists.Load(); n != tt.lists {
+				t.Fatalf("%d lists, want %d", n, tt.lists)
+			}
+		})
+	}
+}
+
+// TestPodIndexMissesShareOneList: concurrent misses of one account share
+// one list, so that a still-valid certificate of a deleted workload,
+// renewing from many connections at once, cannot use up the lookup limiter
+// that every other miss shares.
+func TestPodIndexMissesShareOneList(t *testing.T) {
+	client := fake.NewClientset()
+	api := newAPIServerLists(client)
+	x, err := NewPodIndex(PodIndexConfig{Client: client, LookupRate: 1}) // bursts of 4
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPodIndex(t, x)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if pods, err := x.OfAccount(ctx, "old", "deleted"); err != nil || len(pods) != 0 {
+				t.Errorf("the gone account: %+v, %v; want no Pod", pods, err)
+			}
+		})
+	}
+	eventually(t, "the gone account listed", func() bool { return api.lists.Load() > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := x.Pod(ctx, "apps", "web-new"); err != nil {
+		t.Errorf("another caller's lookup: %v, want an answer", err)
+	}
+	wg.Wait()
+	if n := api.lists.Load(); n != 1 {
+		t.Errorf("20 concurrent misses of one account made %d lists, want 1", n)
+	}
+}
+
+// TestPodMissesBounded: past maxMisses, the oldest misses are forgotten.
+func TestPodMissesBounded(t *testing.T) {
+	m := newPodMisses()
+	for i := range maxMisses + 100 {
+		m.put(missKey("of", "ns", fmt.Sprint(i)))
+	}
+	if n := m.fifo.Len(); n != maxMisses || len(m.byKey) != maxMisses {
+		t.Fatalf("%d misses kept (%d keys), want %d", n, len(m.byKey), maxMisses)
+	}
+	if m.known(missKey("of", "ns", "0")) || !m.known(missKey("of", "ns", fmt.Sprint(maxMisses+99))) {
+		t.Fatal("kept the oldest misses, not the newest")
 	}
 }
