@@ -36,8 +36,11 @@ const (
 	LabelValue = "true"
 )
 
-// alwaysSkipped are namespaces no workload of the mesh runs in.
-var alwaysSkipped = []string{"kube-system", "kube-public", "kube-node-lease"}
+// alwaysSkipped are namespaces no workload of the mesh runs in. Not
+// kube-system: ztunnel runs there in many installs (GKE's among them) and
+// does not start without the ConfigMap, so Istio's namespace controller
+// publishes there too; --trust-skip-namespaces can leave it out.
+var alwaysSkipped = []string{"kube-public", "kube-node-lease"}
 
 const (
 	defaultResync  = 10 * time.Minute
@@ -68,8 +71,8 @@ type Config struct {
 	// Selector limits publishing to namespaces whose labels match; nil
 	// means every namespace.
 	Selector labels.Selector
-	// Skip names namespaces never written to, in addition to kube-system,
-	// kube-public and kube-node-lease.
+	// Skip names namespaces never written to, in addition to kube-public
+	// and kube-node-lease (kube-system is written to unless named here).
 	Skip []string
 	// Logger receives one line per failed or refused write; nil discards.
 	Logger *slog.Logger

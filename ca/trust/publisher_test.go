@@ -57,7 +57,7 @@ func TestWants(t *testing.T) {
 		want     bool
 	}{
 		{"plain", nil, namespace("apps", nil, false), true},
-		{"kube-system", nil, namespace("kube-system", nil, false), false},
+		{"kube-system: ztunnel may run there", nil, namespace("kube-system", nil, false), true},
 		{"kube-public", nil, namespace("kube-public", nil, false), false},
 		{"kube-node-lease", nil, namespace("kube-node-lease", nil, false), false},
 		{"skipped by config", nil, namespace("infra", nil, false), false},
@@ -163,7 +163,7 @@ func TestPublisherLifecycle(t *testing.T) {
 	p := start(t, trust.Config{Client: client, Bundle: b.get, Skip: []string{"infra"}, Observer: obs})
 	ctx := context.Background()
 
-	for _, ns := range []string{"a", "b"} {
+	for _, ns := range []string{"a", "b", "kube-system"} {
 		eventually(t, "created in "+ns, published(client, ns, "root-1"))
 	}
 
@@ -202,16 +202,16 @@ func TestPublisherLifecycle(t *testing.T) {
 	}
 	eventually(t, "recreated", published(client, "c", "root-1\nroot-2"))
 
-	for _, ns := range []string{"kube-system", "dying", "infra"} {
+	for _, ns := range []string{"dying", "infra"} {
 		if configMap(client, ns) != nil {
 			t.Errorf("%s: ConfigMap written into a skipped namespace", ns)
 		}
 	}
-	if got := obs.get(trust.ResultCreated); got != 4 {
-		t.Errorf("created %d times, want 4 (a, b, c, c again)", got)
+	if got := obs.get(trust.ResultCreated); got != 5 {
+		t.Errorf("created %d times, want 5 (a, b, kube-system, c, c again)", got)
 	}
-	if got := obs.get(trust.ResultUpdated); got != 5 {
-		t.Errorf("updated %d times, want 5 (3 bundle changes, 2 repairs)", got)
+	if got := obs.get(trust.ResultUpdated); got != 6 {
+		t.Errorf("updated %d times, want 6 (4 bundle changes, 2 repairs)", got)
 	}
 }
 

@@ -110,7 +110,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
 	fl.BoolVar(&f.publishTrust, "publish-root-cert-configmaps", false, "publish the trust bundle as the istio-ca-root-cert ConfigMap in every namespace, as istiod does (leave off while istiod still runs its CA); one replica writes, elected on the Lease "+serve.TrustLease)
 	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
-	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-system, kube-public and kube-node-lease")
+	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-public and kube-node-lease (kube-system is published to, for a ztunnel there)")
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
 	f.ctb.register(fl)
 	f.podCert.register(fl)
