@@ -102,20 +102,32 @@ func (b *buckets) check(key string, now time.Time) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bk := b.getLocked(key, now)
-	return untilToken(bk.lim, bk.held, now)
+	return untilToken(bk.lim, b.heldAgainst(bk, now), now)
+}
+
+// heldAgainst is how many of bk's held tokens count as spent: none while
+// the bucket is full (its key has not failed lately, and may have many
+// outcomes pending at once: a node's Pods starting together behind one
+// IPv6 /64), all of them once it has failed, so that its outcomes pending
+// never outnumber the tokens it has left.
+func (b *buckets) heldAgainst(bk *bucket, now time.Time) int {
+	if bk.lim.TokensAt(now) >= float64(b.burst) {
+		return 0
+	}
+	return bk.held
 }
 
 // reserve holds one token of key's bucket for an outcome not known yet,
-// so that concurrent requests cannot all count on the same token. When
-// every token is spent or held it holds nothing and returns how long
-// until one is free. settle ends the hold: spend spends the token, the
+// so that concurrent requests cannot all count on the same token once
+// the key has failed (heldAgainst). When every token is spent or held it
+// holds nothing and returns how long until one is free. settle ends the hold: spend spends the token, the
 // bucket going into debt if need be (check then reports a longer wait);
 // otherwise it is given back untouched.
 func (b *buckets) reserve(key string, now time.Time) (settle func(spend bool, now time.Time), wait time.Duration, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bk := b.getLocked(key, now)
-	if w := untilToken(bk.lim, bk.held, now); w > 0 {
+	if w := untilToken(bk.lim, b.heldAgainst(bk, now), now); w > 0 {
 		return nil, w, false
 	}
 	bk.held++

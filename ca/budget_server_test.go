@@ -301,19 +301,20 @@ func TestPeerFailuresBoundReviews(t *testing.T) {
 	tests := []struct {
 		name     string
 		maxAuthn int // MaxAuthnPerPeer; 0 is the default
-		// spend: the address spends its two failures first.
-		spend    bool
+		// spend: how many of its two failures the address spends first.
+		spend    int
 		cert     *x509.Certificate // sent, with a token to review, by each request
 		requests int               // at once
 		want     map[codes.Code]int
 	}{
 		{name: "tokens to review, one authentication at a time", maxAuthn: 1, requests: 40,
 			want: map[codes.Code]int{codes.Unauthenticated: 2, codes.ResourceExhausted: 38}},
-		{name: "tokens to review, all authenticating at once", requests: 40,
-			want: map[codes.Code]int{codes.Unauthenticated: 2, codes.ResourceExhausted: 38}},
-		{name: "a client certificate the CertAuthenticator refuses", spend: true, requests: 10,
+		// Once it has failed, its reviews in progress hold what it has left.
+		{name: "one failure left, all authenticating at once", spend: 1, requests: 40,
+			want: map[codes.Code]int{codes.Unauthenticated: 1, codes.ResourceExhausted: 39}},
+		{name: "a client certificate the CertAuthenticator refuses", spend: 2, requests: 10,
 			cert: clientLeaf(t, root, "spiffe://cluster.local/not-a-workload"), want: map[codes.Code]int{codes.ResourceExhausted: 10}},
-		{name: "a client certificate it accepts", spend: true, requests: 10,
+		{name: "a client certificate it accepts", spend: 2, requests: 10,
 			cert: clientLeaf(t, root, frontend.String()), want: map[codes.Code]int{codes.OK: 10}},
 	}
 	for _, tt := range tests {
@@ -333,8 +334,8 @@ func TestPeerFailuresBoundReviews(t *testing.T) {
 				_, err := f.srv.CreateCertificate(ctx, in)
 				return err
 			}
-			if tt.spend {
-				for i := range 2 {
+			{
+				for i := range tt.spend {
 					if err := call(nil); status.Code(err) != codes.Unauthenticated {
 						t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 					}
