@@ -4,13 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/meshca/meshca/ca"
@@ -47,9 +46,17 @@ type Trust struct {
 // enabled reports whether anything is published.
 func (c Trust) enabled() bool { return c.Publish || c.ClusterTrustBundle }
 
-// newTrustRunner builds the leader-elected publishers of the bundle that
-// be serves, and returns them with the function that tells them of a
-// change.
+// trustPublisher is one of the publishers a term of leadership runs.
+type trustPublisher interface {
+	Run(ctx context.Context) error
+	BundleChanged()
+}
+
+// newTrustRunner builds the publishers of the bundle that be serves,
+// elected on TrustLease, and returns them with the function that tells
+// them of a change. A publisher runs once: each term of leadership gets
+// its own, so a replica that loses the Lease stops publishing, serves on
+// and campaigns again.
 func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, reg prometheus.Registerer,
 	leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, func(), error) {
 	sel := labels.Everything()
@@ -73,45 +80,77 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 		}
 		return pemutil.EncodeCertificates(b.X509Authorities()...)
 	}
-	var runs []func(context.Context) error
-	var changed []func()
+	var builds []func() (trustPublisher, error)
 	if c.Publish {
-		pub, err := trust.NewPublisher(trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log,
-			Observer: counter.Kind(trustprom.KindConfigMap), Bundle: bundle})
-		if err != nil {
+		cfg := trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log,
+			Observer: counter.Kind(trustprom.KindConfigMap), Bundle: bundle}
+		if _, err := trust.NewPublisher(cfg); err != nil {
 			return nil, nil, err
 		}
-		runs, changed = append(runs, pub.Run), append(changed, pub.BundleChanged)
+		builds = append(builds, func() (trustPublisher, error) { return trust.NewPublisher(cfg) })
 	}
 	if c.ClusterTrustBundle {
-		pub, err := trust.NewClusterTrustBundlePublisher(trust.ClusterTrustBundleConfig{Client: client, Bundle: bundle,
+		cfg := trust.ClusterTrustBundleConfig{Client: client, Bundle: bundle,
 			TrustDomain: td, SignerName: c.ClusterTrustBundleSigner, Logger: log,
-			Observer: counter.Kind(trustprom.KindClusterTrustBundle)})
-		if err != nil {
+			Observer: counter.Kind(trustprom.KindClusterTrustBundle)}
+		if _, err := trust.NewClusterTrustBundlePublisher(cfg); err != nil {
 			field := "trust-domain"
 			if c.ClusterTrustBundleSigner != "" {
 				field = "cluster-trust-bundle-signer-name"
 			}
 			return nil, nil, &FieldError{Field: field, Err: err}
 		}
-		runs, changed = append(runs, pub.Run), append(changed, pub.BundleChanged)
+		builds = append(builds, func() (trustPublisher, error) { return trust.NewClusterTrustBundlePublisher(cfg) })
 	}
-	host, _ := os.Hostname()
-	identity := host + "-" + rand.String(6)
-	lead := func(ctx context.Context) error {
-		g, ctx := errgroup.WithContext(ctx)
-		for _, run := range runs {
-			g.Go(func() error { return run(ctx) })
-		}
-		return g.Wait()
-	}
-	leading := leaders.Lease(TrustLease)
+	t := &trustTerms{builds: builds}
 	run := func(ctx context.Context) error {
-		return trust.RunLeaderElected(ctx, client, c.LeaseNamespace, TrustLease, identity, lead, log, leading)
+		return campaign(ctx, client, c.LeaseNamespace, TrustLease, t.lead, leaders, log)
 	}
-	return run, func() {
-		for _, f := range changed {
-			f()
+	return run, t.bundleChanged, nil
+}
+
+// trustTerms runs a fresh set of publishers for each term of leadership
+// and passes bundle changes to the current one.
+type trustTerms struct {
+	builds []func() (trustPublisher, error)
+
+	mu      sync.Mutex
+	current []trustPublisher // nil between terms
+}
+
+// lead runs one term's publishers until ctx ends or one fails.
+func (t *trustTerms) lead(ctx context.Context) error {
+	pubs := make([]trustPublisher, 0, len(t.builds))
+	for _, build := range t.builds {
+		p, err := build()
+		if err != nil {
+			return err
 		}
-	}, nil
+		pubs = append(pubs, p)
+	}
+	t.setCurrent(pubs)
+	defer t.setCurrent(nil)
+	g, ctx := errgroup.WithContext(ctx)
+	for _, p := range pubs {
+		g.Go(func() error { return p.Run(ctx) })
+	}
+	return g.Wait()
+}
+
+func (t *trustTerms) setCurrent(pubs []trustPublisher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.current = pubs
+}
+
+// bundleChanged tells the current term's publishers of a new bundle;
+// between terms there is none to tell, and the next term's publishers
+// write the bundle current when they start.
+func (t *trustTerms) bundleChanged() {
+	t.mu.Lock()
+	pubs := t.current
+	t.mu.Unlock()
+	for _, p := range pubs {
+		p.BundleChanged()
+	}
 }

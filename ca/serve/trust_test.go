@@ -4,17 +4,28 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
+
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/ca/serve"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/meshca/meshca/ca/trust"
 )
 
 // syncBuffer is a log destination the test reads while the server writes.
@@ -101,5 +112,75 @@ func TestAssembleTrustRefusals(t *testing.T) {
 				t.Fatalf("err = %v, want a FieldError for %q", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestAssembleTrustLeaseLost: a replica whose trust Lease cannot be
+// renewed for RenewDeadline (the apiserver refuses every Lease call)
+// stops publishing but serves on; once the apiserver answers again it
+// leads again with new publishers, which write what changed meanwhile.
+// Both publishers run, so neither may refuse a second term.
+func TestAssembleTrustLeaseLost(t *testing.T) {
+	c := config(t)
+	c.Trust = serve.Trust{Publish: true, ClusterTrustBundle: true, LeaseNamespace: "istio-system"}
+	var apiserver *fake.Clientset
+	var leasesDown atomic.Bool
+	c.Clusters.NewClient = func(cfg *rest.Config) (kubernetes.Interface, error) {
+		cl, err := fakeCluster(cfg)
+		if err != nil {
+			return nil, err
+		}
+		apiserver = cl.(*fake.Clientset)
+		apiserver.PrependReactor("*", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if leasesDown.Load() {
+				return true, nil, errors.New("apiserver unreachable")
+			}
+			return false, nil, nil
+		})
+		return apiserver, nil
+	}
+	p := start(t, c)
+	published := func(ns string) bool {
+		_, err := apiserver.CoreV1().ConfigMaps(ns).Get(context.Background(), trust.ConfigMapName, metav1.GetOptions{})
+		return err == nil
+	}
+	leads := func(want int) func() bool {
+		return func() bool {
+			return strings.Contains(metrics(t, p), fmt.Sprintf(`meshca_leader{lease="%s"} %d`, serve.TrustLease, want))
+		}
+	}
+	addNamespace(t, apiserver, "shop")
+	eventually(t, 10*time.Second, "leading and publishing to shop", func() bool { return leads(1)() && published("shop") })
+
+	leasesDown.Store(true)
+	eventually(t, trust.RenewDeadline+10*time.Second, "the Lease lost", leads(0))
+	addNamespace(t, apiserver, "late")
+	if _, err := client(t, p, c, token, nil).Fetch(context.Background(), web, caclient.Options{}); err != nil {
+		t.Fatalf("SVID after the Lease was lost: %v", err)
+	}
+	time.Sleep(time.Second)
+	if published("late") {
+		t.Fatal("published to a namespace created after the Lease was lost")
+	}
+
+	leasesDown.Store(false)
+	eventually(t, 3*trust.RetryPeriod, "leading again and publishing to late", func() bool { return leads(1)() && published("late") })
+}
+
+func addNamespace(t *testing.T, client kubernetes.Interface, name string) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls cond until it holds, failing the test after within.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !cond(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s within %v", what, within)
+		}
 	}
 }
