@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/asn1"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,15 +22,17 @@ var oidSAN = asn1.ObjectIdentifier{2, 5, 29, 17}
 const tagURI = 6
 
 // LifetimeSlack is how far past the requested lifetime an issued
-// certificate may end: a backend counts from its own clock, and cfssl
-// rounds its start to the minute.
-const LifetimeSlack = 2 * time.Minute
+// certificate may end: a backend counts from its own clock, which may run
+// a few minutes ahead of meshca's, and cfssl rounds its start to the
+// minute. What the check is for, a leaf living to its issuer's expiry or
+// days past what was asked, is far beyond it.
+const LifetimeSlack = 5 * time.Minute
 
 // Lifetime bounds the NotAfter of an issued certificate (CheckIssued).
 type Lifetime struct {
-	// Start is when the backend was asked, on the backend's clock, read
-	// before the call: the certificate may end at most the request's TTL
-	// (and LifetimeSlack) after it.
+	// Start is when the backend was asked, on meshca's clock, read before
+	// the call: the certificate may end at most the request's TTL (and
+	// LifetimeSlack, for the backend's clock) after it.
 	Start time.Time
 	// IssuerNotAfter is when the issuing path expires: the certificate
 	// may not end after it. Zero sets no such limit.
@@ -48,6 +51,20 @@ type LifetimeError struct {
 func (e *LifetimeError) Error() string {
 	return fmt.Sprintf("issued certificate expires at %s, past the requested lifetime (until %s)",
 		e.NotAfter.UTC().Format(time.RFC3339), e.Want.UTC().Format(time.RFC3339))
+}
+
+// HintLifetime adds hint, what the backend's operator must change, to err
+// when it is CheckIssued's refusal of a certificate that lives longer than
+// requested (a *LifetimeError), and returns err.
+func HintLifetime(err error, hint string) error {
+	var (
+		se *Error
+		le *LifetimeError
+	)
+	if errors.As(err, &le) && errors.As(err, &se) {
+		se.Err = fmt.Errorf("%w; %s", se.Err, hint)
+	}
+	return err
 }
 
 // Extensions a workload certificate must not carry: RFC 5280 lets only CA

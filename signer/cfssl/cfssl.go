@@ -118,18 +118,12 @@ const subjectWhitelist = `"CSRWhitelist": {"PublicKey": true, "PublicKeyAlgorith
 // that issued for longer than asked: a remote cfssl ignores the requested
 // validity, its profile's expiry decides.
 func withHint(err error, leaf *x509.Certificate) error {
-	var (
-		se *signer.Error
-		le *signer.LifetimeError
-	)
-	switch {
-	case !errors.As(err, &se):
-	case len(leaf.Subject.Names) != 0:
+	var se *signer.Error
+	if len(leaf.Subject.Names) != 0 && errors.As(err, &se) {
 		se.Err = fmt.Errorf("%w; add %s to the cfssl profile", se.Err, subjectWhitelist)
-	case errors.As(err, &le):
-		se.Err = fmt.Errorf("%w; set the profile's expiry to at most the TTL clients request (24h for ztunnel and istio-agent)", se.Err)
+		return err
 	}
-	return err
+	return signer.HintLifetime(err, "set the profile's expiry to at most the TTL clients request (24h for ztunnel and istio-agent)")
 }
 
 // intermediates is the issuer (unless it is a root) and the configured

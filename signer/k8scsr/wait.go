@@ -141,22 +141,9 @@ func (s *Signer) response(req *signer.Request, c *certv1.CertificateSigningReque
 		}
 	}
 	if err := signer.CheckIssued(name, req, leaf, signer.Lifetime{Start: start, IssuerNotAfter: s.limit(leaf, chain)}); err != nil {
-		return nil, s.withHint(err)
+		return nil, signer.HintLifetime(err, fmt.Sprintf("signer %s must honour spec.expirationSeconds", s.c.SignerName))
 	}
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
-}
-
-// withHint tells the operator what the external signer must do when it
-// issued for longer than requested.
-func (s *Signer) withHint(err error) error {
-	var (
-		se *signer.Error
-		le *signer.LifetimeError
-	)
-	if errors.As(err, &le) && errors.As(err, &se) {
-		se.Err = fmt.Errorf("%w; signer %s must honour spec.expirationSeconds", se.Err, s.c.SignerName)
-	}
-	return err
 }
 
 // limit is the latest NotAfter leaf may have: the earliest expiry of the

@@ -268,7 +268,7 @@ func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certifi
 	var hint string
 	switch {
 	case errors.As(err, &le):
-		hint = fmt.Sprintf("role %s/roles/%s must leave the lifetime to the ttl meshca sends: unset its not_after", s.c.Mount, role)
+		hint = fmt.Sprintf("role %s/roles/%s must leave the lifetime to the ttl meshca sends: unset its not_after (or Vault's clock is more than %s ahead of meshca's)", s.c.Mount, role, signer.LifetimeSlack)
 	case leaf.KeyUsage == req.Usages.Key:
 		return err
 	case req.Usages.Key&ke != 0 && s.c.KeyEnciphermentRole == "":
