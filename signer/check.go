@@ -71,7 +71,8 @@ func HintLifetime(err error, hint string) error {
 // certificates carry name constraints, policy mappings and policy
 // constraints (4.2.1.5, 4.2.1.10, 4.2.1.11) and inhibitAnyPolicy
 // (4.2.1.14); and Microsoft's application policies are extended key
-// usages under another name, which Windows honours.
+// usages under another name, which Windows honours: refused unless they
+// repeat the ones requested.
 var forbiddenExtensions = []struct {
 	id   asn1.ObjectIdentifier
 	name string
@@ -80,7 +81,7 @@ var forbiddenExtensions = []struct {
 	{asn1.ObjectIdentifier{2, 5, 29, 33}, "policyMappings"},
 	{asn1.ObjectIdentifier{2, 5, 29, 36}, "policyConstraints"},
 	{asn1.ObjectIdentifier{2, 5, 29, 54}, "inhibitAnyPolicy"},
-	{asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10}, "Microsoft application policies"},
+	{oidMSApplicationPolicies, "Microsoft application policies"},
 }
 
 // CheckIssued holds a certificate a backend issued to meshca's rules, so
@@ -117,8 +118,8 @@ func CheckIssued(backend string, req *Request, leaf *x509.Certificate, lt Lifeti
 	case leaf.NotAfter.After(want.Add(LifetimeSlack)):
 		return &Error{Backend: backend, Kind: KindRefused, Err: &LifetimeError{NotAfter: leaf.NotAfter, Want: want}}
 	}
-	if name := forbiddenExtension(leaf); name != "" {
-		return refused("issued certificate carries the %s extension, which a workload certificate must not carry: remove it from the profile or role", name)
+	if name := forbiddenExtension(leaf, req); name != "" {
+		return refused("issued certificate carries the %s extension, which a workload certificate must not carry: remove it from what issues it (the cfssl profile, the Vault role, the external signer's template)", name)
 	}
 	if err := checkSAN(leaf, req); err != nil {
 		return refused("%w", err)
@@ -170,16 +171,42 @@ func checkSAN(leaf *x509.Certificate, req *Request) error {
 }
 
 // forbiddenExtension names the first extension of leaf that
-// forbiddenExtensions lists; "" when there is none.
-func forbiddenExtension(leaf *x509.Certificate) string {
+// forbiddenExtensions lists; "" when there is none. Microsoft's
+// application policies pass when they only repeat the extended key usages
+// req asks for, as AD CS templates make them.
+func forbiddenExtension(leaf *x509.Certificate, req *Request) string {
 	for _, ext := range leaf.Extensions {
 		for _, f := range forbiddenExtensions {
-			if ext.Id.Equal(f.id) {
+			if ext.Id.Equal(f.id) && !(ext.Id.Equal(oidMSApplicationPolicies) && mirrorsUsages(ext.Value, req.Usages.Ext)) {
 				return f.name
 			}
 		}
 	}
 	return ""
+}
+
+var oidMSApplicationPolicies = asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10}
+
+// mirrorsUsages reports whether der, an application policies extension
+// (a certificatePolicies-shaped SEQUENCE OF PolicyInformation), names
+// only policies that are extended key usages of want.
+func mirrorsUsages(der []byte, want []x509.ExtKeyUsage) bool {
+	var policies []struct {
+		ID         asn1.ObjectIdentifier
+		Qualifiers asn1.RawValue `asn1:"optional"`
+	}
+	if rest, err := asn1.Unmarshal(der, &policies); err != nil || len(rest) != 0 {
+		return false
+	}
+	for _, p := range policies {
+		if !slices.ContainsFunc(want, func(u x509.ExtKeyUsage) bool {
+			oid, ok := csr.ExtKeyUsageOID(u)
+			return ok && oid.Equal(p.ID)
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 func isURI(n asn1.RawValue) bool {

@@ -96,6 +96,8 @@ func TestCheckIssued(t *testing.T) {
 		{"inhibitAnyPolicy", ecKey, withExtension(t, asn1.ObjectIdentifier{2, 5, 29, 54}, 0), "carries the inhibitAnyPolicy extension"},
 		{"Microsoft application policies: code signing", ecKey, withExtension(t, asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10},
 			[]policyInformation{{asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 3}}}), "carries the Microsoft application policies extension"},
+		{"Microsoft application policies: server and client auth, as AD CS repeats the usages", ecKey, withExtension(t, asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 21, 10},
+			[]policyInformation{{asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 1}}, {asn1.ObjectIdentifier{1, 3, 6, 1, 5, 5, 7, 3, 2}}}), ""},
 		{"another key", ecKey, func(c *x509.Certificate) { c.PublicKey = otherKey.Public() }, "does not certify the CSR's key"},
 	}
 	for _, tt := range tests {
