@@ -34,8 +34,9 @@ func (p *PodInfo) Live() bool { return !p.Terminated && !p.Deleting }
 
 // PodIndex is a watch-fed cache of Pods, indexed by (namespace, service
 // account, node). A miss is confirmed against the apiserver once, rate
-// limited, so that informer lag never turns into a hard denial; a miss of
-// an account the apiserver confirmed is remembered for a few seconds.
+// limited, so that informer lag never turns into a hard denial of a node
+// proxy's request; a miss of a whole account (OfAccount: a workload's own
+// renewal) the apiserver confirmed is remembered for a few seconds.
 type PodIndex struct {
 	api      APIPods
 	factory  informers.SharedInformerFactory
@@ -154,7 +155,7 @@ func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, err
 	if out := x.accounts.liveOf(ns, sa); len(out) > 0 {
 		return out, nil
 	}
-	return x.confirm(ctx, missKey("of", ns, sa), func(ctx context.Context) ([]PodInfo, error) {
+	return x.confirm(ctx, missKey("of", ns, sa), true, func(ctx context.Context) ([]PodInfo, error) {
 		return x.api.OfAccount(ctx, ns, sa)
 	})
 }
@@ -169,24 +170,27 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	if out := x.accounts.liveOnNode(ns, sa, node); len(out) > 0 {
 		return out, nil
 	}
-	return x.confirm(ctx, missKey("on", ns, sa, node), func(ctx context.Context) ([]PodInfo, error) {
+	// Not remembered: a node proxy asks for Pods its node runs, and one
+	// scheduled there a moment after a miss must not wait out missTTL
+	// behind a lagging informer.
+	return x.confirm(ctx, missKey("on", ns, sa, node), false, func(ctx context.Context) ([]PodInfo, error) {
 		return x.api.OnNode(ctx, ns, sa, node)
 	})
 }
 
 // confirm answers a miss of the index with list, an apiserver list run
 // once the lookup limiter allows it. Concurrent misses of one question
-// (key) share one list, and a list that found no Pod is remembered for
-// missTTL (podMisses). A caller that keeps asking after Pods that are
-// gone (a still-valid certificate of a deleted workload) then costs one
-// list per missTTL, not one per request, and cannot use up the limiter
-// that every other miss shares.
-func (x *PodIndex) confirm(ctx context.Context, key string, list func(context.Context) ([]PodInfo, error)) ([]PodInfo, error) {
-	if x.misses.known(key) {
+// (key) share one list, and, with remember, a list that found no Pod is
+// remembered for missTTL (podMisses): a caller that keeps asking after
+// the Pods of an account that are gone (a still-valid certificate of a
+// deleted workload) then costs one list per missTTL, not one per
+// request, and cannot use up the limiter that every other miss shares.
+func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, list func(context.Context) ([]PodInfo, error)) ([]PodInfo, error) {
+	if remember && x.misses.known(key) {
 		return nil, nil
 	}
 	ch := x.misses.flight.DoChan(key, func() (any, error) {
-		if x.misses.known(key) {
+		if remember && x.misses.known(key) {
 			// A list that ended since this caller looked.
 			return []PodInfo(nil), nil
 		}
@@ -202,7 +206,7 @@ func (x *PodIndex) confirm(ctx context.Context, key string, list func(context.Co
 			return nil, err
 		}
 		out, err := list(lctx)
-		if err == nil && len(out) == 0 {
+		if remember && err == nil && len(out) == 0 {
 			x.misses.put(key)
 		}
 		return out, err
