@@ -51,7 +51,7 @@ func newRootPrepareCommand() *cobra.Command {
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.openForStep(ctx, cmd.ErrOrStderr())
+			store, notice, err := f.store.openForStep(ctx)
 			if err != nil {
 				return err
 			}
@@ -90,6 +90,7 @@ func newRootPrepareCommand() *cobra.Command {
 				return rootError(err)
 			}
 			audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
+			tell(cmd.ErrOrStderr(), notice)
 			rec, _ := st.Lookup(added.ID())
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
 				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
@@ -136,8 +137,8 @@ func (f *prepareFlags) inBackend(ctx context.Context, store keymgr.StateStore) (
 	case err != nil:
 		return nil, err
 	default:
-		if err := cur.Validate(); err != nil { // before the backend changes, as Update would refuse to save it
-			return nil, fmt.Errorf("the stored CA state is invalid, nothing changed: %w", err)
+		if err := validStored(cur); err != nil {
+			return nil, err
 		}
 	}
 	rec, err := be.prepare(ctx, cur, f)

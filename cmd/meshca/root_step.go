@@ -63,7 +63,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			defer audit.close()
 			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
 			defer cancel()
-			store, err := f.store.openForStep(ctx, cmd.ErrOrStderr())
+			store, notice, err := f.store.openForStep(ctx)
 			if err != nil {
 				return err
 			}
@@ -101,6 +101,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 				return rootError(err)
 			}
 			audit.step(ctx, cmd.Name(), id, f.force, f.reason, nil)
+			tell(cmd.ErrOrStderr(), notice)
 			rec, _ := st.Lookup(id)
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
 			return nil
@@ -124,8 +125,8 @@ func tryStep(ctx context.Context, store keymgr.StateStore, args []string, phase 
 	if err != nil {
 		return "", err
 	}
-	if err := cur.Validate(); err != nil { // before the backend changes, as Update would refuse to save it
-		return "", fmt.Errorf("the stored CA state is invalid, nothing changed: %w", err)
+	if err := validStored(cur); err != nil {
+		return "", err
 	}
 	rec, err := pick(cur, args, phase)
 	if err != nil {

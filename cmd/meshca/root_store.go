@@ -103,18 +103,37 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 }
 
 // openForStep returns the store the flags name, for a step that saves,
-// and tells w when that save migrates a directory of the single-root
-// layout (with the record of leaves of up to --max-ttl under its roots).
-func (s *storeFlags) openForStep(ctx context.Context, w io.Writer) (keymgr.StateStore, error) {
+// and, when that save migrates a directory of the single-root layout
+// (recording leaves of up to --max-ttl under its roots), what to tell the
+// operator once it is done.
+func (s *storeFlags) openForStep(ctx context.Context) (keymgr.StateStore, string, error) {
 	store, err := s.open()
 	if err != nil {
-		return nil, &exitError{code: exitUsage, err: err}
+		return nil, "", &exitError{code: exitUsage, err: err}
 	}
+	var notice string
 	if old, err := keymgr.Unmigrated(ctx, store); err == nil && old {
-		fmt.Fprintf(w, "migrating %s from the single-root layout: the guards assume leaves of up to %s (--max-ttl) were issued under its roots\n",
+		notice = fmt.Sprintf("migrated %s from the single-root layout: the guards assume leaves of up to %s (--max-ttl) were issued under its roots",
 			s.stateDir, s.maxTTL)
 	}
-	return store, nil
+	return store, notice, nil
+}
+
+// validStored refuses a stored state that does not validate, before an
+// external backend is changed for a step that Update would then refuse to
+// save.
+func validStored(s *keymgr.State) error {
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("the stored CA state is invalid, nothing changed: %w", err)
+	}
+	return nil
+}
+
+// tell writes notice, if any, to w.
+func tell(w io.Writer, notice string) {
+	if notice != "" {
+		fmt.Fprintln(w, notice)
+	}
 }
 
 // load reads the state, for commands that only look.

@@ -163,7 +163,8 @@ func TestRootStepsMigrateSingleRoot(t *testing.T) {
 		want string
 	}{
 		{[]string{"status", st, "--max-ttl", "2h"}, 0, "active"},
-		{[]string{"prepare", st, "--max-ttl", "2h"}, 0, "migrating " + dir + " from the single-root layout: the guards assume leaves of up to 2h0m0s (--max-ttl)"},
+		{[]string{"activate", st, "--max-ttl", "2h"}, 2, "no prepared authority"},
+		{[]string{"prepare", st, "--max-ttl", "2h"}, 0, "migrated " + dir + " from the single-root layout: the guards assume leaves of up to 2h0m0s (--max-ttl)"},
 		{[]string{"activate", st}, 1, "half the longest leaf lifetime (2h0m0s) plus a margin (5m0s); safe at"},
 		{[]string{"activate", st, "--force", "--reason", "test"}, 0, "active"},
 		{[]string{"retire", st}, 1, "safe at"},
@@ -172,6 +173,9 @@ func TestRootStepsMigrateSingleRoot(t *testing.T) {
 		out, code := rootCmd(t, tt.args...)
 		if code != tt.code || !strings.Contains(out, tt.want) {
 			t.Fatalf("%v: exit %d, want %d with %q:\n%s", tt.args, code, tt.code, tt.want, out)
+		}
+		if code != 0 && strings.Contains(out, "migrated") {
+			t.Fatalf("%v: refused, yet says it migrated:\n%s", tt.args, out)
 		}
 	}
 }
