@@ -8,8 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"maps"
-	"math/big"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -269,28 +267,6 @@ func withClientCert(ctx context.Context, leaf *x509.Certificate) context.Context
 	return peer.NewContext(ctx, &verified)
 }
 
-// clientLeaf is a client certificate for the URI id, signed by parent.
-func clientLeaf(t *testing.T, parent *testca.CA, id string) *x509.Certificate {
-	t.Helper()
-	u, err := url.Parse(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
-		URIs: []*url.URL{u}, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent.Cert, key.Public(), parent.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return leaf
-}
-
 // TestPeerFailuresBoundReviews: an address causes no more reviews than it
 // has failures left, however many of its requests come at once, and
 // whatever client certificate they carry: only a certificate the
@@ -313,9 +289,9 @@ func TestPeerFailuresBoundReviews(t *testing.T) {
 		{name: "one failure left, all authenticating at once", spend: 1, requests: 40,
 			want: map[codes.Code]int{codes.Unauthenticated: 1, codes.ResourceExhausted: 39}},
 		{name: "a client certificate the CertAuthenticator refuses", spend: 2, requests: 10,
-			cert: clientLeaf(t, root, "spiffe://cluster.local/not-a-workload"), want: map[codes.Code]int{codes.ResourceExhausted: 10}},
+			cert: root.Leaf(t, "spiffe://cluster.local/not-a-workload", nil), want: map[codes.Code]int{codes.ResourceExhausted: 10}},
 		{name: "a client certificate it accepts", spend: 2, requests: 10,
-			cert: clientLeaf(t, root, frontend.String()), want: map[codes.Code]int{codes.OK: 10}},
+			cert: root.Leaf(t, frontend.String(), nil), want: map[codes.Code]int{codes.OK: 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

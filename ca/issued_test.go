@@ -8,7 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"math/big"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -31,26 +30,7 @@ var (
 // changes the template first.
 func leafUnder(t *testing.T, ca *testca.CA, mutate func(*x509.Certificate)) *x509.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
-		URIs: []*url.URL{issuedID.URL()}, KeyUsage: x509.KeyUsageDigitalSignature, BasicConstraintsValid: true,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	if mutate != nil {
-		mutate(tmpl)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return leaf
+	return ca.Leaf(t, issuedID.String(), mutate)
 }
 
 // constrainedCA is an intermediate under root that may only certify URIs
