@@ -50,7 +50,13 @@ func checkDefaults(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	if s.GetAnnotations()["helm.sh/resource-policy"] != "keep" || s.Object["data"] != nil || s.GetLabels()["app.kubernetes.io/managed-by"] != "" {
 		t.Errorf("state Secret %v: want empty, kept on uninstall, without a managed-by label (Helm lets it go after install; meshca never relabels it)", s.Object)
 	}
-	checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "namespaces"})
+	wantRules(t, "ClusterRole meshca", clusterRole(t, objs).Rules, []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"istio-ca-root-cert"}, Verbs: []string{"get", "list", "watch", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}},
+	})
 	wantRules(t, "Role meshca", role(t, objs, "meshca").Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"meshca-trust-publisher", "meshca-root-rotator"}, Verbs: []string{"get", "update"}},

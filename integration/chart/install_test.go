@@ -25,7 +25,8 @@ import (
 // rotation Jobs make and no for a sample they must not; meshca, run with
 // the Deployment's own arguments under its ServiceAccount's token, stores
 // its root in the chart's Secret, issues an SVID, publishes the root
-// ConfigMap and holds its Leases; the CronJobs' commands, under theirs,
+// ConfigMap (and repairs it, while its account can read and write no
+// other ConfigMap) and holds its Leases; the CronJobs' commands, under theirs,
 // take their steps or say why not with the exit codes the Job's
 // podFailurePolicy reads.
 func TestChartDefaultInstall(t *testing.T) {
@@ -43,7 +44,8 @@ func TestChartDefaultInstall(t *testing.T) {
 	if !slices.Contains(args, "--memory-limit=268435456") {
 		t.Errorf("args %q: want the container's memory limit (256Mi) in bytes", args)
 	}
-	m := harness.StartMeshca(t, bin, append(args, "--kubeconfig", cluster.ServiceAccountKubeconfig(t, ns, "meshca"))...)
+	kubeconfig := cluster.ServiceAccountKubeconfig(t, ns, "meshca")
+	m := harness.StartMeshca(t, bin, append(args, "--kubeconfig", kubeconfig)...)
 	if !strings.Contains(m.Logs(), `"soft_limit_bytes":241591910`) {
 		t.Errorf("meshca did not set Go's soft memory limit to 90%% of 256Mi:\n%s", m.Logs())
 	}
@@ -78,6 +80,7 @@ func TestChartDefaultInstall(t *testing.T) {
 		cm, err := cluster.Client.CoreV1().ConfigMaps(apps).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
 		return err == nil && cm.Data["root-cert.pem"] == string(out)
 	})
+	t.Run("configmaps", func(t *testing.T) { checkConfigMapAccess(t, kubeconfig, apps, string(out)) })
 	for _, lease := range []string{"meshca-trust-publisher", "meshca-root-rotator"} {
 		waitFor(t, "Lease "+lease+" held", func() bool {
 			l, err := cluster.Client.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
@@ -110,7 +113,11 @@ func checkAccess(t *testing.T, ns string) {
 		{"meshca", harness.Access{Verb: "watch", Resource: "pods"}, true},
 		{"meshca", harness.Access{Verb: "list", Resource: "namespaces"}, true},
 		{"meshca", harness.Access{Verb: "watch", Resource: "namespaces"}, true},
-		{"meshca", harness.Access{Verb: "list", Resource: "configmaps"}, true},
+		// A list or watch with the field selector metadata.name=X is
+		// authorized as a request on X.
+		{"meshca", harness.Access{Verb: "list", Resource: "configmaps", Name: "istio-ca-root-cert"}, true},
+		{"meshca", harness.Access{Verb: "watch", Resource: "configmaps", Name: "istio-ca-root-cert"}, true},
+		{"meshca", harness.Access{Verb: "get", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, true},
 		{"meshca", harness.Access{Verb: "create", Resource: "configmaps", Namespace: "any-app"}, true},
 		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, true},
 		{"meshca", harness.Access{Verb: "create", Group: coord, Resource: "leases", Namespace: ns}, true},
@@ -127,6 +134,11 @@ func checkAccess(t *testing.T, ns string) {
 		{"meshca", harness.Access{Verb: "delete", Resource: "secrets", Namespace: ns, Name: "meshca-ca-state"}, false},
 		{"meshca", harness.Access{Verb: "get", Resource: "secrets", Namespace: "kube-system", Name: "meshca-ca-state"}, false},
 		{"meshca", harness.Access{Verb: "delete", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, false},
+		{"meshca", harness.Access{Verb: "list", Resource: "configmaps"}, false},
+		{"meshca", harness.Access{Verb: "watch", Resource: "configmaps", Namespace: "kube-system"}, false},
+		{"meshca", harness.Access{Verb: "get", Resource: "configmaps", Namespace: "kube-system", Name: "coredns"}, false},
+		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "kube-system", Name: "coredns"}, false},
+		{"meshca", harness.Access{Verb: "get", Resource: "configmaps", Namespace: ns, Name: "meshca-dashboard"}, false},
 		{"meshca", harness.Access{Verb: "update", Group: coord, Resource: "leases", Namespace: ns, Name: "kube-scheduler"}, false},
 		{"meshca", harness.Access{Verb: "create", Group: coord, Resource: "leases", Namespace: "kube-system"}, false},
 		{"meshca", harness.Access{Verb: "create", Resource: "pods", Namespace: ns}, false},

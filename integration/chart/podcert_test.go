@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -25,7 +26,8 @@ import (
 // token: the authorizer allows what the PodCertificateRequest signer does
 // and nothing wider (another signer name, the request's spec, Secrets),
 // and a request a kubelet makes for a Pod is Issued with the Pod's SVID,
-// which verifies against the ClusterTrustBundle of the signer name. Its own
+// which verifies against the ClusterTrustBundle of the signer name, the
+// one ClusterTrustBundle meshca may update (it repairs an edit). Its own
 // release name, so its cluster-wide RBAC does not replace the default
 // install's.
 func TestChartPodCertificates(t *testing.T) {
@@ -42,6 +44,11 @@ func TestChartPodCertificates(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply(t, objs, false)
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	ctb, err := trust.ClusterTrustBundleName(signer, td)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Run("rbac", func(t *testing.T) {
 		const certs = "certificates.k8s.io"
 		tests := []struct {
@@ -54,6 +61,9 @@ func TestChartPodCertificates(t *testing.T) {
 			{harness.Access{Verb: "sign", Group: certs, Resource: "signers", Name: signer}, true},
 			{harness.Access{Verb: "attest", Group: certs, Resource: "signers", Name: signer}, true},
 			{harness.Access{Verb: "create", Group: certs, Resource: "clustertrustbundles"}, true},
+			{harness.Access{Verb: "list", Group: certs, Resource: "clustertrustbundles", Name: ctb}, true},
+			{harness.Access{Verb: "watch", Group: certs, Resource: "clustertrustbundles", Name: ctb}, true},
+			{harness.Access{Verb: "update", Group: certs, Resource: "clustertrustbundles", Name: ctb}, true},
 			{harness.Access{Verb: "get", Resource: "nodes", Name: "any-node"}, true},
 			{harness.Access{Verb: "get", Resource: "serviceaccounts", Namespace: "any-app", Name: "web"}, true},
 			{harness.Access{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: ns, Name: "meshca-pod-certificate-signer"}, true},
@@ -66,6 +76,12 @@ func TestChartPodCertificates(t *testing.T) {
 			{harness.Access{Verb: "update", Group: certs, Resource: "certificatesigningrequests/approval"}, false},
 			{harness.Access{Verb: "list", Resource: "nodes"}, false},
 			{harness.Access{Verb: "get", Resource: "secrets", Namespace: "any-app", Name: "x"}, false},
+			// Any ClusterTrustBundle is readable by every ServiceAccount
+			// (Kubernetes' system:cluster-trust-bundle-discovery); only
+			// meshca's own is writable by meshca.
+			{harness.Access{Verb: "update", Group: certs, Resource: "clustertrustbundles", Name: "kubernetes.io:kube-apiserver-serving:x"}, false},
+			{harness.Access{Verb: "update", Group: certs, Resource: "clustertrustbundles", Name: "meshca-cluster.local"}, false},
+			{harness.Access{Verb: "delete", Group: certs, Resource: "clustertrustbundles", Name: ctb}, false},
 		}
 		for _, tt := range tests {
 			got, err := cluster.Allowed(ctx, ns, sa, tt.a)
@@ -103,16 +119,19 @@ func TestChartPodCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	td := spiffeid.RequireTrustDomainFromString("cluster.local")
 	var roots []byte
 	waitFor(t, "the ClusterTrustBundle of "+signer, func() bool {
 		l, err := cluster.Client.CertificatesV1().ClusterTrustBundles().List(ctx, metav1.ListOptions{FieldSelector: "spec.signerName=" + signer})
 		if err != nil || len(l.Items) != 1 {
 			return false
 		}
+		if l.Items[0].Name != ctb {
+			t.Fatalf("ClusterTrustBundle %s, want %s (the name the ClusterRole grants)", l.Items[0].Name, ctb)
+		}
 		roots = []byte(l.Items[0].Spec.TrustBundle)
 		return true
 	})
+	t.Run("ClusterTrustBundle repaired", func(t *testing.T) { checkClusterTrustBundleRepair(t, ctb, td.Name()) })
 	anchors, err := pemutil.ParseCertificates(roots)
 	if err != nil {
 		t.Fatal(err)

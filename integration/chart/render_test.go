@@ -63,6 +63,7 @@ func TestChartScenarios(t *testing.T) {
 				}
 			}
 			checkPodSecurity(t, objs)
+			checkPodSelectors(t, objs)
 			checks[s.name](t, ns, objs)
 			apply(t, objs, true)
 		})

@@ -73,6 +73,9 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{"state.type cacerts is a plugged-in CA for the local signer, not signer.type vault"}},
 		{"local signer without a state", `state: {type: none}`,
 			[]string{"state.type none needs an external signer"}},
+		{"ClusterTrustBundle of another signer than the pod certificates'", "podCertificates: {signerName: meshca.io/svid}\n" +
+			"trust: {clusterTrustBundle: {enabled: true, signerName: meshca.io/other}}",
+			[]string{"trust.clusterTrustBundle.signerName (meshca.io/other) must be empty or podCertificates.signerName (meshca.io/svid)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -78,10 +79,15 @@ func TestChartVariants(t *testing.T) {
 				d := deployment(t, objs)
 				wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--publish-cluster-trust-bundle",
 					"--cluster-trust-bundle-signer-name=meshca.io/svid"}, []string{"--publish-root-cert-configmaps"})
-				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "clustertrustbundles", "signers"})
-				if r := clusterRole(t, objs).Rules[3]; r.ResourceNames[0] != "meshca.io/svid" || r.Verbs[0] != "attest" {
-					t.Errorf("signer rule %+v: want attest on meshca.io/svid alone", r)
-				}
+				r := clusterRole(t, objs)
+				checkClusterRole(t, r, []string{"tokenreviews", "pods", "clustertrustbundles", "clustertrustbundles", "signers"})
+				const certs = "certificates.k8s.io"
+				wantRules(t, "ClusterRole meshca's trust bundle rules", r.Rules[2:], []rbacv1.PolicyRule{
+					{APIGroups: []string{certs}, Resources: []string{"clustertrustbundles"}, ResourceNames: []string{"meshca.io:svid:cluster.local"},
+						Verbs: []string{"list", "watch", "update"}},
+					{APIGroups: []string{certs}, Resources: []string{"clustertrustbundles"}, Verbs: []string{"create"}},
+					{APIGroups: []string{certs}, Resources: []string{"signers"}, ResourceNames: []string{"meshca.io/svid"}, Verbs: []string{"attest"}},
+				})
 			}},
 		{"k8scsr in another cluster with pinned roots", "signer:\n  type: k8scsr\n  servingCertificate: {secretName: serving}\n" +
 			"  trustAnchors: {secretName: mesh-roots, key: roots.pem}\n  k8scsr:\n    signerName: example.com/meshca\n" +
@@ -94,7 +100,7 @@ func TestChartVariants(t *testing.T) {
 				wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "serving",
 					"trust-anchors": "mesh-roots", "k8scsr-kubeconfig": "signer-cluster"})
 				// The requests go to the other cluster: nothing on them here.
-				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "namespaces"})
+				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "configmaps", "namespaces"})
 				if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
 					t.Errorf("rendered kinds %v: a pinned trust bundle has no CA state to rotate or store", k)
 				}
@@ -108,6 +114,7 @@ func TestChartVariants(t *testing.T) {
 			}
 			objs := render(t, ns, "--values", file)
 			checkPodSecurity(t, objs)
+			checkPodSelectors(t, objs)
 			tt.check(t, objs)
 			apply(t, objs, true)
 		})

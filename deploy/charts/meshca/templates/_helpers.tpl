@@ -18,22 +18,50 @@
 {{- end -}}
 {{- end -}}
 
+{{/*
+The selector of meshca's Deployment, Service and PodDisruptionBudget. No
+other Pod the chart makes may carry it: a PodDisruptionBudget's
+maxUnavailable counts the replicas of every Pod it matches through their
+owner's scale, which a Job has not (the budget then allows no eviction).
+*/}}
 {{- define "meshca.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "meshca.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* Labels of every object but the state Secret, whose managed-by label is meshca's. */}}
+{{/*
+Labels of every object but the state Secret, whose managed-by label is
+meshca's, and the root rotation's (meshca.rotationLabels).
+*/}}
 {{- define "meshca.labels" -}}
 {{ include "meshca.baseLabels" . }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{- define "meshca.baseLabels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+helm.sh/chart: {{ include "meshca.chart" . }}
 {{ include "meshca.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: meshca
+{{- end -}}
+
+{{/*
+Labels of the root-rotation objects and of their Jobs' Pods: the
+release's, under a name of their own (<name>-root-rotation), so that they
+never match meshca.selectorLabels.
+*/}}
+{{- define "meshca.rotationLabels" -}}
+helm.sh/chart: {{ include "meshca.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-root-rotation" (include "meshca.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: meshca
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: root-rotation
+{{- end -}}
+
+{{- define "meshca.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "meshca.image" -}}
@@ -51,6 +79,27 @@ app.kubernetes.io/part-of: meshca
 
 {{- define "meshca.rotationServiceAccountName" -}}
 {{- printf "%s-root-rotation" (include "meshca.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The signer the ClusterTrustBundle is linked to; empty: none. */}}
+{{- define "meshca.clusterTrustBundleSigner" -}}
+{{- or .Values.trust.clusterTrustBundle.signerName .Values.podCertificates.signerName -}}
+{{- end -}}
+
+{{/*
+The name of the ClusterTrustBundle meshca publishes, as
+trust.ClusterTrustBundleName computes it from --trust-domain and
+--cluster-trust-bundle-signer-name: linked to a signer, its name with '/'
+as ':', ':' and the trust domain; else "meshca-" and the trust domain;
+an underscore of the trust domain becomes '-'.
+*/}}
+{{- define "meshca.clusterTrustBundleName" -}}
+{{- $td := .Values.ca.trustDomain | replace "_" "-" -}}
+{{- with include "meshca.clusterTrustBundleSigner" . -}}
+{{- printf "%s:%s" (replace "/" ":" .) $td -}}
+{{- else -}}
+{{- printf "meshca-%s" $td -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "meshca.stateSecretName" -}}

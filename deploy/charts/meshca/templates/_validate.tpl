@@ -13,6 +13,11 @@ across two keys. Each message names the keys and what to do.
 {{- if le $life $max -}}
 {{- fail (printf "rootRotation.rootLifetime (%s) must be longer than ca.maxTTL (%s): a root outlives every leaf it signs" $v.rootRotation.rootLifetime $v.ca.maxTTL) -}}
 {{- end -}}
+{{- $pcs := $v.podCertificates.signerName -}}
+{{- $ctb := $v.trust.clusterTrustBundle.signerName -}}
+{{- if and $pcs $ctb (ne $pcs $ctb) -}}
+{{- fail (printf "trust.clusterTrustBundle.signerName (%s) must be empty or podCertificates.signerName (%s): the Pods mount the ClusterTrustBundle of their signer" $ctb $pcs) -}}
+{{- end -}}
 {{- $s := $v.signer -}}
 {{- if eq $s.type "local" -}}
 {{- if eq $v.state.type "none" -}}
