@@ -197,9 +197,10 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err != nil {
 		return c, err
 	}
-	if podCert.SignerName != "" && !f.ctb.publish {
+	if podCert.SignerName != "" && f.ctb.signer == "" {
 		// The Pods mount the trust bundle of their signer: published,
-		// linked to the same name.
+		// linked to the same name, also when --publish-cluster-trust-bundle
+		// is given without a signer name.
 		f.ctb.publish, f.ctb.signer = true, podCert.SignerName
 	}
 	if err := f.ctb.validate(td); err != nil {

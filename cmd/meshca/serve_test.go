@@ -188,3 +188,20 @@ func TestServeValidateReturnsWhatItParsed(t *testing.T) {
 		t.Errorf("config %+v", c)
 	}
 }
+
+// TestServePodCertificateBundle: the Pods of the pod-certificate signer
+// mount its ClusterTrustBundle, so it is published linked to that signer,
+// whether or not --publish-cluster-trust-bundle was given.
+func TestServePodCertificateBundle(t *testing.T) {
+	for _, publish := range []bool{false, true} {
+		f := validServeFlags()
+		f.podCert.signer, f.ctb.publish = "meshca.io/svid", publish
+		c, err := f.validate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.Trust.ClusterTrustBundle || c.Trust.ClusterTrustBundleSigner != "meshca.io/svid" {
+			t.Errorf("--publish-cluster-trust-bundle=%v: published %v, signer %q; want the pod-certificate signer's", publish, c.Trust.ClusterTrustBundle, c.Trust.ClusterTrustBundleSigner)
+		}
+	}
+}
