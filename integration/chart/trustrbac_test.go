@@ -9,13 +9,12 @@ import (
 	"testing"
 
 	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/integration/harness"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // TestChartClusterTrustBundleName: the ClusterRole names the one
@@ -67,21 +66,6 @@ func TestChartClusterTrustBundleName(t *testing.T) {
 	}
 }
 
-// clientAs is a client authenticated by kubeconfig: its requests go
-// through the apiserver's authorizer as that account's.
-func clientAs(t *testing.T, kubeconfig string) kubernetes.Interface {
-	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // checkConfigMapAccess makes meshca's ConfigMap requests, and others, as
 // meshca's ServiceAccount: the list of istio-ca-root-cert by field
 // selector (what its informer sends) is allowed, another ConfigMap is
@@ -89,7 +73,7 @@ func clientAs(t *testing.T, kubeconfig string) kubernetes.Interface {
 // account, repairs an edit of the ConfigMap in apps, an update by name.
 func checkConfigMapAccess(t *testing.T, kubeconfig, apps, root string) {
 	ctx := context.Background()
-	sa := clientAs(t, kubeconfig)
+	sa := harness.ClientOf(t, kubeconfig)
 	coredns := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "coredns", Namespace: "kube-system"}, Data: map[string]string{"Corefile": ".:53 {}"}}
 	switch _, err := cluster.Client.CoreV1().ConfigMaps("kube-system").Create(ctx, coredns, metav1.CreateOptions{}); {
 	case err == nil:

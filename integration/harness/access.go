@@ -9,6 +9,7 @@ import (
 
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -28,6 +29,21 @@ func (c *Cluster) ServiceAccountKubeconfig(tb testing.TB, ns, sa string) string 
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// ClientOf is a client authenticated by kubeconfig: its requests go
+// through the apiserver's authorizer as that account's.
+func ClientOf(tb testing.TB, kubeconfig string) kubernetes.Interface {
+	tb.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }
 
 // Access is one request a SubjectAccessReview asks about: verb on

@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 var signerNames atomic.Int64
@@ -76,15 +75,7 @@ func meshcaCSRClient(tb testing.TB) kubernetes.Interface {
 		_ = cluster.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
 		_ = cluster.Client.RbacV1().ClusterRoles().Delete(context.Background(), role.Name, metav1.DeleteOptions{})
 	})
-	cfg, err := clientcmd.BuildConfigFromFlags("", cluster.ServiceAccountKubeconfig(tb, ns, "meshca"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return client
+	return harness.ClientOf(tb, cluster.ServiceAccountKubeconfig(tb, ns, "meshca"))
 }
 
 // newK8sCSRSigner is the backend for name, trusting roots.
