@@ -24,8 +24,10 @@ const (
 )
 
 // ErrLeadershipLost is returned by RunLeaderElected when the lease was
-// lost (not renewed in time) while ctx was still live. The caller should
-// stop writing and, usually, exit so that it starts over as a follower.
+// lost (not renewed in time) while ctx was still live. The work run under
+// it has been stopped; the caller campaigns again with fresh work (a
+// Publisher runs once), and keeps everything else running: meshca's
+// replicas keep serving certificates without the Lease.
 var ErrLeadershipLost = errors.New("trust: leadership lost")
 
 // RunLeaderElected campaigns for the Lease namespace/leaseName as
