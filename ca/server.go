@@ -291,7 +291,7 @@ func (s *Server) releaseSlot() { <-s.slots }
 // token that is not a JWT, a client certificate refused) spends none.
 func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
 	auths := slices.Concat(s.c.Authenticators, cluster.Authenticators)
-	hold := &reviewHold{limits: s.limits, peer: r.peer}
+	var hold *reviewHold // only for a request that asks someone: not ztunnel's cached token
 	// A client certificate may cost nothing: whether the CertAuthenticator
 	// accepts it is known after the wait.
 	free := len(r.creds.PeerCerts) > 0
@@ -300,6 +300,9 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 		case knows(a, r.creds.Token):
 			free = true
 		case asksSomeone(a, &r.creds):
+			if hold == nil {
+				hold = &reviewHold{limits: s.limits, peer: r.peer}
+			}
 			auths[i] = &budgetedReview{Authenticator: a, hold: hold}
 		}
 	}
@@ -315,7 +318,9 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 	}
 	defer release()
 	caller, err := authenticate(ctx, auths, &r.creds)
-	hold.end(err)
+	if hold != nil {
+		hold.end(err)
+	}
 	return caller, err
 }
 
