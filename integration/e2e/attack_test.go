@@ -49,7 +49,7 @@ func TestAttack(t *testing.T) {
 		refused = append(refused, rows...)
 	}
 	accepted := a.accepted(t)
-	t.Logf("set up in %v: %d refused attacks, %d accepted requests",
+	harness.Report(t, "set up in %v: %d refused attacks, %d accepted requests",
 		time.Since(start).Round(time.Millisecond), len(refused)+1, len(accepted))
 	for _, tt := range refused {
 		t.Run(tt.name, func(t *testing.T) { a.run(t, tt) })

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
 )
 
@@ -252,7 +253,7 @@ func TestCrashCLI(t *testing.T) {
 					kills++
 				})
 			}
-			t.Logf("%d kills: %d bootstraps, %d migrations, then %d points over the run and %d over the writing of each step, in %d rotations on %d stores, in %v; %v",
+			harness.Report(t, "%d kills: %d bootstraps, %d migrations, then %d points over the run and %d over the writing of each step, in %d rotations on %d stores, in %v; %v",
 				kills, len(boot), tt.migrate, len(points), tt.writing, w.rotations, w.stores, time.Since(start).Round(time.Millisecond), where)
 		})
 	}

@@ -250,7 +250,7 @@ func TestCrashServe(t *testing.T) {
 				}
 			}
 			c.g.close()
-			t.Logf("%d kills (%d during start-up on fresh stores), %d leaves issued, in %v; %v",
+			harness.Report(t, "%d kills (%d during start-up on fresh stores), %d leaves issued, in %v; %v",
 				len(boot)+c.kills, len(boot), c.g.all, time.Since(start).Round(time.Millisecond), c.where)
 		})
 	}

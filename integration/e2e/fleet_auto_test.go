@@ -80,7 +80,7 @@ func TestRotationFleetTwoReplicas(t *testing.T) {
 	checkAutoSteps(t, final, servers)
 	for i, m := range servers {
 		n := strings.Count(m.Logs(), `"msg":"certificate request"`)
-		t.Logf("server %d answered %d CSR requests, led the rotator: %v", i, n, led(m, rotatorLease))
+		harness.Report(t, "server %d answered %d CSR requests, led the rotator: %v", i, n, led(m, rotatorLease))
 		if n == 0 {
 			t.Errorf("server %d answered no CSR request: the fleet was not split across the replicas", i)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
 )
 
@@ -88,9 +89,9 @@ func (r fleetRun) run(t *testing.T) *keymgr.State {
 	since := func(at time.Time) time.Duration { return at.Sub(rotationBegan).Round(time.Millisecond) }
 	t.Logf("rotation (from the fleet's first handshakes): prepared after %v, activated after %v, retired after %v, old root gone from every bundle after %v",
 		since(prepared), since(activated), since(retired), rotated.Round(time.Millisecond))
-	t.Logf("handshakes %d (%d full sweeps of the %d ordered pairs, %d between leaves of different roots, %d undecided and tried again), failures %d",
+	harness.Report(t, "handshakes %d (%d full sweeps of the %d ordered pairs, %d between leaves of different roots, %d undecided and tried again), failures %d",
 		f.handshakes.Load(), f.handshakes.Load()/int64(f.pairs()), f.pairs(), f.mixed.Load(), f.retried.Load(), f.failures.Load())
-	t.Logf("CSR requests %d (leaves of the old root %d, of later roots %d), failed requests %d; test took %v",
+	harness.Report(t, "CSR requests %d (leaves of the old root %d, of later roots %d), failed requests %d; test took %v",
 		f.requests.Load(), f.oldLeaves.Load(), f.newLeaves.Load(), f.requestErrors.Load(), time.Since(began).Round(time.Millisecond))
 	// Leaves of seconds leave seconds of slack: on a machine so busy that
 	// it stalls the test process that long, look here first.

@@ -132,12 +132,12 @@ func TestHAFailover(t *testing.T) {
 
 	for i := range replicas {
 		ok, failed := load.ok[i].Load(), load.failed[i].Load()
-		t.Logf("replica %d: %d requests served, %d failed%s", i, ok, failed, map[bool]string{true: " (killed)"}[i == killed])
+		harness.Report(t, "replica %d: %d requests served, %d failed%s", i, ok, failed, map[bool]string{true: " (killed)"}[i == killed])
 		if i != killed && failed > 0 {
 			t.Errorf("replica %d, which was not killed, failed %d requests: %v", i, failed, load.lastErr[i].Load())
 		}
 	}
-	t.Logf("trust publisher %q killed; %q took over after %v", first, next, takeover.Round(time.Millisecond))
+	harness.Report(t, "trust publisher %q killed; %q took over after %v", first, next, takeover.Round(time.Millisecond))
 }
 
 func labelNamespace(t *testing.T, ns, label string) {

@@ -199,7 +199,7 @@ func TestTokenReviewCount(t *testing.T) {
 	elapsed := time.Since(start)
 	reviews := tokenReviews(t) - before
 	allowed := int(elapsed/time.Minute) + 1
-	t.Logf("1000 impersonated requests in %v, %d TokenReviews", elapsed.Round(time.Millisecond), reviews)
+	harness.Report(t, "1000 impersonated requests in %v, %d TokenReviews", elapsed.Round(time.Millisecond), reviews)
 	if reviews > allowed {
 		t.Fatalf("%d TokenReviews for one token in %v, want at most %d", reviews, elapsed, allowed)
 	}

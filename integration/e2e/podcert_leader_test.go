@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -95,7 +96,7 @@ func TestPodCertLeaderChange(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("signatures audited by the killed leader: %d, by its successor: %d", byReplica[0], byReplica[1])
+	harness.Report(t, "signatures audited by the killed leader: %d, by its successor: %d", byReplica[0], byReplica[1])
 	if byReplica[1] == 0 {
 		t.Error("the successor signed nothing: the leader was not killed mid-burst")
 	}
@@ -116,7 +117,7 @@ func TestPodCertLeaderChange(t *testing.T) {
 			t.Errorf("%s: delivered serial %s audited %d times, want exactly once (%v)", id, serial, delivered, issued[id])
 		}
 	}
-	t.Logf("signatures in flight when the leader was killed, never delivered: %d", undelivered)
+	harness.Report(t, "signatures in flight when the leader was killed, never delivered: %d", undelivered)
 	if undelivered > 4 { // podcert.DefaultWorkers
 		t.Errorf("%d signatures never delivered, want at most one per worker of the killed leader", undelivered)
 	}

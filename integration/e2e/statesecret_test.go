@@ -84,5 +84,5 @@ func TestTwoServersOneStateSecret(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	t.Logf("both replicas served the new bundle %v after the change", time.Since(start).Round(time.Millisecond))
+	harness.Report(t, "both replicas served the new bundle %v after the change", time.Since(start).Round(time.Millisecond))
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/integration/harness"
 )
 
 // trustBundle is a trust bundle the tests change.
@@ -128,7 +129,7 @@ func TestTrustPublishUpdateRepair(t *testing.T) {
 	b.set("root-1\nroot-2\n")
 	p.BundleChanged()
 	took := waitPublished(t, "bundle change", "root-1\nroot-2\n", nss...)
-	t.Logf("bundle change published to %d namespaces in %v", len(nss), took)
+	harness.Report(t, "bundle change published to %d namespaces in %v", len(nss), took)
 
 	ctx := context.Background()
 	cms := cluster.Client.CoreV1().ConfigMaps(nss[0])

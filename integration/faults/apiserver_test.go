@@ -168,7 +168,7 @@ func TestAPIServerOutage(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		done := time.Now()
-		t.Logf("apiserver %s: in %v, back in %v, meshca served all again %v after", f.name, failed.Sub(failing).Round(time.Millisecond),
+		harness.Report(t, "apiserver %s: in %v, back in %v, meshca served all again %v after", f.name, failed.Sub(failing).Round(time.Millisecond),
 			healed.Sub(healing).Round(time.Millisecond), recovered.Sub(healed).Round(time.Millisecond))
 
 		bound := requestTimeout + margin

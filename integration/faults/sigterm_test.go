@@ -106,7 +106,7 @@ func TestGracefulStop(t *testing.T) {
 	if st.ExitCode() != 0 {
 		t.Errorf("meshca exited with %v after SIGTERM, want 0", st)
 	}
-	t.Logf("meshca exited %v after SIGTERM, %v after the held requests could finish", exited.Sub(term).Round(time.Millisecond),
+	harness.Report(t, "meshca exited %v after SIGTERM, %v after the held requests could finish", exited.Sub(term).Round(time.Millisecond),
 		exited.Sub(resumed).Round(time.Millisecond))
 	time.Sleep(200 * time.Millisecond)
 	bg.halt()

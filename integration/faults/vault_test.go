@@ -107,7 +107,7 @@ func TestVaultOutage(t *testing.T) {
 		if n := len(st.within(failed, healing)); n < 5 {
 			t.Errorf("%s: only %d requests while Vault was %s", f.name, n, f.name)
 		}
-		t.Logf("%s: failed in %v, healed in %v, served again %v after", f.name, failed.Sub(failing).Round(time.Millisecond),
+		harness.Report(t, "%s: failed in %v, healed in %v, served again %v after", f.name, failed.Sub(failing).Round(time.Millisecond),
 			healed.Sub(healing).Round(time.Millisecond), back.end.Sub(healed).Round(time.Millisecond))
 	}
 	if st := s.Exited(); st != nil {
