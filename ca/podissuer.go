@@ -70,7 +70,7 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.c.RequestTimeout)
 	defer cancel()
-	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.ID, TTL: r.TTL, Usages: csr.WorkloadUsages(req.PublicKey)})
+	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.ID, TTL: r.Lifetime, Lifetime: r.Lifetime, Usages: csr.WorkloadUsages(req.PublicKey)})
 	if err != nil {
 		return nil, err
 	}

@@ -115,7 +115,7 @@ func TestPodIssuerSignedButRefused(t *testing.T) {
 			}
 			stub := podStub(t, &x509.CertificateRequest{})
 			p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
-			iss, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour})
+			iss, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour})
 			if tt.reason == "" {
 				if err != nil || iss.Leaf == nil {
 					t.Fatalf("IssuePod = %v, %v", iss, err)
@@ -162,7 +162,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 		return ca.NewPodIssuer(srv, prometheus.NewRegistry()), reg
 	}
 	issue := func(p *ca.PodIssuer, node string) error {
-		_, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour, Node: node})
+		_, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour, Node: node})
 		return err
 	}
 	wantBusy := func(t *testing.T, err error, reason string, reg *prometheus.Registry) {
@@ -222,7 +222,7 @@ func TestPodIssuerRefusesStubsWithNames(t *testing.T) {
 	}
 	p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
 	stub := podStub(t, &x509.CertificateRequest{DNSNames: []string{"web.shop.svc"}})
-	_, err = p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, TTL: time.Hour, Node: "node-a"})
+	_, err = p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour, Node: "node-a"})
 	var ce *csr.Error
 	if !errors.As(err, &ce) || ce.Reason != csr.ReasonExtension || !strings.Contains(ce.Detail, "it asks for extension 2.5.29.17 (subjectAltName)") {
 		t.Fatalf("IssuePod = %v, want a csr.Error for the stub's subjectAltName", err)

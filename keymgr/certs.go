@@ -22,6 +22,9 @@ type WindowOptions struct {
 	// Backdate is how far before Now it starts: zero means the default
 	// Backdate, a negative value (NoBackdate) means not at all.
 	Backdate time.Duration
+	// Lifetime, when set, ends it Lifetime after it starts instead of TTL
+	// after Now (signer.Request.Lifetime).
+	Lifetime time.Duration
 }
 
 // backdate is the effective o.Backdate.
@@ -38,14 +41,19 @@ func (o WindowOptions) backdate() time.Duration {
 
 // Window is the validity of a certificate issued as o says under issuer,
 // whose own path to a root is chain: it starts o.Backdate before o.Now,
-// but not before issuer does, and it ends o.TTL after o.Now, but never
-// after any certificate of the path.
+// but not before issuer does, and it ends o.TTL after o.Now (o.Lifetime
+// after its start, when set), but never after any certificate of the path.
+// Both are whole seconds, as a certificate holds them, so that a Lifetime
+// is exact.
 func Window(o WindowOptions, issuer *x509.Certificate, chain ...*x509.Certificate) (notBefore, notAfter time.Time) {
-	notBefore = o.Now.Add(-o.backdate())
+	notBefore = o.Now.Add(-o.backdate()).Truncate(time.Second)
 	if notBefore.Before(issuer.NotBefore) {
 		notBefore = issuer.NotBefore
 	}
-	notAfter = o.Now.Add(o.TTL)
+	notAfter = o.Now.Add(o.TTL).Truncate(time.Second)
+	if o.Lifetime > 0 {
+		notAfter = notBefore.Add(o.Lifetime.Truncate(time.Second))
+	}
 	if limit := PathExpiry(issuer, chain...); notAfter.After(limit) {
 		notAfter = limit
 	}

@@ -39,6 +39,18 @@ type Request struct {
 	ID spiffeid.ID
 	// TTL is the requested lifetime; NotAfter is also capped at the issuer's.
 	TTL time.Duration
+	// Lifetime, when set, is the validity the caller needs, NotAfter less
+	// NotBefore, to the second, whatever the backend's backdate: a
+	// PodCertificateRequest's certificate must live between one hour and
+	// spec.maxExpirationSeconds, which may be one hour too. A backend that
+	// can start and end a certificate where it wants (the built-in CA,
+	// in-process cfssl) ends it Lifetime after its backdated start; Vault
+	// asks its role for Lifetime less the role's not_before_duration. A
+	// backend whose configuration fixes the lifetime (a remote cfssl
+	// profile, an external Kubernetes signer behind k8scsr) cannot, and the
+	// caller judges what it gets. NotAfter stays
+	// at most TTL from now, so Lifetime is at most TTL plus the backdate.
+	Lifetime time.Duration
 	// Usages are exactly the key usages the certificate carries; the
 	// caller derives them from the key (csr.WorkloadUsages).
 	Usages csr.Usages

@@ -37,7 +37,8 @@ import (
 // fuzzNow is the controller's clock in the fuzz target.
 var fuzzNow = time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)
 
-// fuzzBackdate is the fuzz controller's Backdate.
+// fuzzBackdate is how far before now the fuzz backend starts a
+// certificate.
 const fuzzBackdate = 5 * time.Minute
 
 // fuzzCluster is what the fuzz target's apiserver holds: namespace shop
@@ -106,8 +107,8 @@ const (
 
 // fuzzIssuer does what ca.PodIssuer does with the stub (csr.ParseFor
 // with the default key policy), then answers as backend says: a
-// certificate for the stub's key from now less fuzzBackdate until the
-// requested TTL plus skew, or a failure.
+// certificate for the stub's key from now less fuzzBackdate for the
+// requested Lifetime plus skew, or a failure.
 type fuzzIssuer struct {
 	backend int
 	skew    time.Duration
@@ -118,7 +119,7 @@ type fuzzIssuer struct {
 
 func (f *fuzzIssuer) IssuePod(_ context.Context, r *IssueRequest) (*Issued, error) {
 	f.calls++
-	f.got = &IssueRequest{StubPKCS10: bytes.Clone(r.StubPKCS10), ID: r.ID, TTL: r.TTL}
+	f.got = &IssueRequest{StubPKCS10: bytes.Clone(r.StubPKCS10), ID: r.ID, Lifetime: r.Lifetime}
 	policy := csr.DefaultKeyPolicy()
 	req, err := csr.ParseFor(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: r.StubPKCS10}), &policy)
 	if err != nil {
@@ -135,7 +136,7 @@ func (f *fuzzIssuer) IssuePod(_ context.Context, r *IssueRequest) (*Issued, erro
 		return nil, signer.Errorf("vault", signer.KindInternal, "sign: %w", context.DeadlineExceeded)
 	}
 	f.leaf = &x509.Certificate{SerialNumber: big.NewInt(1), PublicKey: req.PublicKey,
-		NotBefore: fuzzNow.Add(-fuzzBackdate), NotAfter: fuzzNow.Add(r.TTL + f.skew)}
+		NotBefore: fuzzNow.Add(-fuzzBackdate), NotAfter: fuzzNow.Add(-fuzzBackdate + r.Lifetime + f.skew)}
 	return &Issued{Leaf: f.leaf, ChainPEM: "leaf and intermediates\n"}, nil
 }
 
@@ -177,8 +178,7 @@ func clip(s string) string { return s[:min(len(s), 253)] }
 //   - a request that no certificate can satisfy, maxExpirationSeconds
 //     under the API's minimum lifetime, is Denied without signing;
 //   - otherwise IssuePod gets the stub as it is, the Pod's SPIFFE ID, and
-//     a TTL that, with the backdate, is within [MinLifetime,
-//     min(maxExpirationSeconds, MaxTTL)];
+//     a Lifetime within [MinLifetime, min(maxExpirationSeconds, MaxTTL)];
 //   - a stub whose key the key policy refuses is Denied with
 //     UnsupportedKeyType and the policy's detail; any other stub the CSR
 //     parser refuses is Denied with InvalidRequest;
@@ -190,7 +190,7 @@ func clip(s string) string { return s[:min(len(s), 253)] }
 //     other is Failed (LifetimeOutOfRange), recorded with its leaf (for
 //     its serial) but without it in the status; no other refusal records
 //     a leaf.
-//     A backend that issues the TTL asked gets an Issued answer.
+//     A backend that issues the Lifetime asked gets an Issued answer.
 func FuzzDecide(f *testing.F) {
 	p256, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -261,8 +261,8 @@ func FuzzDecide(f *testing.F) {
 	var jitter float64
 	ctl, err := New(Config{Client: fake.NewClientset(fuzzCluster()...), SignerName: "meshca.io/svid",
 		TrustDomain: spiffeid.RequireTrustDomainFromString("cluster.local"), Issuer: iss,
-		Namespaces: labels.SelectorFromSet(labels.Set{"mesh": "on"}), Backdate: fuzzBackdate,
-		Now: func() time.Time { return fuzzNow }, Jitter: func() float64 { return jitter }})
+		Namespaces: labels.SelectorFromSet(labels.Set{"mesh": "on"}),
+		Now:        func() time.Time { return fuzzNow }, Jitter: func() float64 { return jitter }})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -310,8 +310,8 @@ func FuzzDecide(f *testing.F) {
 			if want := "spiffe://cluster.local/ns/" + r.Namespace + "/sa/" + r.Spec.ServiceAccountName; g.ID.String() != want {
 				t.Fatalf("IssuePod got the identity %s, want %s", g.ID, want)
 			}
-			if life := g.TTL + fuzzBackdate; life < MinLifetime || life > min(maxLife, ctl.c.MaxTTL) {
-				t.Fatalf("IssuePod asked for %v (backdated: %v), outside [%v, min(%v, %v)]", g.TTL, life, MinLifetime, maxLife, ctl.c.MaxTTL)
+			if life := g.Lifetime; life < MinLifetime || life > min(maxLife, ctl.c.MaxTTL) {
+				t.Fatalf("IssuePod asked for a lifetime of %v, outside [%v, min(%v, %v)]", life, MinLifetime, maxLife, ctl.c.MaxTTL)
 			}
 		}
 

@@ -53,7 +53,7 @@ func (s *scriptIssuer) IssuePod(_ context.Context, r *IssueRequest) (*Issued, er
 		return nil, s.errs[n]
 	}
 	s.signed++
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(int64(s.signed)), NotBefore: deliverNow, NotAfter: deliverNow.Add(r.TTL + s.extra)}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(int64(s.signed)), NotBefore: deliverNow, NotAfter: deliverNow.Add(r.Lifetime + s.extra)}
 	return &Issued{Leaf: leaf, ChainPEM: fmt.Sprintf("chain of %d\n", s.signed)}, nil
 }
 

@@ -45,8 +45,11 @@ type IssueRequest struct {
 	// StubPKCS10 is spec.stubPKCS10Request (DER): only its key is used.
 	StubPKCS10 []byte
 	ID         spiffeid.ID
-	// TTL is the lifetime asked of the backend, from now.
-	TTL time.Duration
+	// Lifetime is the certificate's validity, NotAfter less NotBefore,
+	// exactly (signer.Request.Lifetime): within [MinLifetime,
+	// maxExpirationSeconds], which the backend's backdate must not push
+	// it out of.
+	Lifetime time.Duration
 	// Node is spec.nodeName: the kubelet that asked, as the apiserver's
 	// Node authorizer and NodeRestriction admission hold it to its own
 	// Pods. The CA's budgets are kept per node.
@@ -106,11 +109,6 @@ type Config struct {
 	// MaxTTL caps a certificate's lifetime below the request's
 	// maxExpirationSeconds; DefaultMaxTTL when zero.
 	MaxTTL time.Duration
-	// Backdate is how far before now the backend starts certificates
-	// (keymgr.Backdate for the built-in CA): the lifetime asked of it is
-	// shortened by it so that NotAfter - NotBefore stays within
-	// maxExpirationSeconds.
-	Backdate time.Duration
 	// Workers is how many requests are answered at once.
 	Workers int
 	// Resync is the informer's resync period; 10 minutes when zero.
@@ -160,14 +158,14 @@ func New(c Config) (*Controller, error) {
 		return nil, errors.New("podcert: config: TrustDomain is required")
 	case c.Issuer == nil:
 		return nil, errors.New("podcert: config: Issuer is required")
-	case c.MaxTTL < 0 || c.Backdate < 0 || c.Workers < 0 || c.Resync < 0:
-		return nil, errors.New("podcert: config: MaxTTL, Backdate, Workers and Resync must not be negative")
+	case c.MaxTTL < 0 || c.Workers < 0 || c.Resync < 0:
+		return nil, errors.New("podcert: config: MaxTTL, Workers and Resync must not be negative")
 	}
 	if c.MaxTTL == 0 {
 		c.MaxTTL = DefaultMaxTTL
 	}
-	if c.MaxTTL-c.Backdate < MinLifetime {
-		return nil, fmt.Errorf("podcert: config: MaxTTL %v leaves less than the API's minimum lifetime %v", c.MaxTTL, MinLifetime)
+	if c.MaxTTL < MinLifetime {
+		return nil, fmt.Errorf("podcert: config: MaxTTL %v is less than the API's minimum lifetime %v", c.MaxTTL, MinLifetime)
 	}
 	if c.Namespaces == nil {
 		c.Namespaces = labels.Everything()

@@ -47,7 +47,7 @@ func (f *fakeIssuer) IssuePod(_ context.Context, r *podcert.IssueRequest) (*podc
 	}
 	f.issued++
 	nb := now.Add(-f.backdate).Truncate(time.Second)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(int64(f.issued)), NotBefore: nb, NotAfter: now.Add(r.TTL).Truncate(time.Second)}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(int64(f.issued)), NotBefore: nb, NotAfter: nb.Add(r.Lifetime)}
 	return &podcert.Issued{Leaf: leaf, ChainPEM: "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n"}, nil
 }
 
@@ -132,7 +132,7 @@ func TestController(t *testing.T) {
 				sel = labels.SelectorFromSet(labels.Set{"mesh": "off"})
 			}
 			ctl, err := podcert.New(podcert.Config{Client: client, SignerName: signerName, TrustDomain: spiffeid.RequireTrustDomainFromString("cluster.local"),
-				Issuer: iss, Namespaces: sel, Backdate: 2 * time.Minute, Now: func() time.Time { return now }, Jitter: func() float64 { return 0.5 }})
+				Issuer: iss, Namespaces: sel, Now: func() time.Time { return now }, Jitter: func() float64 { return 0.5 }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,8 +193,8 @@ func TestNewRefuses(t *testing.T) {
 		{"no client", podcert.Config{SignerName: signerName, TrustDomain: td, Issuer: &fakeIssuer{}}, "podcert: config: Client is required"},
 		{"no signer", podcert.Config{Client: client, TrustDomain: td, Issuer: &fakeIssuer{}}, "podcert: config: SignerName is required"},
 		{"no issuer", podcert.Config{Client: client, SignerName: signerName, TrustDomain: td}, "podcert: config: Issuer is required"},
-		{"short", podcert.Config{Client: client, SignerName: signerName, TrustDomain: td, Issuer: &fakeIssuer{}, MaxTTL: time.Hour, Backdate: time.Minute},
-			"podcert: config: MaxTTL 1h0m0s leaves less than the API's minimum lifetime 1h0m0s"},
+		{"short", podcert.Config{Client: client, SignerName: signerName, TrustDomain: td, Issuer: &fakeIssuer{}, MaxTTL: time.Hour - time.Second},
+			"podcert: config: MaxTTL 59m59s is less than the API's minimum lifetime 1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

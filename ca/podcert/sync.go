@@ -118,7 +118,7 @@ func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateReque
 			maxLife/time.Second, MinLifetime/time.Second))), nil
 	}
 	iss, err := ctl.c.Issuer.IssuePod(ctx, &IssueRequest{StubPKCS10: r.Spec.StubPKCS10Request, ID: id,
-		TTL: min(maxLife, ctl.c.MaxTTL) - ctl.c.Backdate, Node: string(r.Spec.NodeName)})
+		Lifetime: min(maxLife, ctl.c.MaxTTL), Node: string(r.Spec.NodeName)})
 	if err != nil {
 		var se *SignedError
 		if errors.As(err, &se) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -14,7 +13,6 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/podcert"
 	"github.com/meshca/meshca/ca/trust"
-	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer/k8scsr"
 )
 
@@ -62,7 +60,7 @@ var errPodCertK8sCSR = errors.New("cannot be used with the k8scsr signer (--sign
 // newPodCertRunner builds the PodCertificateRequest controller, which
 // issues through srv, and returns it elected on PodCertificateLease in
 // leaseNS.
-func newPodCertRunner(c PodCertificates, td spiffeid.TrustDomain, client kubernetes.Interface, srv *ca.Server, backdate time.Duration,
+func newPodCertRunner(c PodCertificates, td spiffeid.TrustDomain, client kubernetes.Interface, srv *ca.Server,
 	leaseNS string, reg prometheus.Registerer, leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, error) {
 	if srv.PodBackend() == BackendK8sCSR {
 		return nil, &FieldError{Field: "pod-certificate-signer-name", Err: errPodCertK8sCSR}
@@ -80,14 +78,8 @@ func newPodCertRunner(c PodCertificates, td spiffeid.TrustDomain, client kuberne
 			return nil, &FieldError{Field: "pod-certificate-namespace-selector", Err: err}
 		}
 	}
-	switch backdate {
-	case 0:
-		backdate = keymgr.Backdate
-	case keymgr.NoBackdate:
-		backdate = 0
-	}
 	cfg := podcert.Config{Client: client, SignerName: c.SignerName, TrustDomain: td,
-		Issuer: ca.NewPodIssuer(srv, reg), Namespaces: sel, MaxTTL: srv.PodTTL(), Backdate: backdate, Logger: log}
+		Issuer: ca.NewPodIssuer(srv, reg), Namespaces: sel, MaxTTL: srv.PodTTL(), Logger: log}
 	if _, err := podcert.New(cfg); err != nil {
 		return nil, &FieldError{Field: "pod-certificate-signer-name", Err: err}
 	}

@@ -157,7 +157,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		p.runners = append(p.runners, run)
 	}
 	if c.PodCertificates.SignerName != "" {
-		run, err := newPodCertRunner(c.PodCertificates, c.TrustDomain, cl.localClient, srv, c.Backend.Backdate,
+		run, err := newPodCertRunner(c.PodCertificates, c.TrustDomain, cl.localClient, srv,
 			c.Trust.LeaseNamespace, reg, leaders, c.Logger)
 		if err != nil {
 			p.lis.Close()

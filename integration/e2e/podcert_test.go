@@ -173,7 +173,8 @@ func TestPodCertRefused(t *testing.T) {
 }
 
 // TestPodCertMaxExpiration: the lifetime never exceeds
-// maxExpirationSeconds and is never under an hour.
+// maxExpirationSeconds and is never under an hour; below meshca's
+// --max-ttl it is exactly maxExpirationSeconds.
 func TestPodCertMaxExpiration(t *testing.T) {
 	e := newPodCertEnv(t, "maxexp")
 	e.start(t, "", podCertAuditPath(t, "audit"))
@@ -190,6 +191,11 @@ func TestPodCertMaxExpiration(t *testing.T) {
 		life := got.Status.NotAfter.Sub(got.Status.NotBefore.Time)
 		if life > time.Duration(secs)*time.Second || life < time.Hour {
 			t.Errorf("maxExpirationSeconds %d: lifetime %v", secs, life)
+		}
+		// Under meshca's --max-ttl (24h), the lifetime is the one allowed,
+		// to the second, whatever the backdate.
+		if max := time.Duration(secs) * time.Second; max <= 24*time.Hour && life != max {
+			t.Errorf("maxExpirationSeconds %d: lifetime %v, want exactly %v", secs, life, max)
 		}
 	}
 }

@@ -226,7 +226,7 @@ func (v *Vault) ConfigureRoles(tb testing.TB, mount string, r VaultRole) {
 		// No subject fields (ou, organization, ...): the subject stays empty.
 		maps.Copy(settings, map[string]any{
 			"allowed_uri_sans": r.AllowedURISANs, "allow_any_name": false, "enforce_hostnames": false,
-			"require_cn": false, "use_csr_sans": true, "use_csr_common_name": false,
+			"require_cn": false, "use_csr_sans": false, "use_csr_common_name": false,
 			"ext_key_usage": "ServerAuth,ClientAuth", "basic_constraints_valid_for_non_ca": true, "no_store": true,
 			"ttl": "24h", "max_ttl": "24h", "not_before_duration": r.NotBefore,
 		})

@@ -116,6 +116,7 @@ func TestK8sCSRContract(t *testing.T) {
 			startExternalSigner(tb, name, k8scsrtest.Issue(a, 0))
 			return harness.LintedSigner(tb, a, newK8sCSRSigner(tb, client, name, a.Roots))
 		},
+		InexactLifetime: true,
 	})
 }
 

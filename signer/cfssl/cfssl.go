@@ -70,7 +70,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	}
 	now := s.now()
 	limit := keymgr.PathExpiry(issuer, s.chain...)
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Backdate: s.backdate}, issuer, s.chain...)
+	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     []string{req.ID.String()},
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),

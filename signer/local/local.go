@@ -76,7 +76,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
 	}
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Backdate: s.backdate}, a.Cert, a.Chain...)
+	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             notBefore,

@@ -38,6 +38,10 @@ type Backend struct {
 	// for exactly that TTL, and the backend may refuse, rather than cap, a
 	// certificate that would outlive its issuer.
 	FixedLifetime time.Duration
+	// InexactLifetime is set for a backend whose external signer decides
+	// a certificate's validity (k8scsr): the suite does not ask it for an
+	// exact signer.Request.Lifetime.
+	InexactLifetime bool
 }
 
 // fixedTTL asks every request for one TTL.
@@ -86,6 +90,9 @@ func Run(t *testing.T, b Backend) {
 			t.Run("Usages", func(t *testing.T) { testUsages(t, s, c.ca) })
 			t.Run("SubjectFromCSR", func(t *testing.T) { testSubjectFromCSR(t, s) })
 			t.Run("TTL", func(t *testing.T) { testTTL(t, s, c.ca, ttls, b.FixedLifetime > 0) })
+			if b.FixedLifetime == 0 && !b.InexactLifetime {
+				t.Run("Lifetime", func(t *testing.T) { testLifetime(t, s) })
+			}
 			t.Run("SerialAndKeyID", func(t *testing.T) { testSerialAndKeyID(t, s, c.ca) })
 			t.Run("Canceled", func(t *testing.T) { testCanceled(t, s) })
 		})
@@ -244,6 +251,31 @@ func testTTL(t *testing.T, s signer.Signer, a *keymgr.Authority, ttls []time.Dur
 		}
 		if !leaf.NotBefore.Before(before.Add(-time.Minute)) && leaf.NotBefore.After(a.Cert.NotBefore) {
 			t.Errorf("NotBefore %v is not backdated (request at %v)", leaf.NotBefore, before)
+		}
+	}
+}
+
+// testLifetime: with Lifetime set, NotAfter less NotBefore is exactly
+// Lifetime, the API's minimum for a pod certificate (one hour) included,
+// and NotAfter is still at most TTL from now.
+func testLifetime(t *testing.T, s signer.Signer) {
+	for _, life := range []time.Duration{time.Hour, 90*time.Minute + 7*time.Second} {
+		req := NewRequest(t, workload("default", "lifetime"), newKey(t, "p256"), life)
+		req.Lifetime = life
+		before := time.Now()
+		res, err := s.Sign(context.Background(), req)
+		if err != nil {
+			t.Fatalf("Lifetime %v: Sign: %v", life, err)
+		}
+		leaf := res.Leaf
+		if got := leaf.NotAfter.Sub(leaf.NotBefore); got != life {
+			t.Errorf("Lifetime %v: issued %v to %v, a lifetime of %v", life, leaf.NotBefore, leaf.NotAfter, got)
+		}
+		if limit := before.Add(life + Tolerance); leaf.NotAfter.After(limit) {
+			t.Errorf("Lifetime %v: NotAfter %v is later than TTL from now (%v)", life, leaf.NotAfter, limit)
+		}
+		if leaf.NotBefore.After(time.Now()) {
+			t.Errorf("Lifetime %v: NotBefore %v is in the future", life, leaf.NotBefore)
 		}
 	}
 }

@@ -80,7 +80,7 @@ func FuzzSignResponse(f *testing.F) {
 		if c, err := certificateOf(secret, "certificate"); err == nil && c == nil {
 			t.Fatal("certificateOf returned neither a certificate nor an error")
 		}
-		resp, err := s.response(req, secret, "mesh", now)
+		resp, err := s.response(req, secret, "mesh", now, req.TTL)
 		if err != nil {
 			var se *signer.Error
 			if !errors.As(err, &se) || se.Backend != name || (se.Kind != signer.KindRefused && se.Kind != signer.KindInternal) {

@@ -93,6 +93,8 @@ type Signer struct {
 	deniedAt time.Time
 	// chains are the CA chains of Vault's answers, parsed.
 	chains chainCache
+	// backdates are the roles' not_before_duration, for exact lifetimes.
+	backdates backdates
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -168,14 +170,22 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
+	role := s.roleFor(req.Usages)
+	ttl := req.TTL
+	if req.Lifetime > 0 {
+		// The role starts the leaf its not_before_duration before now:
+		// a leaf of exactly Lifetime ends that much less than Lifetime
+		// after now.
+		ttl = max(req.Lifetime-s.roleBackdate(ctx, role), time.Second)
+	}
+	ttl = ttl.Truncate(time.Second)
 	data := map[string]any{
 		"csr":                  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
 		"uri_sans":             req.ID.String(),
-		"ttl":                  fmt.Sprintf("%ds", int64(req.TTL/time.Second)),
+		"ttl":                  fmt.Sprintf("%ds", int64(ttl/time.Second)),
 		"format":               "pem",
 		"exclude_cn_from_sans": true,
 	}
-	role := s.roleFor(req.Usages)
 	path := s.c.Mount + "/sign/" + role
 	start := s.c.Now()
 	secret, err := s.client.Logical().WriteWithContext(ctx, path, data)
@@ -191,7 +201,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, classify(err)
 	}
-	return s.response(req, secret, role, start)
+	return s.response(req, secret, role, start, ttl)
 }
 
 // roleFor names the role that signs a request for usages u.
@@ -207,7 +217,7 @@ func (s *Signer) roleFor(u csr.Usages) string {
 // after the leaf) bound the leaf's lifetime: an answer without any is
 // refused, as nothing would then stop a leaf that outlives its issuer.
 // Vault's PKI engine always sends issuing_ca.
-func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, start time.Time) (*signer.Response, error) {
+func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, start time.Time, ttlSent time.Duration) (*signer.Response, error) {
 	if secret == nil || secret.Data == nil {
 		return nil, signer.Errorf(name, signer.KindInternal, "empty answer from %s/sign/%s", s.c.Mount, role)
 	}
@@ -251,11 +261,14 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 	if err := signer.CheckIssued(name, req, leaf, lt); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}
+	s.learn(role, leaf, ttlSent, start, lt.IssuerNotAfter)
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
 }
 
 // withRoleHint tells the operator which role to change when role issued
-// other key usages than req's, or for longer than req asked.
+// other key usages than req's, for longer than req asked, or without the
+// URI meshca sent (a role with use_csr_sans=true copies the CSR's names
+// instead, and a kubelet's stub CSR names nothing).
 func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certificate, role string) error {
 	var (
 		se *signer.Error
@@ -269,6 +282,8 @@ func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certifi
 	switch {
 	case errors.As(err, &le):
 		hint = fmt.Sprintf("role %s/roles/%s must leave the lifetime to the ttl meshca sends: unset its not_after (or Vault's clock is more than %s ahead of meshca's)", s.c.Mount, role, signer.LifetimeSlack)
+	case len(leaf.URIs) == 0 && !slices.ContainsFunc(req.CSR.URIs, func(u *url.URL) bool { return u.String() == req.ID.String() }):
+		hint = fmt.Sprintf("set use_csr_sans=false on role %s/roles/%s: meshca sends the identity it authorized as uri_sans, and this CSR does not name it (a kubelet's stub CSR for a pod certificate names nothing)", s.c.Mount, role)
 	case leaf.KeyUsage == req.Usages.Key:
 		return err
 	case req.Usages.Key&ke != 0 && s.c.KeyEnciphermentRole == "":
