@@ -123,7 +123,7 @@ func drive(ctl *Controller) {
 	for range 3 {
 		ctl.queue.Add(deliverKey)
 		for i := 0; i < 20 && ctl.queue.Len() > 0; i++ {
-			ctl.processNext(context.Background())
+			ctl.processNext(context.Background(), context.Background())
 		}
 	}
 }

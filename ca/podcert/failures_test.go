@@ -119,7 +119,7 @@ func TestOverBudget(t *testing.T) {
 	iss := &scriptIssuer{errs: []error{busy}}
 	ctl := newDeliverController(t, client, iss)
 	ctl.queue.Add(deliverKey)
-	ctl.processNext(context.Background())
+	ctl.processNext(context.Background(), context.Background())
 	if iss.calls != 1 || iss.node != "node-a" {
 		t.Fatalf("IssuePod called %d times for node %q, want once for node-a (spec.nodeName)", iss.calls, iss.node)
 	}
@@ -144,7 +144,7 @@ func TestOverBudget(t *testing.T) {
 	if got := ctl.busy.When(deliverKey); got != 2*busyBaseDelay {
 		t.Fatalf("the next delay after one refusal is %v, want %v", got, 2*busyBaseDelay)
 	}
-	ctl.processNext(context.Background())
+	ctl.processNext(context.Background(), context.Background())
 	got, err := client.CertificatesV1().PodCertificateRequests("shop").Get(context.Background(), "web-1-abc", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

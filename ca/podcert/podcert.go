@@ -232,26 +232,48 @@ func (ctl *Controller) Run(ctx context.Context) error {
 		return nil // ctx ended before the cache filled
 	}
 	ctl.log.Info("signing PodCertificateRequests")
+	// A request being answered when ctx ends is answered to the end, its
+	// certificate delivered, within ShutdownGrace: the Lease is released
+	// (RunLeaderElected) only once Run returns, so no successor signs it
+	// too. No other request is started.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
 	var wg sync.WaitGroup
 	for range ctl.c.Workers {
 		wg.Go(func() {
-			for ctl.processNext(ctx) {
+			for ctl.processNext(ctx, work) {
 			}
 		})
 	}
 	<-ctx.Done()
 	ctl.queue.ShutDown()
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(ShutdownGrace):
+		stopWork()
+		<-done
+	}
 	return nil
 }
 
-func (ctl *Controller) processNext(ctx context.Context) bool {
+// ShutdownGrace bounds how long Run, once its context has ended, lets
+// the requests being answered finish.
+const ShutdownGrace = 10 * time.Second
+
+// processNext answers the next request with the context work, unless ctx
+// has ended.
+func (ctl *Controller) processNext(ctx, work context.Context) bool {
 	key, quit := ctl.queue.Get()
 	if quit {
 		return false
 	}
 	defer ctl.queue.Done(key)
-	err := ctl.sync(ctx, key)
+	if ctx.Err() != nil {
+		return false
+	}
+	err := ctl.sync(work, key)
 	var busy *Busy
 	switch {
 	case err == nil:

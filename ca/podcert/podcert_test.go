@@ -204,3 +204,65 @@ func TestNewRefuses(t *testing.T) {
 		})
 	}
 }
+
+// slowIssuer signs as fakeIssuer, once release is closed; started is
+// closed when the first signature begins.
+type slowIssuer struct {
+	*fakeIssuer
+	once             sync.Once
+	started, release chan struct{}
+}
+
+func (s *slowIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
+	s.once.Do(func() { close(s.started) })
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.fakeIssuer.IssuePod(ctx, r)
+}
+
+// TestRunFinishesInFlight: a request being signed when Run's context ends
+// (the leader terminated, a rolling update) is answered to the end and
+// delivered before Run returns, so that the Lease, released then, hands
+// no signed request over to be signed again.
+func TestRunFinishesInFlight(t *testing.T) {
+	client := fake.NewClientset(objects(func(*corev1.Pod, *certv1.PodCertificateRequest) {})...)
+	iss := &slowIssuer{fakeIssuer: &fakeIssuer{}, started: make(chan struct{}), release: make(chan struct{})}
+	ctl, err := podcert.New(podcert.Config{Client: client, SignerName: signerName, TrustDomain: spiffeid.RequireTrustDomainFromString("cluster.local"),
+		Issuer: iss, Now: func() time.Time { return now }, Jitter: func() float64 { return 0.5 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ctl.Run(ctx) }()
+	select {
+	case <-iss.started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request was never signed")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) with a signature in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(iss.release)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(podcert.ShutdownGrace):
+		t.Fatal("Run did not return once the signature in flight was delivered")
+	}
+	got, err := client.CertificatesV1().PodCertificateRequests("shop").Get(context.Background(), "cart-1-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := got.Status.Conditions; len(c) != 1 || c[0].Type != "Issued" {
+		t.Fatalf("status %+v, want Issued", got.Status)
+	}
+}

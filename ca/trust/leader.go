@@ -32,10 +32,12 @@ var ErrLeadershipLost = errors.New("trust: leadership lost")
 
 // RunLeaderElected campaigns for the Lease namespace/leaseName as
 // identity and, while it leads, runs run with a context that ends when
-// leadership ends. It blocks until ctx ends (nil), run returns (run's
-// error; the lease is released), or leadership is lost
-// (ErrLeadershipLost). The lease is released when ctx ends, so another
-// candidate takes over within about RetryPeriod.
+// leadership ends or ctx does. It blocks until ctx ends (nil), run returns
+// (run's error; the lease is released), or leadership is lost
+// (ErrLeadershipLost). When ctx ends, the lease is released once run has
+// returned, and renewed until then: the work in flight finishes (a
+// certificate signed is delivered) before another candidate, which takes
+// over within about RetryPeriod, starts beside it.
 //
 // Each of observe hears true when this candidate starts leading and
 // false when it stops (and at the end, whether it led or not): metrics of
@@ -62,7 +64,10 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 		}
 	}
 	outer := ctx
-	ctx, cancel := context.WithCancel(ctx)
+	// The elector's context outlives ctx while run winds down: it ends
+	// when run has returned or, when this candidate does not lead, when
+	// ctx ends.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(outer))
 	defer cancel()
 
 	// state hands run over between the elector's goroutine and this one:
@@ -88,12 +93,16 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 				}
 				log.Info("leading")
 				leading(true)
-				err := run(lctx)
+				rctx, stop := context.WithCancel(lctx)
+				unhook := context.AfterFunc(outer, stop)
+				err := run(rctx)
+				unhook()
+				stop()
 				// Also here: OnStoppedLeading may have come before this
 				// goroutine said true.
 				leading(false)
-				runDone <- runResult{err: err, byItself: lctx.Err() == nil}
-				cancel() // release the lease when run stops by itself
+				runDone <- runResult{err: err, byItself: lctx.Err() == nil && outer.Err() == nil}
+				cancel() // release the lease: run has stopped
 			},
 			OnStoppedLeading: func() { leading(false) },
 			OnNewLeader: func(id string) {
@@ -106,8 +115,14 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 	if err != nil {
 		return fmt.Errorf("trust: leader election: %w", err)
 	}
+	unhook := context.AfterFunc(outer, func() {
+		if state.CompareAndSwap(stateIdle, stateClosed) {
+			cancel() // not leading: stop campaigning now
+		}
+	})
+	defer unhook()
 	le.Run(ctx)
-	if state.CompareAndSwap(stateIdle, stateClosed) {
+	if state.CompareAndSwap(stateIdle, stateClosed) || state.Load() == stateClosed {
 		return nil // never led; ctx ended
 	}
 	r := <-runDone

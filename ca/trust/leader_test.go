@@ -74,6 +74,40 @@ func TestRunLeaderElectedReturns(t *testing.T) {
 	}
 }
 
+// TestRunLeaderElectedHoldsWhileWindingDown: when ctx ends, run's
+// context ends at once, but the Lease stays this candidate's until run
+// has returned: the work it finishes (a certificate being delivered) has
+// no successor beside it. Then the Lease is released.
+func TestRunLeaderElectedHoldsWhileWindingDown(t *testing.T) {
+	client := fake.NewClientset()
+	holder := func() string {
+		lease, err := client.CoordinationV1().Leases("ns").Get(context.Background(), "lease", metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *lease.Spec.HolderIdentity
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	windingDown := make(chan string, 1)
+	err := trust.RunLeaderElected(ctx, client, "ns", "lease", "me", func(rctx context.Context) error {
+		cancel()
+		<-rctx.Done()
+		time.Sleep(100 * time.Millisecond) // finishing the work in flight
+		windingDown <- holder()
+		return rctx.Err()
+	}, nil)
+	if err != nil {
+		t.Fatalf("err = %v, want nil", err)
+	}
+	if h := <-windingDown; h != "me" {
+		t.Errorf("while run wound down the Lease was held by %q, want me", h)
+	}
+	if h := holder(); h != "" {
+		t.Errorf("lease still held by %q after return", h)
+	}
+}
+
 // leadership records what a RunLeaderElected observer hears.
 type leadership struct {
 	mu    sync.Mutex
