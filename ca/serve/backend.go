@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/cfssl"
@@ -93,6 +94,11 @@ type backend struct {
 	// sequence is the Sequence of the CA state in service (zero without
 	// one), stored before onChange hear of the state.
 	sequence atomic.Uint64
+	// version is the CA state in service's place in its history (nil
+	// without one), stored after the state's bundle is served: a reader
+	// that loads it before the bundle never pairs a bundle with a newer
+	// version than its own.
+	version atomic.Pointer[trust.BundleVersion]
 }
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
@@ -137,11 +143,11 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	if len(roots) > 0 {
 		be.bundles, be.expiry = x509bundle.FromX509Authorities(td, roots), anchorExpiry(roots)
 	} else {
-		trust, err := be.followExternal(ctx, c, td, newStore, reg, log)
+		ext, err := be.followExternal(ctx, c, td, newStore, reg, log)
 		if err != nil {
 			return nil, err
 		}
-		b, _ := trust.GetX509BundleForTrustDomain(td)
+		b, _ := ext.GetX509BundleForTrustDomain(td)
 		roots = b.X509Authorities()
 	}
 	if c.Serving != nil {
@@ -283,6 +289,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
 			be.sequence.Store(s.Sequence)
+			be.version.Store(&trust.BundleVersion{Lineage: s.Authorities[0].ID(), Sequence: s.Sequence})
 			for _, f := range be.onChange {
 				f()
 			}

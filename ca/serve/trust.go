@@ -73,12 +73,17 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 	if err != nil {
 		return nil, nil, err
 	}
-	bundle := func() []byte {
+	bundle := func() trust.Bundle {
+		var out trust.Bundle
+		if v := be.version.Load(); v != nil {
+			out.Version = *v
+		}
 		b, err := be.bundles.GetX509BundleForTrustDomain(td)
 		if err != nil {
-			return nil
+			return trust.Bundle{}
 		}
-		return pemutil.EncodeCertificates(b.X509Authorities()...)
+		out.PEM = pemutil.EncodeCertificates(b.X509Authorities()...)
+		return out
 	}
 	var builds []func() (trustPublisher, error)
 	if c.Publish {

@@ -43,9 +43,10 @@ type ClusterTrustBundleConfig struct {
 	// Discovery finds the served version of the API; nil means
 	// Client.Discovery().
 	Discovery Discovery
-	// Bundle returns the current trust bundle as PEM. Nothing is written
-	// while it returns an empty bundle.
-	Bundle func() []byte
+	// Bundle returns the current trust bundle and its version. Nothing
+	// is written while it is empty, nor over a newer one of the same
+	// lineage (BundleVersion).
+	Bundle func() Bundle
 	// TrustDomain names and labels the object (see
 	// ClusterTrustBundleName).
 	TrustDomain spiffeid.TrustDomain
@@ -82,6 +83,7 @@ type ClusterTrustBundlePublisher struct {
 	store     cache.Store
 	warned    bool // about a foreign object, of resourceVersion warnedFor
 	warnedFor string
+	stale     staleWarning
 }
 
 // errRetryAtResync is a write the apiserver refused for a reason a retry

@@ -199,7 +199,7 @@ func TestClusterTrustBundleLifecycle(t *testing.T) {
 func TestClusterTrustBundleUnlinked(t *testing.T) {
 	client := fake.NewClientset()
 	startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-		Bundle: func() []byte { return []byte("root") }})
+		Bundle: pemOnly("root")})
 	eventually(t, "created", holds(client, "meshca-cluster.local", "root"))
 	if got := ctb(client, "meshca-cluster.local").Spec.SignerName; got != "" {
 		t.Errorf("signerName = %q, want none", got)
@@ -223,7 +223,7 @@ func TestClusterTrustBundleLeavesForeignObject(t *testing.T) {
 	var l logs
 	obs := &counter{}
 	p := startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-		Bundle: func() []byte { return []byte("ours") }, Observer: obs, Logger: l.logger()})
+		Bundle: pemOnly("ours"), Observer: obs, Logger: l.logger()})
 	eventually(t, "not_owned observed", func() bool { return obs.get(trust.ResultNotOwned) == 1 })
 	p.BundleChanged()
 	eventually(t, "not_owned observed again", func() bool { return obs.get(trust.ResultNotOwned) == 2 })
@@ -282,7 +282,7 @@ func TestClusterTrustBundleAPIAbsent(t *testing.T) {
 	var l logs
 	d := &discovery{}
 	d.fail.Store(1) // the first answer is an error, retried
-	startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: d, Bundle: func() []byte { return []byte("root") }, Logger: l.logger()})
+	startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: d, Bundle: pemOnly("root"), Logger: l.logger()})
 	const skip = `"msg":"the apiserver serves no ClusterTrustBundle API (certificates.k8s.io/v1, certificates.k8s.io/v1beta1, certificates.k8s.io/v1alpha1); not publishing the trust bundle as a ClusterTrustBundle"`
 	eventually(t, "the skip logged", func() bool { return l.count(skip) == 1 })
 	time.Sleep(200 * time.Millisecond) // Run keeps running: startCTB's cleanup checks
@@ -318,7 +318,7 @@ func TestClusterTrustBundleRefusedWrites(t *testing.T) {
 			var l logs
 			obs := &counter{}
 			startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-				Bundle: func() []byte { return []byte("root") }, SignerName: "meshca.io/svid", Observer: obs, Logger: l.logger()})
+				Bundle: pemOnly("root"), SignerName: "meshca.io/svid", Observer: obs, Logger: l.logger()})
 			eventually(t, tc.result+" observed", func() bool { return obs.get(tc.result) == 1 })
 			time.Sleep(300 * time.Millisecond)
 			if n := creates.Load(); n != 1 {
@@ -346,7 +346,7 @@ func TestClusterTrustBundleRetriesConflicts(t *testing.T) {
 	})
 	obs := &counter{}
 	startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-		Bundle: func() []byte { return []byte("new") }, Observer: obs})
+		Bundle: pemOnly("new"), Observer: obs})
 	eventually(t, "updated after conflicts", holds(client, existing.Name, "new"))
 	if got := obs.get(trust.ResultConflict); got != 2 {
 		t.Errorf("conflicts observed %d, want 2", got)
@@ -375,7 +375,7 @@ func TestClusterTrustBundleQuiet(t *testing.T) {
 				return false, nil, nil
 			})
 			p := startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-				Bundle: func() []byte { return []byte(tc.bundle) }})
+				Bundle: pemOnly(tc.bundle)})
 			p.BundleChanged()
 			time.Sleep(300 * time.Millisecond)
 			if n := writes.Load(); n != 0 {
@@ -387,7 +387,7 @@ func TestClusterTrustBundleQuiet(t *testing.T) {
 
 func TestNewClusterTrustBundlePublisherRefuses(t *testing.T) {
 	client := fake.NewClientset()
-	root := func() []byte { return []byte("root") }
+	root := pemOnly("root")
 	for _, tc := range []struct {
 		name string
 		c    trust.ClusterTrustBundleConfig
@@ -409,7 +409,7 @@ func TestNewClusterTrustBundlePublisherRefuses(t *testing.T) {
 
 func TestClusterTrustBundleRunTwice(t *testing.T) {
 	p := startCTB(t, trust.ClusterTrustBundleConfig{Client: fake.NewClientset(), Discovery: &discovery{},
-		Bundle: func() []byte { return nil }})
+		Bundle: pemOnly("")})
 	time.Sleep(50 * time.Millisecond)
 	if err := p.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "already started") {
 		t.Errorf("second Run = %v, want an error", err)

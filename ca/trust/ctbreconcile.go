@@ -15,7 +15,7 @@ import (
 // returned error means: try again later.
 func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.Logger) error {
 	bundle := p.cfg.Bundle()
-	if len(bundle) == 0 {
+	if len(bundle.PEM) == 0 {
 		return nil // nothing to publish yet; BundleChanged will queue it again
 	}
 	obj, exists, err := p.store.GetByKey(p.name)
@@ -24,8 +24,8 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 	}
 	if !exists {
 		return p.write(ctx, log, "create", &certv1.ClusterTrustBundle{
-			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: maps.Clone(p.labels)},
-			Spec:       certv1.ClusterTrustBundleSpec{SignerName: p.cfg.SignerName, TrustBundle: string(bundle)},
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: maps.Clone(p.labels), Annotations: bundle.Version.annotate(nil)},
+			Spec:       certv1.ClusterTrustBundleSpec{SignerName: p.cfg.SignerName, TrustBundle: string(bundle.PEM)},
 		})
 	}
 	cur, ok := p.api.toV1(obj)
@@ -41,6 +41,13 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 		}
 		return nil
 	}
+	if theirs, newer := bundle.Version.publishedNewer(cur.Annotations); newer {
+		p.observe(ResultStale)
+		if p.stale.first(bundle.Version) {
+			log.Warn(StaleMessage, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
+		}
+		return nil // BundleChanged queues it again
+	}
 	want, changed := p.desired(cur, bundle)
 	if !changed {
 		return nil
@@ -48,11 +55,12 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 	return p.write(ctx, log, "update", want)
 }
 
-// desired returns a copy of cur carrying bundle and meshca's labels, and
-// whether that differs from cur. Other labels and annotations are kept;
-// the signer name is immutable and fixed by the name.
-func (p *ClusterTrustBundlePublisher) desired(cur *certv1.ClusterTrustBundle, bundle []byte) (*certv1.ClusterTrustBundle, bool) {
-	changed := cur.Spec.TrustBundle != string(bundle)
+// desired returns a copy of cur carrying bundle, its version's
+// annotations and meshca's labels, and whether that differs from cur.
+// Other labels and annotations are kept; the signer name is immutable and
+// fixed by the name.
+func (p *ClusterTrustBundlePublisher) desired(cur *certv1.ClusterTrustBundle, bundle Bundle) (*certv1.ClusterTrustBundle, bool) {
+	changed := cur.Spec.TrustBundle != string(bundle.PEM) || !bundle.Version.annotated(cur.Annotations)
 	for k, v := range p.labels {
 		changed = changed || cur.Labels[k] != v
 	}
@@ -64,7 +72,8 @@ func (p *ClusterTrustBundlePublisher) desired(cur *certv1.ClusterTrustBundle, bu
 		want.Labels = map[string]string{}
 	}
 	maps.Copy(want.Labels, p.labels)
-	want.Spec.TrustBundle = string(bundle)
+	want.Annotations = bundle.Version.annotate(want.Annotations)
+	want.Spec.TrustBundle = string(bundle.PEM)
 	return want, true
 }
 

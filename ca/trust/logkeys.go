@@ -12,4 +12,7 @@ const (
 	logVersion   = "version"
 	logDelay     = "delay"
 	logLabel     = "label"
+
+	logSequence          = "sequence"
+	logPublishedSequence = "published_sequence"
 )

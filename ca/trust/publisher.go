@@ -65,9 +65,10 @@ const (
 // Config configures a Publisher. Client and Bundle are required.
 type Config struct {
 	Client kubernetes.Interface
-	// Bundle returns the current trust bundle as PEM. Nothing is written
-	// while it returns an empty bundle.
-	Bundle func() []byte
+	// Bundle returns the current trust bundle and its version. Nothing
+	// is written while it is empty, nor over a newer one of the same
+	// lineage (BundleVersion).
+	Bundle func() Bundle
 	// Selector limits publishing to namespaces whose labels match; nil
 	// means every namespace.
 	Selector labels.Selector
@@ -102,6 +103,8 @@ type Publisher struct {
 
 	mu      sync.Mutex
 	started bool
+	stale   staleWarning
+	newest  newestSeen
 }
 
 // NewPublisher assembles a Publisher; Run starts it.
@@ -164,9 +167,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		UpdateFunc: func(_, obj any) { p.enqueueName(obj) },
 	}
 	cmHandler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.enqueueNamespaceOf(obj) },
-		UpdateFunc: func(_, obj any) { p.enqueueNamespaceOf(obj) },
-		DeleteFunc: func(obj any) { p.enqueueNamespaceOf(obj) },
+		AddFunc:    func(obj any) { p.seeVersion(obj, false); p.enqueueNamespaceOf(obj) },
+		UpdateFunc: func(_, obj any) { p.seeVersion(obj, false); p.enqueueNamespaceOf(obj) },
+		DeleteFunc: func(obj any) { p.seeVersion(obj, true); p.enqueueNamespaceOf(obj) },
 	}
 	if _, err := p.nsInformer.AddEventHandler(nsHandler); err != nil {
 		return fmt.Errorf("trust: namespace informer: %w", err)
@@ -213,6 +216,22 @@ func (p *Publisher) enqueueName(obj any) {
 	}
 }
 
+// seeVersion records the bundle version a ConfigMap carries, or forgets
+// it when the ConfigMap is deleted.
+func (p *Publisher) seeVersion(obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	cm, ok := obj.(*corev1.ConfigMap)
+	switch {
+	case !ok:
+	case deleted:
+		p.newest.forget(cm.Namespace)
+	default:
+		p.newest.see(cm.Namespace, cm.Annotations)
+	}
+}
+
 func (p *Publisher) enqueueNamespaceOf(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
@@ -228,7 +247,13 @@ func (p *Publisher) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer p.queue.Done(ns)
-	if err := p.reconcile(ctx, ns); err != nil {
+	err := p.reconcile(ctx, ns)
+	if errors.Is(err, errStale) {
+		p.queue.Forget(ns)
+		p.queue.AddAfter(ns, staleRecheck)
+		return true
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			p.cfg.Logger.Warn("trust bundle ConfigMap not written; retrying",
 				logNamespace, ns, logError, err.Error())

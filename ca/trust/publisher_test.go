@@ -31,7 +31,7 @@ func namespace(name string, lbls map[string]string, terminating bool) *corev1.Na
 
 func TestNewPublisherRefuses(t *testing.T) {
 	client := fake.NewClientset()
-	bundle := func() []byte { return []byte("pem") }
+	bundle := pemOnly("pem")
 	for name, c := range map[string]trust.Config{
 		"no client":        {Bundle: bundle},
 		"no bundle":        {Client: client},
@@ -69,7 +69,7 @@ func TestWants(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := trust.NewPublisher(trust.Config{Client: fake.NewClientset(),
-				Bundle: func() []byte { return nil }, Selector: tc.selector, Skip: []string{"infra"}})
+				Bundle: pemOnly(""), Selector: tc.selector, Skip: []string{"infra"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,8 +104,16 @@ func (c *counter) get(r string) int {
 // bundle is a trust bundle that tests change.
 type bundle struct{ v atomic.Value }
 
-func (b *bundle) set(s string) { b.v.Store([]byte(s)) }
-func (b *bundle) get() []byte  { v, _ := b.v.Load().([]byte); return v }
+func (b *bundle) set(s string) { b.setVersioned(s, trust.BundleVersion{}) }
+func (b *bundle) setVersioned(s string, v trust.BundleVersion) {
+	b.v.Store(trust.Bundle{PEM: []byte(s), Version: v})
+}
+func (b *bundle) get() trust.Bundle { v, _ := b.v.Load().(trust.Bundle); return v }
+
+// pemOnly is a Config.Bundle of pem, with no version.
+func pemOnly(pem string) func() trust.Bundle {
+	return func() trust.Bundle { return trust.Bundle{PEM: []byte(pem)} }
+}
 
 func start(t *testing.T, c trust.Config) *trust.Publisher {
 	t.Helper()
@@ -229,7 +237,7 @@ func TestPublisherWritesNothingWhenEqual(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	p := start(t, trust.Config{Client: client, Bundle: func() []byte { return []byte("root-1") }})
+	p := start(t, trust.Config{Client: client, Bundle: pemOnly("root-1")})
 	p.BundleChanged()
 	time.Sleep(300 * time.Millisecond)
 	if n := writes.Load(); n != 0 {
@@ -239,7 +247,7 @@ func TestPublisherWritesNothingWhenEqual(t *testing.T) {
 
 func TestPublisherEmptyBundleWritesNothing(t *testing.T) {
 	client := fake.NewClientset(namespace("a", nil, false))
-	start(t, trust.Config{Client: client, Bundle: func() []byte { return nil }})
+	start(t, trust.Config{Client: client, Bundle: pemOnly("")})
 	time.Sleep(300 * time.Millisecond)
 	if configMap(client, "a") != nil {
 		t.Error("an empty bundle was published")
@@ -261,7 +269,7 @@ func TestPublisherRetriesConflicts(t *testing.T) {
 		return false, nil, nil
 	})
 	obs := &counter{}
-	start(t, trust.Config{Client: client, Bundle: func() []byte { return []byte("new") }, Observer: obs})
+	start(t, trust.Config{Client: client, Bundle: pemOnly("new"), Observer: obs})
 	eventually(t, "updated after conflicts", published(client, "a", "new"))
 	if got := obs.get(trust.ResultConflict); got != 2 {
 		t.Errorf("conflicts observed %d, want 2", got)
@@ -272,7 +280,7 @@ func TestPublisherSelector(t *testing.T) {
 	client := fake.NewClientset(
 		namespace("in", map[string]string{"mesh": "on"}, false),
 		namespace("out", nil, false))
-	start(t, trust.Config{Client: client, Bundle: func() []byte { return []byte("root") },
+	start(t, trust.Config{Client: client, Bundle: pemOnly("root"),
 		Selector: labels.SelectorFromSet(labels.Set{"mesh": "on"})})
 	eventually(t, "published in the selected namespace", published(client, "in", "root"))
 
@@ -288,7 +296,7 @@ func TestPublisherSelector(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	p := start(t, trust.Config{Client: fake.NewClientset(), Bundle: func() []byte { return nil }})
+	p := start(t, trust.Config{Client: fake.NewClientset(), Bundle: pemOnly("")})
 	time.Sleep(50 * time.Millisecond)
 	if err := p.Run(context.Background()); err == nil {
 		t.Error("second Run: want an error")

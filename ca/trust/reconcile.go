@@ -52,10 +52,28 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 		return nil
 	}
 	bundle := p.cfg.Bundle()
-	if len(bundle) == 0 {
+	if len(bundle.PEM) == 0 {
 		return nil // nothing to publish yet; BundleChanged will queue it again
 	}
+	// A bundle newer than ours, of our lineage, published here or in
+	// any namespace: write nothing until this replica catches up.
 	cm, err := p.configMaps.ConfigMaps(name).Get(ConfigMapName)
+	theirs, newer := p.newest.newer(bundle.Version)
+	if err == nil {
+		if seq, here := bundle.Version.publishedNewer(cm.Annotations); here {
+			theirs, newer = max(theirs, seq), true
+		}
+	}
+	if newer {
+		p.observe(ResultStale)
+		if p.stale.first(bundle.Version) {
+			p.cfg.Logger.Warn(StaleMessage, logNamespace, name, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
+		}
+		// BundleChanged queues it again when this replica catches up;
+		// the newer bundle may also be taken back (the annotations
+		// removed), in this namespace or in the others that hold it.
+		return errStale
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		return p.create(ctx, name, bundle)
@@ -69,11 +87,11 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	return p.update(ctx, want)
 }
 
-func (p *Publisher) create(ctx context.Context, ns string, bundle []byte) error {
+func (p *Publisher) create(ctx context.Context, ns string, bundle Bundle) error {
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns,
-			Labels: map[string]string{LabelKey: LabelValue}},
-		Data: map[string]string{DataKey: string(bundle)},
+			Labels: map[string]string{LabelKey: LabelValue}, Annotations: bundle.Version.annotate(nil)},
+		Data: map[string]string{DataKey: string(bundle.PEM)},
 	}
 	_, err := p.cfg.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
 	switch {
@@ -126,12 +144,12 @@ func (p *Publisher) observe(result string) {
 	}
 }
 
-// desired returns a copy of cm carrying bundle under DataKey and the
-// Istio label, and whether that differs from cm. Other keys and labels
-// are kept.
-func desired(cm *corev1.ConfigMap, bundle []byte) (*corev1.ConfigMap, bool) {
+// desired returns a copy of cm carrying bundle under DataKey, its
+// version's annotations and the Istio label, and whether that differs
+// from cm. Other keys, labels and annotations are kept.
+func desired(cm *corev1.ConfigMap, bundle Bundle) (*corev1.ConfigMap, bool) {
 	got, ok := cm.Data[DataKey]
-	if ok && got == string(bundle) && cm.Labels[LabelKey] == LabelValue {
+	if ok && got == string(bundle.PEM) && cm.Labels[LabelKey] == LabelValue && bundle.Version.annotated(cm.Annotations) {
 		return cm, false
 	}
 	want := cm.DeepCopy()
@@ -141,7 +159,8 @@ func desired(cm *corev1.ConfigMap, bundle []byte) (*corev1.ConfigMap, bool) {
 	if want.Labels == nil {
 		want.Labels = map[string]string{}
 	}
-	want.Data[DataKey] = string(bundle)
+	want.Data[DataKey] = string(bundle.PEM)
 	want.Labels[LabelKey] = LabelValue
+	want.Annotations = bundle.Version.annotate(want.Annotations)
 	return want, true
 }

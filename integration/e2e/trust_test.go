@@ -22,9 +22,9 @@ import (
 // trustBundle is a trust bundle the tests change.
 type trustBundle struct{ v atomic.Value }
 
-func (b *trustBundle) set(s string) { b.v.Store([]byte(s)) }
-func (b *trustBundle) get() []byte {
-	v, _ := b.v.Load().([]byte)
+func (b *trustBundle) set(s string) { b.v.Store(trust.Bundle{PEM: []byte(s)}) }
+func (b *trustBundle) get() trust.Bundle {
+	v, _ := b.v.Load().(trust.Bundle)
 	return v
 }
 
@@ -178,7 +178,7 @@ func TestTrustSkipsSystemAndConfiguredNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startPublisher(t, trust.Config{Bundle: func() []byte { return []byte("root\n") }, Selector: sel, Skip: []string{skipped}})
+	startPublisher(t, trust.Config{Bundle: func() trust.Bundle { return trust.Bundle{PEM: []byte("root\n")} }, Selector: sel, Skip: []string{skipped}})
 	waitPublished(t, "selected namespace", "root\n", live, "kube-system")
 	time.Sleep(500 * time.Millisecond) // the queue is drained by now; look for stray writes
 	for _, ns := range []string{"kube-public", "kube-node-lease", skipped} {

@@ -18,9 +18,9 @@ const (
 
 // results are the series each kind starts with, at zero.
 var results = map[string][]string{
-	KindConfigMap: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden, trust.ResultError},
+	KindConfigMap: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden, trust.ResultStale, trust.ResultError},
 	KindClusterTrustBundle: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden,
-		trust.ResultInvalid, trust.ResultNotOwned, trust.ResultError},
+		trust.ResultInvalid, trust.ResultNotOwned, trust.ResultStale, trust.ResultError},
 }
 
 // Counter is the counter meshca_trust_writes_total{kind,result}; Kind
@@ -34,7 +34,7 @@ func New(reg prometheus.Registerer) (*Counter, error) {
 	c := &Counter{writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshca_trust_writes_total",
 		Help: "Writes of the published trust bundle by kind (configmap: istio-ca-root-cert; clustertrustbundle) and result " +
-			"(created, updated, conflict, forbidden, invalid, not_owned, error).",
+			"(created, updated, conflict, forbidden, invalid, not_owned, stale: not written over a newer bundle, error).",
 	}, []string{"kind", "result"})}
 	if err := reg.Register(c.writes); err != nil {
 		return nil, fmt.Errorf("trustprom: %w", err)

@@ -47,6 +47,7 @@ func TestCounter(t *testing.T) {
 	want := map[series]float64{
 		{"configmap", trust.ResultCreated}: 2, {"configmap", trust.ResultUpdated}: 1,
 		{"configmap", trust.ResultConflict}: 0, {"configmap", trust.ResultForbidden}: 0, {"configmap", trust.ResultError}: 0,
+		{"configmap", trust.ResultStale}: 0, {"clustertrustbundle", trust.ResultStale}: 0,
 		{"clustertrustbundle", trust.ResultCreated}: 1, {"clustertrustbundle", trust.ResultUpdated}: 0,
 		{"clustertrustbundle", trust.ResultConflict}: 0, {"clustertrustbundle", trust.ResultForbidden}: 0,
 		{"clustertrustbundle", trust.ResultInvalid}: 0, {"clustertrustbundle", trust.ResultNotOwned}: 1,

@@ -1,0 +1,168 @@
+package trust
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Bundle is a trust bundle to publish and its place in the history of the
+// CA state it was taken from.
+type Bundle struct {
+	// PEM is the bundle's roots; nothing is written while it is empty.
+	PEM []byte
+	// Version is zero for a bundle with no history (pinned trust
+	// anchors): it is then written whatever is published.
+	Version BundleVersion
+}
+
+// BundleVersion places a bundle in its CA state's history: Lineage names
+// the state (the ID of its first authority, which no rotation step
+// changes) and Sequence, which only grows, orders the bundles of one
+// lineage. The publishers annotate what they write with it, so that a
+// replica whose CA state is older than the one last published (its store
+// lags, or it cannot use the newest state: keymgr.Follower refused it)
+// does not write its older bundle over the newer one while it leads:
+// workloads would lose trust in a root that is about to sign, or signs
+// already.
+type BundleVersion struct {
+	Lineage  string
+	Sequence uint64
+}
+
+// Annotations of a published ConfigMap or ClusterTrustBundle that carry
+// its BundleVersion.
+const (
+	AnnotationLineage  = "meshca.io/bundle-lineage"
+	AnnotationSequence = "meshca.io/bundle-sequence"
+)
+
+// ResultStale is a write not made: the published bundle is newer than
+// this replica's (the same lineage, a higher sequence).
+const ResultStale = "stale"
+
+// errStale is a write not made because a newer bundle is published; it
+// is looked at again after staleRecheck.
+var errStale = errors.New("trust: a newer trust bundle is published")
+
+// staleRecheck is how often a namespace whose ConfigMap a newer bundle
+// keeps from being written is looked at again, besides BundleChanged.
+const staleRecheck = 5 * time.Second
+
+// StaleMessage is the log line of a replica that writes nothing because
+// the published bundle is newer than its own; it names the way out for an
+// operator who restarted the servers on an older CA state on purpose
+// (docs/rotation.md).
+const StaleMessage = "the published trust bundle is newer than this replica's CA state; not writing over it until this replica catches up " +
+	"(to go back to an older state on purpose, remove the annotation " + AnnotationSequence + " from the published objects)"
+
+// IsZero reports whether v is no version at all.
+func (v BundleVersion) IsZero() bool { return v.Lineage == "" }
+
+// publishedNewer returns the sequence of the bundle annotations describe,
+// and whether it is newer than v: of v's lineage, with a higher sequence.
+// A bundle of another lineage (the CA state was replaced) or with no
+// version is not newer: v's bundle is written over it.
+func (v BundleVersion) publishedNewer(annotations map[string]string) (uint64, bool) {
+	if v.IsZero() || annotations[AnnotationLineage] != v.Lineage {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(annotations[AnnotationSequence], 10, 64)
+	return seq, err == nil && seq > v.Sequence
+}
+
+// annotated reports whether annotations already carry v (none of them
+// when v is zero).
+func (v BundleVersion) annotated(annotations map[string]string) bool {
+	lineage, hasLineage := annotations[AnnotationLineage]
+	seq, hasSeq := annotations[AnnotationSequence]
+	if v.IsZero() {
+		return !hasLineage && !hasSeq
+	}
+	return lineage == v.Lineage && seq == strconv.FormatUint(v.Sequence, 10)
+}
+
+// annotate sets v's annotations in a (removes them for a zero v), which
+// may be nil, and returns it.
+func (v BundleVersion) annotate(a map[string]string) map[string]string {
+	if v.IsZero() {
+		delete(a, AnnotationLineage)
+		delete(a, AnnotationSequence)
+		return a
+	}
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[AnnotationLineage] = v.Lineage
+	a[AnnotationSequence] = strconv.FormatUint(v.Sequence, 10)
+	return a
+}
+
+// newestSeen knows the versions the published ConfigMaps carry, as the
+// informer shows them, so that a replica behind the newest of its lineage
+// creates no object in a new namespace either.
+type newestSeen struct {
+	mu   sync.Mutex
+	byNS map[string]BundleVersion
+	// newest is the highest sequence of each lineage; nil when byNS
+	// changed since it was computed.
+	newest map[string]uint64
+}
+
+// see records the version the ConfigMap of namespace ns carries (none:
+// the annotations were removed).
+func (n *newestSeen) see(ns string, annotations map[string]string) {
+	lineage := annotations[AnnotationLineage]
+	seq, err := strconv.ParseUint(annotations[AnnotationSequence], 10, 64)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.byNS == nil {
+		n.byNS = map[string]BundleVersion{}
+	}
+	if lineage == "" || err != nil {
+		delete(n.byNS, ns)
+	} else {
+		n.byNS[ns] = BundleVersion{Lineage: lineage, Sequence: seq}
+	}
+	n.newest = nil
+}
+
+// forget drops namespace ns's ConfigMap, deleted.
+func (n *newestSeen) forget(ns string) { n.see(ns, nil) }
+
+// newer returns the highest sequence published of v's lineage, and
+// whether it is above v's.
+func (n *newestSeen) newer(v BundleVersion) (uint64, bool) {
+	if v.IsZero() {
+		return 0, false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.newest == nil {
+		n.newest = map[string]uint64{}
+		for _, pv := range n.byNS {
+			n.newest[pv.Lineage] = max(n.newest[pv.Lineage], pv.Sequence)
+		}
+	}
+	seq := n.newest[v.Lineage]
+	return seq, seq > v.Sequence
+}
+
+// staleWarning says once per version of this replica's bundle that it is
+// older than the one published, however many objects it finds so.
+type staleWarning struct {
+	mu   sync.Mutex
+	said BundleVersion
+}
+
+// first reports whether v's staleness has not been said yet.
+func (w *staleWarning) first(v BundleVersion) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.said == v {
+		return false
+	}
+	w.said = v
+	return true
+}
