@@ -8,6 +8,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -223,11 +224,49 @@ func checkMonitoring(t *testing.T, ns string, objs []*unstructured.Unstructured)
 	if cm.GetLabels()["grafana_dashboard"] != "1" || cm.GetAnnotations()["grafana_folder"] != "Istio" {
 		t.Errorf("dashboard ConfigMap labels %v annotations %v", cm.GetLabels(), cm.GetAnnotations())
 	}
+	checkNetworkPolicy(t, objs)
 	raw, _, _ := unstructured.NestedString(cm.Object, "data", "meshca.json")
 	var dash struct {
 		Title string `json:"title"`
 	}
 	if err := json.Unmarshal([]byte(raw), &dash); err != nil || dash.Title == "" {
 		t.Errorf("dashboard meshca.json is not a titled Grafana dashboard: %v", err)
+	}
+}
+
+// checkNetworkPolicy: ingress only, to meshca's Pods (not the rotation
+// Jobs), the gRPC port from the Pods of every namespace, the monitoring
+// port from the monitoring namespace; the ports are the container's.
+func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	var np networkingv1.NetworkPolicy
+	convert(t, find(t, objs, "NetworkPolicy", "meshca"), &np)
+	d := deployment(t, objs)
+	if !maps.Equal(np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels) {
+		t.Errorf("NetworkPolicy selects %v, want the Deployment's Pods %v", np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+		t.Errorf("policy types %v, want Ingress only", np.Spec.PolicyTypes)
+	}
+	ports := map[string]bool{}
+	for _, p := range d.Spec.Template.Spec.Containers[0].Ports {
+		ports[p.Name] = true
+	}
+	want := []struct {
+		port string
+		from string
+	}{
+		{"grpc-ca", `[{"namespaceSelector":{}}]`},
+		{"http-monitoring", `[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]`},
+	}
+	if len(np.Spec.Ingress) != len(want) {
+		t.Fatalf("ingress rules %+v, want %d", np.Spec.Ingress, len(want))
+	}
+	for i, w := range want {
+		r := np.Spec.Ingress[i]
+		from, _ := json.Marshal(r.From)
+		if len(r.Ports) != 1 || r.Ports[0].Port == nil || r.Ports[0].Port.String() != w.port || !ports[w.port] || string(from) != w.from {
+			t.Errorf("ingress rule %d: ports %v from %s, want the container's port %s from %s", i, r.Ports, from, w.port, w.from)
+		}
 	}
 }

@@ -29,6 +29,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{schema, "at '/trust': additional properties 'rootCertConfigmaps' not allowed"}},
 		{"credential in plain text", `signer: {vault: {auth: {token: {value: hvs.secret}}}}`,
 			[]string{schema, "at '/signer/vault/auth/token': additional properties 'value' not allowed"}},
+		{"network policy peers as one object", `networkPolicy: {enabled: true, grpcFrom: {namespaceSelector: {}}}`,
+			[]string{schema, "at '/networkPolicy/grpcFrom': got object, want array"}},
 		{"TTL in days", `ca: {defaultTTL: 1d}`,
 			[]string{schema, "at '/ca/defaultTTL': '1d' does not match pattern"}},
 		{"TTL that is no duration", `ca: {maxTTL: "90 days"}`,
