@@ -194,13 +194,11 @@ func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, list 
 			// A list that ended since this caller looked.
 			return []PodInfo(nil), nil
 		}
-		// The list answers every waiter: it keeps the first one's
-		// deadline, not its cancellation.
-		deadline, ok := ctx.Deadline()
-		if !ok {
-			deadline = time.Now().Add(confirmTimeout)
-		}
-		lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		// The list answers every waiter, so it must not die with the
+		// first one's deadline (a short one would fail the others at
+		// the limiter); it gets its own bound, and each waiter stops
+		// waiting when its own request ends.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
 		defer cancel()
 		if err := x.limiter.Wait(lctx); err != nil {
 			return nil, err
@@ -222,8 +220,8 @@ func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, list 
 	}
 }
 
-// confirmTimeout bounds a confirmation started by a request without a
-// deadline.
+// confirmTimeout bounds a confirmation, which every concurrent miss of
+// its question shares.
 const confirmTimeout = 10 * time.Second
 
 // APIPods answers Pod questions from the apiserver directly, without a

@@ -340,6 +340,41 @@ func TestPodIndexMissesShareOneList(t *testing.T) {
 	}
 }
 
+// TestPodIndexMissOutlivesFirstDeadline: concurrent misses share one
+// list, and a first caller with a short deadline does not fail the
+// others: with the lookup limiter empty, its wait outlasts the first
+// caller (who gets its own deadline's error), and the second is answered.
+func TestPodIndexMissOutlivesFirstDeadline(t *testing.T) {
+	client := fake.NewClientset()
+	api := newAPIServerLists(client)
+	x, err := NewPodIndex(PodIndexConfig{Client: client, LookupRate: 2}) // bursts of 8, then one each 500 ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPodIndex(t, x)
+	for i := range 8 { // empty the limiter
+		if _, err := x.OfAccount(context.Background(), "old", fmt.Sprintf("gone-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := x.OfAccount(short, "old", "deleted"); first <- err }()
+	time.Sleep(10 * time.Millisecond) // the first caller starts the list
+	long, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	if pods, err := x.OfAccount(long, "old", "deleted"); err != nil || len(pods) != 0 {
+		t.Errorf("the second caller: %+v, %v; want no Pod and no error", pods, err)
+	}
+	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the first caller: %v, want its own deadline", err)
+	}
+	if n := api.lists.Load(); n != 9 {
+		t.Errorf("%d lists, want 9: the two callers share one", n)
+	}
+}
+
 // TestPodMissesBounded: past maxMisses, the oldest misses are forgotten.
 func TestPodMissesBounded(t *testing.T) {
 	m := newPodMisses()
