@@ -142,3 +142,22 @@ type StateStore interface {
 	// changes nothing and returns ErrConflict.
 	Save(ctx context.Context, s *State, base Version) (Version, error)
 }
+
+// Lineage names the history s belongs to, in which Sequence orders the
+// states: a digest of its first authority's ID and the second that
+// authority entered the state. A state built anew, even on the same
+// certificate (a lost Secret, the same cacerts imported again), is
+// another lineage; a restored backup is the same one. Empty for a state
+// without authorities.
+func (s *State) Lineage() string {
+	if len(s.Authorities) == 0 {
+		return ""
+	}
+	first := s.Authorities[0]
+	h := sha256.New()
+	h.Write([]byte(first.ID()))
+	if len(first.History) > 0 {
+		h.Write([]byte(first.History[0].At.UTC().Truncate(time.Second).Format(time.RFC3339)))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}

@@ -289,7 +289,11 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
 			be.sequence.Store(s.Sequence)
-			be.version.Store(&trust.BundleVersion{Lineage: s.Authorities[0].ID(), Sequence: s.Sequence})
+			if _, plugged := store.(*keymgr.PluggedDir); !plugged {
+				// A plugged-in directory's sequence counts the changes
+				// one process has seen: not comparable across replicas.
+				be.version.Store(&trust.BundleVersion{Lineage: s.Lineage(), Sequence: s.Sequence})
+			}
 			for _, f := range be.onChange {
 				f()
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/trust"
@@ -26,20 +27,41 @@ func leaderIdentity() string {
 
 // campaign runs run while this replica holds the Lease namespace/lease,
 // and campaigns again when it loses it, until ctx ends: losing a lease
-// stops the work that needs it, never the CA. It returns run's own error.
-// leaders shows whether this replica leads.
+// stops the work that needs it, never the CA. A run that steps down
+// (trust.ErrStale: this replica's CA state is behind the published
+// bundle) releases the Lease to a replica that may be current, and this
+// one campaigns again after StepDownBackoff. It returns run's own error
+// otherwise. leaders shows whether this replica leads.
 func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error,
 	leaders *ca.LeaderMetrics, log *slog.Logger) error {
 	identity := leaderIdentity()
 	leading := leaders.Lease(lease)
 	for {
 		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log, leading)
-		if !errors.Is(err, trust.ErrLeadershipLost) || ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case errors.Is(err, trust.ErrLeadershipLost):
+			log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
+		case errors.Is(err, trust.ErrStale):
+			log.Warn("stepped down: this replica's CA state is behind the published trust bundle; campaigning again later",
+				"lease", namespace+"/"+lease, "after", StepDownBackoff.String())
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(StepDownBackoff):
+			}
+		default:
 			return err
 		}
-		log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
 	}
 }
+
+// StepDownBackoff is how long a replica that stepped down waits before it
+// campaigns again: long enough for a current replica to take the Lease
+// (within trust.RetryPeriod), short enough that a replica that has caught
+// up, or the only one, publishes again soon.
+const StepDownBackoff = 30 * time.Second
 
 // electedOn makes run, the automatic rotation loop, run on one replica
 // at a time when the CA state is a Secret that replicas share; on a

@@ -113,7 +113,7 @@ func NewClusterTrustBundlePublisher(c ClusterTrustBundleConfig) (*ClusterTrustBu
 	if c.Resync == 0 {
 		c.Resync = defaultResync
 	}
-	return &ClusterTrustBundlePublisher{cfg: c, name: name,
+	return &ClusterTrustBundlePublisher{cfg: c, name: name, stale: newStaleWarning(),
 		labels: map[string]string{LabelManagedBy: ManagedBy, LabelTrustDomain: c.TrustDomain.Name()},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{}),
@@ -126,7 +126,8 @@ func (p *ClusterTrustBundlePublisher) Name() string { return p.name }
 // Run finds the served version of the API, then keeps the object in step
 // until ctx ends. When no version is served it logs so once and waits for
 // ctx: a cluster without the API does not stop meshca. It returns nil
-// when ctx ends, and an error if called twice.
+// when ctx ends, ErrStale when it steps down (the published bundle is
+// newer than this replica's), and an error if called twice.
 func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.started {
@@ -136,6 +137,10 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 	p.started = true
 	p.mu.Unlock()
 	defer p.queue.ShutDown()
+	// Stepping down ends the informer too (its factory's Shutdown waits
+	// for that).
+	ctx, stepDown := context.WithCancel(ctx)
+	defer stepDown()
 
 	api, err := p.discover(ctx)
 	if err != nil {
@@ -175,10 +180,16 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 		for p.processNext(ctx, log) {
 		}
 	}()
-	<-ctx.Done()
+	var out error
+	select {
+	case <-ctx.Done():
+	case <-p.stale.stepped:
+		out = ErrStale
+		stepDown()
+	}
 	p.queue.ShutDown()
 	<-done
-	return nil
+	return out
 }
 
 // BundleChanged queues the object for a check; call it after the bundle

@@ -46,7 +46,7 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 		if p.stale.first(bundle.Version) {
 			log.Warn(StaleMessage, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
 		}
-		return nil // BundleChanged queues it again
+		return nil // the publisher steps down (Run returns ErrStale)
 	}
 	want, changed := p.desired(cur, bundle)
 	if !changed {

@@ -131,7 +131,7 @@ func NewPublisher(c Config) (*Publisher, error) {
 	if c.Workers == 0 {
 		c.Workers = defaultWorkers
 	}
-	p := &Publisher{cfg: c, skip: map[string]bool{}}
+	p := &Publisher{cfg: c, skip: map[string]bool{}, stale: newStaleWarning()}
 	for _, ns := range append(append([]string(nil), alwaysSkipped...), c.Skip...) {
 		p.skip[ns] = true
 	}
@@ -151,7 +151,8 @@ func NewPublisher(c Config) (*Publisher, error) {
 }
 
 // Run starts the informers and the workers and blocks until ctx ends. It
-// returns nil when ctx ends, and an error if called twice.
+// returns nil when ctx ends, ErrStale when it steps down (the published
+// bundle is newer than this replica's), and an error if called twice.
 func (p *Publisher) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.started {
@@ -161,6 +162,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	p.started = true
 	p.mu.Unlock()
 	defer p.queue.ShutDown()
+	// Stepping down ends the informers too (their factories' Shutdown
+	// waits for that).
+	ctx, stepDown := context.WithCancel(ctx)
+	defer stepDown()
 
 	nsHandler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.enqueueName(obj) },
@@ -192,10 +197,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		})
 	}
-	<-ctx.Done()
+	var err error
+	select {
+	case <-ctx.Done():
+	case <-p.stale.stepped:
+		err = ErrStale
+		stepDown()
+	}
 	p.queue.ShutDown()
 	wg.Wait()
-	return nil
+	return err
 }
 
 // BundleChanged queues every known namespace; call it after the bundle
@@ -247,13 +258,7 @@ func (p *Publisher) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer p.queue.Done(ns)
-	err := p.reconcile(ctx, ns)
-	if errors.Is(err, errStale) {
-		p.queue.Forget(ns)
-		p.queue.AddAfter(ns, staleRecheck)
-		return true
-	}
-	if err != nil {
+	if err := p.reconcile(ctx, ns); err != nil {
 		if ctx.Err() == nil {
 			p.cfg.Logger.Warn("trust bundle ConfigMap not written; retrying",
 				logNamespace, ns, logError, err.Error())

@@ -69,10 +69,7 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 		if p.stale.first(bundle.Version) {
 			p.cfg.Logger.Warn(StaleMessage, logNamespace, name, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
 		}
-		// BundleChanged queues it again when this replica catches up;
-		// the newer bundle may also be taken back (the annotations
-		// removed), in this namespace or in the others that hold it.
-		return errStale
+		return nil // the publisher steps down (Run returns ErrStale)
 	}
 	switch {
 	case apierrors.IsNotFound(err):

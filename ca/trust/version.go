@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"time"
 )
 
 // Bundle is a trust bundle to publish and its place in the history of the
@@ -41,14 +40,6 @@ const (
 // ResultStale is a write not made: the published bundle is newer than
 // this replica's (the same lineage, a higher sequence).
 const ResultStale = "stale"
-
-// errStale is a write not made because a newer bundle is published; it
-// is looked at again after staleRecheck.
-var errStale = errors.New("trust: a newer trust bundle is published")
-
-// staleRecheck is how often a namespace whose ConfigMap a newer bundle
-// keeps from being written is looked at again, besides BundleChanged.
-const staleRecheck = 5 * time.Second
 
 // StaleMessage is the log line of a replica that writes nothing because
 // the published bundle is newer than its own; it names the way out for an
@@ -149,15 +140,28 @@ func (n *newestSeen) newer(v BundleVersion) (uint64, bool) {
 	return seq, seq > v.Sequence
 }
 
+// ErrStale is what a publisher's Run returns when it found the published
+// bundle newer than this replica's: the replica steps down, so that one
+// whose CA state is current takes the Lease (and publishes, in new
+// namespaces too), and campaigns again later.
+var ErrStale = errors.New("trust: the published trust bundle is newer than this replica's CA state")
+
 // staleWarning says once per version of this replica's bundle that it is
-// older than the one published, however many objects it finds so.
+// older than the one published, however many objects it finds so, and
+// tells Run to step down.
 type staleWarning struct {
-	mu   sync.Mutex
-	said BundleVersion
+	mu      sync.Mutex
+	said    BundleVersion
+	once    sync.Once
+	stepped chan struct{}
 }
 
-// first reports whether v's staleness has not been said yet.
+func newStaleWarning() staleWarning { return staleWarning{stepped: make(chan struct{})} }
+
+// first reports whether v's staleness has not been said yet, and closes
+// stepped.
 func (w *staleWarning) first(v BundleVersion) bool {
+	w.once.Do(func() { close(w.stepped) })
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.said == v {

@@ -2,6 +2,7 @@ package trust_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -18,10 +19,34 @@ func versioned(lineage, seq string) map[string]string {
 	return map[string]string{trust.AnnotationLineage: lineage, trust.AnnotationSequence: seq, "team": "kept"}
 }
 
+// runTerm runs run (a publisher's Run, one term of leadership) and
+// returns what it returns; the test's end stops it.
+func runTerm(t *testing.T, run func(context.Context) error) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(cancel)
+	return done
+}
+
+// stepsDown waits for a term to end by itself with trust.ErrStale.
+func stepsDown(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if !errors.Is(err, trust.ErrStale) {
+			t.Fatalf("Run: %v, want it to step down with ErrStale", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a publisher behind the published bundle did not step down")
+	}
+}
+
 // TestPublisherBundleVersions: a replica whose CA state is older than
 // the one published (the same lineage, a lower sequence) does not write
-// over it, counts it stale and says so once, and writes once it catches
-// up; a bundle of another lineage, or one with no version (pinned
+// over it, counts it stale, says so once and steps down (its Run returns
+// ErrStale); once it has caught up, its next term writes. A bundle of another lineage, or one with no version (pinned
 // anchors), is written over whatever is published. Other annotations are
 // kept.
 func TestPublisherBundleVersions(t *testing.T) {
@@ -50,22 +75,27 @@ func TestPublisherBundleVersions(t *testing.T) {
 			obs, l := &counter{}, &logs{}
 			b := &bundle{}
 			b.setVersioned("ours", tc.ours)
-			p := start(t, trust.Config{Client: client, Bundle: b.get, Observer: obs, Logger: l.logger()})
+			newTerm := func() func(context.Context) error {
+				p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs, Logger: l.logger()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p.Run
+			}
+			term := runTerm(t, newTerm())
 			if tc.written {
 				eventually(t, "our bundle written", published(client, "a", "ours"))
 			} else {
-				eventually(t, "found stale", func() bool { return obs.get(trust.ResultStale) > 0 })
-				p.BundleChanged() // looked at again, still older: said once
-				eventually(t, "found stale again", func() bool { return obs.get(trust.ResultStale) > 1 })
+				stepsDown(t, term)
 				if got := configMap(client, "a").Data[trust.DataKey]; got != "published" {
 					t.Fatalf("an older bundle was written over a newer one: %q", got)
 				}
-				if n := l.count("newer than this replica"); n != 1 {
-					t.Errorf("said %d times that the replica is behind, want once:\n%s", n, l.buf.String())
+				if obs.get(trust.ResultStale) == 0 || l.count("newer than this replica") != 1 {
+					t.Errorf("stale writes %d, log:\n%s; want counted and said once", obs.get(trust.ResultStale), l.buf.String())
 				}
-				// Caught up: written.
+				// Caught up: the next term writes.
 				b.setVersioned("caught up", trust.BundleVersion{Lineage: "L", Sequence: 7})
-				p.BundleChanged()
+				runTerm(t, newTerm())
 				eventually(t, "written once caught up", published(client, "a", "caught up"))
 				tc.annotations = versioned("L", "7")
 			}
@@ -78,7 +108,7 @@ func TestPublisherBundleVersions(t *testing.T) {
 
 // TestPublisherCreatesNothingWhenBehind: a newer bundle published in one
 // namespace keeps a replica behind it from creating its older bundle in
-// another, until it catches up.
+// another: it steps down, and its next term, caught up, writes both.
 func TestPublisherCreatesNothingWhenBehind(t *testing.T) {
 	existing := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: versioned("L", "5"),
@@ -86,17 +116,21 @@ func TestPublisherCreatesNothingWhenBehind(t *testing.T) {
 		Data: map[string]string{trust.DataKey: "published"},
 	}
 	client := fake.NewClientset(namespace("a", nil, false), namespace("b", nil, false), existing)
-	obs := &counter{}
 	b := &bundle{}
 	b.setVersioned("older", trust.BundleVersion{Lineage: "L", Sequence: 4})
-	p := start(t, trust.Config{Client: client, Bundle: b.get, Observer: obs})
-	eventually(t, "both namespaces found stale", func() bool { return obs.get(trust.ResultStale) >= 2 })
-	time.Sleep(100 * time.Millisecond)
+	newTerm := func() func(context.Context) error {
+		p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Run
+	}
+	stepsDown(t, runTerm(t, newTerm()))
 	if cm := configMap(client, "b"); cm != nil {
 		t.Fatalf("created the older bundle in a new namespace: %q", cm.Data[trust.DataKey])
 	}
 	b.setVersioned("newer", trust.BundleVersion{Lineage: "L", Sequence: 6})
-	p.BundleChanged()
+	runTerm(t, newTerm())
 	eventually(t, "written in a", published(client, "a", "newer"))
 	eventually(t, "created in b", published(client, "b", "newer"))
 }
@@ -113,15 +147,20 @@ func TestClusterTrustBundleBundleVersions(t *testing.T) {
 	obs := &counter{}
 	b := &bundle{}
 	b.setVersioned("older", trust.BundleVersion{Lineage: "L", Sequence: 4})
-	p := startCTB(t, trust.ClusterTrustBundleConfig{Client: client, Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}},
-		Bundle: b.get, Observer: obs})
-	eventually(t, "found stale", func() bool { return obs.get(trust.ResultStale) > 0 })
-	time.Sleep(100 * time.Millisecond)
-	if got := ctb(client, existing.Name).Spec.TrustBundle; got != "published" {
-		t.Fatalf("an older bundle was written over a newer one: %q", got)
+	newTerm := func() func(context.Context) error {
+		p, err := trust.NewClusterTrustBundlePublisher(trust.ClusterTrustBundleConfig{Client: client, TrustDomain: testTD,
+			Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}}, Bundle: b.get, Observer: obs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Run
+	}
+	stepsDown(t, runTerm(t, newTerm()))
+	if got := ctb(client, existing.Name).Spec.TrustBundle; got != "published" || obs.get(trust.ResultStale) == 0 {
+		t.Fatalf("an older bundle was written over a newer one (%q), or not counted stale", got)
 	}
 	b.setVersioned("newer", trust.BundleVersion{Lineage: "L", Sequence: 6})
-	p.BundleChanged()
+	runTerm(t, newTerm())
 	eventually(t, "written once caught up", holds(client, existing.Name, "newer"))
 	got, _ := client.CertificatesV1().ClusterTrustBundles().Get(context.Background(), existing.Name, metav1.GetOptions{})
 	if want := versioned("L", "6"); !equalMaps(got.Annotations, want) {

@@ -19,8 +19,10 @@ import (
 // one last published (a restored copy here; a lagging store or a state it
 // cannot use in a cluster) takes the trust publisher's Lease and does not
 // write its older bundle over the newer one: the ConfigMap keeps the
-// prepared root, with the sequence of the state it came from, and the
-// replica says why it writes nothing.
+// prepared root, with the sequence of the state it came from; the replica
+// says why it writes nothing and steps down, so that a current replica
+// can lead. With the annotation removed (going back on purpose), it
+// writes its bundle when it leads again.
 func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	lease := cluster.Namespace(t, "stale-lease")
 	apps := cluster.Namespace(t, "stale-apps")
@@ -57,8 +59,8 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	s.Stop() // a graceful stop releases the Lease at once
 
 	stale := harness.StartMeshca(t, bin, append([]string{"--state-dir", old, "--kubeconfig", cluster.Kubeconfig}, publish...)...)
-	if !stale.WaitForLog(20*time.Second, "newer than this replica's CA state") {
-		t.Fatalf("the replica behind did not say why it does not publish:\n%s", stale.Logs())
+	if !stale.WaitForLog(20*time.Second, "newer than this replica's CA state") || !stale.WaitForLog(5*time.Second, "stepped down") {
+		t.Fatalf("the replica behind did not say why it does not publish, or did not step down:\n%s", stale.Logs())
 	}
 	time.Sleep(time.Second)
 	if roots, seq := published(); roots != 2 || seq != after {
@@ -89,7 +91,8 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if seq := waitRoots(1, 15*time.Second); seq != before {
+	// The only replica campaigns again after serve.StepDownBackoff (30 s).
+	if seq := waitRoots(1, 50*time.Second); seq != before {
 		t.Fatalf("the older bundle was written with sequence %q, want %q", seq, before)
 	}
 }

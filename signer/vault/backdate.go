@@ -25,47 +25,61 @@ const maxRoleBackdate = time.Hour
 // the ttl sent is the Lifetime less the role's backdate.
 //
 // It is learnt from every answer (its span less the ttl sent), and, for
-// a role no answer has taught yet, read once from <mount>/roles/<role>
-// when the token may (the policy meshca needs to sign does not grant
-// it). Neither is possible before the first answer without that read:
-// Vault's default is then assumed.
+// a role no answer has taught yet, read from <mount>/roles/<role> when the
+// token may (the policy meshca needs to sign does not grant it), at most
+// once per roleReadRetry. Without either, Vault's default is assumed, and
+// Sign asks again once the answer has taught the role's.
 type backdates struct {
 	mu     sync.Mutex
 	byRole map[string]time.Duration
-	// tried are the roles whose read was attempted.
-	tried map[string]bool
+	// readAt is when each role's read was last tried.
+	readAt map[string]time.Time
 }
 
-// roleBackdate returns role's backdate, reading it from Vault once if no
-// answer has taught it yet.
-func (s *Signer) roleBackdate(ctx context.Context, role string) time.Duration {
+// roleReadRetry is how long after a failed read of a role it is tried
+// again (a transient error, a policy granted later).
+const roleReadRetry = time.Minute
+
+// roleBackdate returns role's backdate and whether it is known (read or
+// learnt) rather than Vault's default, reading the role if it may.
+func (s *Signer) roleBackdate(ctx context.Context, role string) (time.Duration, bool) {
 	b := &s.backdates
+	now := s.c.Now()
 	b.mu.Lock()
 	d, known := b.byRole[role]
-	tried := b.tried[role]
-	if !known && !tried {
-		if b.tried == nil {
-			b.tried = map[string]bool{}
+	try := !known && (b.readAt[role].IsZero() || now.Sub(b.readAt[role]) >= roleReadRetry)
+	if try {
+		if b.readAt == nil {
+			b.readAt = map[string]time.Time{}
 		}
-		b.tried[role] = true
+		b.readAt[role] = now
 	}
 	b.mu.Unlock()
 	switch {
 	case known:
-		return d
-	case tried:
-		return DefaultRoleBackdate
+		return d, true
+	case !try:
+		return DefaultRoleBackdate, false
 	}
 	d, ok := s.readRoleBackdate(ctx, role)
 	if !ok {
-		return DefaultRoleBackdate
+		return DefaultRoleBackdate, false
 	}
 	b.mu.Lock()
-	if _, learnt := b.byRole[role]; !learnt { // an answer knows better
-		b.set(role, d)
+	defer b.mu.Unlock()
+	if learnt, ok := b.byRole[role]; ok { // an answer came meanwhile
+		return learnt, true
 	}
-	b.mu.Unlock()
-	return d
+	b.set(role, d)
+	return d, true
+}
+
+// knownBackdate returns role's backdate if it is known.
+func (s *Signer) knownBackdate(role string) (time.Duration, bool) {
+	s.backdates.mu.Lock()
+	defer s.backdates.mu.Unlock()
+	d, ok := s.backdates.byRole[role]
+	return d, ok
 }
 
 // readRoleBackdate reads role's not_before_duration; false when the
@@ -99,9 +113,10 @@ func (s *Signer) readRoleBackdate(ctx context.Context, role string) (time.Durati
 // role's backdate: Vault starts a leaf the role's not_before_duration
 // before it ends it ttl after, on one clock, so the span less the ttl is
 // the backdate, whatever the skew between the clocks. A leaf cut short (at
-// its issuer's expiry, or by the role's max_ttl) teaches nothing.
-func (s *Signer) learn(role string, leaf *x509.Certificate, ttlSent time.Duration, start time.Time, issuerNotAfter time.Time) {
-	if !leaf.NotAfter.Before(issuerNotAfter) {
+// its issuer's expiry, or by the role's max_ttl, of which Vault warns)
+// teaches nothing.
+func (s *Signer) learn(role string, leaf *x509.Certificate, ttlSent time.Duration, start time.Time, issuerNotAfter time.Time, warned bool) {
+	if warned || !leaf.NotAfter.Before(issuerNotAfter) {
 		return
 	}
 	if d := leaf.NotAfter.Sub(start.Add(ttlSent)); d < -signer.LifetimeSlack || d > signer.LifetimeSlack {

@@ -171,13 +171,34 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, err
 	}
 	role := s.roleFor(req.Usages)
-	ttl := req.TTL
-	if req.Lifetime > 0 {
-		// The role starts the leaf its not_before_duration before now:
-		// a leaf of exactly Lifetime ends that much less than Lifetime
-		// after now.
-		ttl = max(req.Lifetime-s.roleBackdate(ctx, role), time.Second)
+	if req.Lifetime <= 0 {
+		return s.signOnce(ctx, used, req, role, req.TTL)
 	}
+	// The role starts the leaf its not_before_duration before now: a leaf
+	// of exactly Lifetime ends that much less than Lifetime after now.
+	bd, known := s.roleBackdate(ctx, role)
+	res, err := s.signOnce(ctx, used, req, role, lifetimeTTL(req.Lifetime, bd))
+	if err != nil || known || res.Leaf.NotAfter.Sub(res.Leaf.NotBefore) == req.Lifetime {
+		return res, err
+	}
+	// The backdate was Vault's default, a guess, and the answer taught
+	// the role's: that certificate is not the one asked for, and never
+	// leaves meshca. Ask once more with the role's.
+	if learnt, ok := s.knownBackdate(role); ok && learnt != bd {
+		return s.signOnce(ctx, used, req, role, lifetimeTTL(req.Lifetime, learnt))
+	}
+	return res, nil
+}
+
+// lifetimeTTL is the ttl that gives a leaf of lifetime under a role that
+// backdates by backdate.
+func lifetimeTTL(lifetime, backdate time.Duration) time.Duration {
+	return max(lifetime-backdate, time.Second)
+}
+
+// signOnce asks role to sign req for ttl (whole seconds), with the login
+// used.
+func (s *Signer) signOnce(ctx context.Context, used *api.Secret, req *signer.Request, role string, ttl time.Duration) (*signer.Response, error) {
 	ttl = ttl.Truncate(time.Second)
 	data := map[string]any{
 		"csr":                  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
@@ -261,7 +282,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 	if err := signer.CheckIssued(name, req, leaf, lt); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}
-	s.learn(role, leaf, ttlSent, start, lt.IssuerNotAfter)
+	s.learn(role, leaf, ttlSent, start, lt.IssuerNotAfter, len(secret.Warnings) > 0)
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
 }
 
