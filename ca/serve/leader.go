@@ -36,32 +36,44 @@ func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease
 	leaders *ca.LeaderMetrics, log *slog.Logger) error {
 	identity := leaderIdentity()
 	leading := leaders.Lease(lease)
+	backoff := StepDownBackoff
 	for {
 		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log, leading)
+		stale := errors.Is(err, trust.ErrStale)
 		switch {
+		case ctx.Err() != nil && (stale || errors.Is(err, trust.ErrLeadershipLost)):
+			return nil // stopping: how the last term ended does not matter
 		case ctx.Err() != nil:
 			return err
 		case errors.Is(err, trust.ErrLeadershipLost):
 			log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
-		case errors.Is(err, trust.ErrStale):
+		case stale:
 			log.Warn("stepped down: this replica's CA state is behind the published trust bundle; campaigning again later",
-				"lease", namespace+"/"+lease, "after", StepDownBackoff.String())
+				"lease", namespace+"/"+lease, "after", backoff.String())
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(StepDownBackoff):
+			case <-time.After(backoff):
 			}
+			// Each term relists the cluster's namespaces and ConfigMaps:
+			// a replica that stays behind comes back ever more slowly.
+			backoff = min(2*backoff, maxStepDownBackoff)
+			continue
 		default:
 			return err
 		}
+		backoff = StepDownBackoff
 	}
 }
 
 // StepDownBackoff is how long a replica that stepped down waits before it
-// campaigns again: long enough for a current replica to take the Lease
-// (within trust.RetryPeriod), short enough that a replica that has caught
-// up, or the only one, publishes again soon.
+// campaigns again, the first time: long enough for a current replica to
+// take the Lease (within trust.RetryPeriod), short enough that a replica
+// that has caught up, or the only one, publishes again soon. It doubles
+// with each step-down in a row, up to maxStepDownBackoff.
 const StepDownBackoff = 30 * time.Second
+
+const maxStepDownBackoff = 5 * time.Minute
 
 // electedOn makes run, the automatic rotation loop, run on one replica
 // at a time when the CA state is a Secret that replicas share; on a

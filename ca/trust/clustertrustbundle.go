@@ -181,15 +181,36 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 		}
 	}()
 	var out error
-	select {
-	case <-ctx.Done():
-	case <-p.stale.stepped:
-		out = ErrStale
-		stepDown()
+	for out == nil && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-p.stale.signal():
+			if p.stale.stepDownUnlessCaughtUp(ctx, p.behind) {
+				out = ErrStale
+				stepDown()
+			} else {
+				p.BundleChanged()
+			}
+		}
 	}
 	p.queue.ShutDown()
 	<-done
 	return out
+}
+
+// behind reports whether the ClusterTrustBundle the informer shows
+// carries a newer bundle of this replica's lineage than its own.
+func (p *ClusterTrustBundlePublisher) behind() bool {
+	obj, exists, err := p.store.GetByKey(p.name)
+	if err != nil || !exists {
+		return false
+	}
+	cur, ok := p.api.toV1(obj)
+	if !ok {
+		return false
+	}
+	_, newer := p.cfg.Bundle().Version.publishedNewer(cur.Annotations)
+	return newer
 }
 
 // BundleChanged queues the object for a check; call it after the bundle

@@ -198,15 +198,28 @@ func (p *Publisher) Run(ctx context.Context) error {
 		})
 	}
 	var err error
-	select {
-	case <-ctx.Done():
-	case <-p.stale.stepped:
-		err = ErrStale
-		stepDown()
+	for err == nil && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-p.stale.signal():
+			if p.stale.stepDownUnlessCaughtUp(ctx, p.behind) {
+				err = ErrStale
+				stepDown()
+			} else {
+				p.BundleChanged() // caught up: look at every namespace again
+			}
+		}
 	}
 	p.queue.ShutDown()
 	wg.Wait()
 	return err
+}
+
+// behind reports whether a ConfigMap the informer shows carries a newer
+// bundle of this replica's lineage than its own.
+func (p *Publisher) behind() bool {
+	_, newer := p.newest.newer(p.cfg.Bundle().Version)
+	return newer
 }
 
 // BundleChanged queues every known namespace; call it after the bundle

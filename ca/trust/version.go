@@ -1,9 +1,11 @@
 package trust
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // Bundle is a trust bundle to publish and its place in the history of the
@@ -146,27 +148,66 @@ func (n *newestSeen) newer(v BundleVersion) (uint64, bool) {
 // namespaces too), and campaigns again later.
 var ErrStale = errors.New("trust: the published trust bundle is newer than this replica's CA state")
 
+// StaleGrace is how long a publisher that found the published bundle
+// newer than its own waits, for its replica's CA state to catch up (a
+// follower a look behind a rotation step), before it steps down.
+const StaleGrace = 5 * time.Second
+
 // staleWarning says once per version of this replica's bundle that it is
 // older than the one published, however many objects it finds so, and
-// tells Run to step down.
+// tells Run (signal) to step down unless it catches up within StaleGrace.
 type staleWarning struct {
-	mu      sync.Mutex
-	said    BundleVersion
-	once    sync.Once
-	stepped chan struct{}
+	mu     sync.Mutex
+	said   BundleVersion
+	found  chan struct{}
+	closed bool
 }
 
-func newStaleWarning() staleWarning { return staleWarning{stepped: make(chan struct{})} }
+func newStaleWarning() staleWarning { return staleWarning{found: make(chan struct{})} }
 
-// first reports whether v's staleness has not been said yet, and closes
-// stepped.
+// first reports whether v's staleness has not been said yet, and signals
+// Run.
 func (w *staleWarning) first(v BundleVersion) bool {
-	w.once.Do(func() { close(w.stepped) })
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.closed {
+		close(w.found)
+		w.closed = true
+	}
 	if w.said == v {
 		return false
 	}
 	w.said = v
 	return true
+}
+
+// signal is closed once a publisher has found itself behind.
+func (w *staleWarning) signal() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.found
+}
+
+// rearm is called when the replica caught up after all.
+func (w *staleWarning) rearm() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		w.found, w.closed = make(chan struct{}), false
+	}
+}
+
+// stepDownUnlessCaughtUp waits StaleGrace (or ctx), then reports whether
+// the publisher is still behind (behind), and re-arms the signal if not.
+func (w *staleWarning) stepDownUnlessCaughtUp(ctx context.Context, behind func() bool) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(StaleGrace):
+	}
+	if behind() {
+		return true
+	}
+	w.rearm()
+	return false
 }

@@ -38,7 +38,7 @@ func stepsDown(t *testing.T, done <-chan error) {
 		if !errors.Is(err, trust.ErrStale) {
 			t.Fatalf("Run: %v, want it to step down with ErrStale", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(trust.StaleGrace + 5*time.Second):
 		t.Fatal("a publisher behind the published bundle did not step down")
 	}
 }
@@ -133,6 +133,35 @@ func TestPublisherCreatesNothingWhenBehind(t *testing.T) {
 	runTerm(t, newTerm())
 	eventually(t, "written in a", published(client, "a", "newer"))
 	eventually(t, "created in b", published(client, "b", "newer"))
+}
+
+// TestPublisherCatchesUpWithinGrace: a replica a moment behind (its CA
+// state catches up within trust.StaleGrace) does not step down: it writes
+// the bundle once it has it.
+func TestPublisherCatchesUpWithinGrace(t *testing.T) {
+	existing := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: versioned("L", "5"),
+			Labels: map[string]string{trust.LabelKey: trust.LabelValue}},
+		Data: map[string]string{trust.DataKey: "published"},
+	}
+	client := fake.NewClientset(namespace("a", nil, false), existing)
+	obs := &counter{}
+	b := &bundle{}
+	b.setVersioned("behind", trust.BundleVersion{Lineage: "L", Sequence: 4})
+	p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := runTerm(t, p.Run)
+	eventually(t, "found stale", func() bool { return obs.get(trust.ResultStale) > 0 })
+	b.setVersioned("caught up", trust.BundleVersion{Lineage: "L", Sequence: 5})
+	p.BundleChanged() // as meshca serve does on every CA state it puts in service
+	eventually(t, "written once caught up", published(client, "a", "caught up"))
+	select {
+	case err := <-term:
+		t.Fatalf("stepped down (%v) although it caught up within the grace", err)
+	case <-time.After(trust.StaleGrace + time.Second):
+	}
 }
 
 // TestClusterTrustBundleBundleVersions: the ClusterTrustBundle publisher

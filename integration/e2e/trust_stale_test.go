@@ -59,7 +59,7 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	s.Stop() // a graceful stop releases the Lease at once
 
 	stale := harness.StartMeshca(t, bin, append([]string{"--state-dir", old, "--kubeconfig", cluster.Kubeconfig}, publish...)...)
-	if !stale.WaitForLog(20*time.Second, "newer than this replica's CA state") || !stale.WaitForLog(5*time.Second, "stepped down") {
+	if !stale.WaitForLog(20*time.Second, "newer than this replica's CA state") || !stale.WaitForLog(15*time.Second, "stepped down") {
 		t.Fatalf("the replica behind did not say why it does not publish, or did not step down:\n%s", stale.Logs())
 	}
 	time.Sleep(time.Second)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,14 +111,20 @@ func (s *Signer) readRoleBackdate(ctx context.Context, role string) (time.Durati
 	return d, true
 }
 
+// cappedTTL reports whether Vault warned that it cut the ttl asked (to
+// the role's or the mount's max_ttl).
+func cappedTTL(warnings []string) bool {
+	return slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "maxTTL") || strings.Contains(w, "max_ttl") })
+}
+
 // learn records what leaf, signed by role for ttlSent at start, says of
 // role's backdate: Vault starts a leaf the role's not_before_duration
 // before it ends it ttl after, on one clock, so the span less the ttl is
 // the backdate, whatever the skew between the clocks. A leaf cut short (at
-// its issuer's expiry, or by the role's max_ttl, of which Vault warns)
-// teaches nothing.
-func (s *Signer) learn(role string, leaf *x509.Certificate, ttlSent time.Duration, start time.Time, issuerNotAfter time.Time, warned bool) {
-	if warned || !leaf.NotAfter.Before(issuerNotAfter) {
+// its issuer's expiry, or by the role's max_ttl, of which Vault warns:
+// capped) teaches nothing.
+func (s *Signer) learn(role string, leaf *x509.Certificate, ttlSent time.Duration, start time.Time, issuerNotAfter time.Time, capped bool) {
+	if capped || !leaf.NotAfter.Before(issuerNotAfter) {
 		return
 	}
 	if d := leaf.NotAfter.Sub(start.Add(ttlSent)); d < -signer.LifetimeSlack || d > signer.LifetimeSlack {

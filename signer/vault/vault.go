@@ -282,7 +282,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 	if err := signer.CheckIssued(name, req, leaf, lt); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}
-	s.learn(role, leaf, ttlSent, start, lt.IssuerNotAfter, len(secret.Warnings) > 0)
+	s.learn(role, leaf, ttlSent, start, lt.IssuerNotAfter, cappedTTL(secret.Warnings))
 	return &signer.Response{Leaf: leaf, Intermediates: intermediates}, nil
 }
 
