@@ -180,19 +180,8 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 		for p.processNext(ctx, log) {
 		}
 	}()
-	var out error
-	for out == nil && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-p.stale.signal():
-			if p.stale.stepDownUnlessCaughtUp(ctx, p.behind) {
-				out = ErrStale
-				stepDown()
-			} else {
-				p.BundleChanged()
-			}
-		}
-	}
+	out := p.stale.watch(ctx, p.behind, p.BundleChanged)
+	stepDown()
 	p.queue.ShutDown()
 	<-done
 	return out

@@ -197,19 +197,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		})
 	}
-	var err error
-	for err == nil && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-p.stale.signal():
-			if p.stale.stepDownUnlessCaughtUp(ctx, p.behind) {
-				err = ErrStale
-				stepDown()
-			} else {
-				p.BundleChanged() // caught up: look at every namespace again
-			}
-		}
-	}
+	err := p.stale.watch(ctx, p.behind, p.BundleChanged)
+	stepDown()
 	p.queue.ShutDown()
 	wg.Wait()
 	return err

@@ -197,17 +197,26 @@ func (w *staleWarning) rearm() {
 	}
 }
 
-// stepDownUnlessCaughtUp waits StaleGrace (or ctx), then reports whether
-// the publisher is still behind (behind), and re-arms the signal if not.
-func (w *staleWarning) stepDownUnlessCaughtUp(ctx context.Context, behind func() bool) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(StaleGrace):
+// watch is a publisher's Run loop once its workers run: it blocks until
+// ctx ends (nil), or until the publisher, found behind, still is after
+// StaleGrace (ErrStale: it steps down). A publisher that caught up is
+// re-armed and looks at everything again (recheck).
+func (w *staleWarning) watch(ctx context.Context, behind func() bool, recheck func()) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.signal():
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(StaleGrace):
+		}
+		if behind() {
+			return ErrStale
+		}
+		w.rearm()
+		recheck()
 	}
-	if behind() {
-		return true
-	}
-	w.rearm()
-	return false
 }
