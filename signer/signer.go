@@ -48,8 +48,8 @@ type Request struct {
 	// asks its role for Lifetime less the role's not_before_duration. A
 	// backend whose configuration fixes the lifetime (a remote cfssl
 	// profile, an external Kubernetes signer behind k8scsr) cannot, and the
-	// caller judges what it gets. NotAfter stays
-	// at most TTL from now, so Lifetime is at most TTL plus the backdate.
+	// caller judges what it gets. NotAfter stays at most TTL from now,
+	// so Lifetime is at most TTL plus the backdate.
 	Lifetime time.Duration
 	// Usages are exactly the key usages the certificate carries; the
 	// caller derives them from the key (csr.WorkloadUsages).

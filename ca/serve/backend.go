@@ -91,14 +91,20 @@ type backend struct {
 	runners []func(context.Context) error
 	// onChange hear of every CA state put in service; set before Run.
 	onChange []func()
-	// sequence is the Sequence of the CA state in service (zero without
-	// one), stored before onChange hear of the state.
-	sequence atomic.Uint64
 	// version is the CA state in service's place in its history (nil
-	// without one), stored after the state's bundle is served: a reader
-	// that loads it before the bundle never pairs a bundle with a newer
-	// version than its own.
+	// without one; no Lineage for a plugged-in directory, whose sequence
+	// each process counts alone), stored after the state's bundle is
+	// served and before onChange hear of it: a reader that loads it
+	// before the bundle never pairs a bundle with a newer version.
 	version atomic.Pointer[trust.BundleVersion]
+}
+
+// sequence is the Sequence of the CA state in service; zero without one.
+func (be *backend) sequence() uint64 {
+	if v := be.version.Load(); v != nil {
+		return v.Sequence
+	}
+	return 0
 }
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
@@ -288,12 +294,13 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 		},
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
-			be.sequence.Store(s.Sequence)
-			if _, plugged := store.(*keymgr.PluggedDir); !plugged {
+			v := &trust.BundleVersion{Lineage: s.Lineage(), Sequence: s.Sequence}
+			if _, plugged := store.(*keymgr.PluggedDir); plugged {
 				// A plugged-in directory's sequence counts the changes
 				// one process has seen: not comparable across replicas.
-				be.version.Store(&trust.BundleVersion{Lineage: s.Lineage(), Sequence: s.Sequence})
+				v.Lineage = ""
 			}
+			be.version.Store(v)
 			for _, f := range be.onChange {
 				f()
 			}

@@ -90,8 +90,8 @@ func (p *Parts) addBundleEndpoint(plan *bundlePlan, td spiffeid.TrustDomain, be 
 	reg prometheus.Registerer, log *slog.Logger) error {
 	log = log.With("part", "bundle-endpoint")
 	src := bundleendpoint.NewSource(td, be.bundles, plan.c.RefreshHint)
-	src.Observe(be.sequence.Load())
-	be.onChange = append(be.onChange, func() { src.Observe(be.sequence.Load()) })
+	src.Observe(be.sequence())
+	be.onChange = append(be.onChange, func() { src.Observe(be.sequence()) })
 	var getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	switch plan.profile {
 	case bundleendpoint.ProfileSPIFFE:

@@ -50,7 +50,9 @@ const ResultStale = "stale"
 const StaleMessage = "the published trust bundle is newer than this replica's CA state; not writing over it until this replica catches up " +
 	"(to go back to an older state on purpose, remove the annotation " + AnnotationSequence + " from the published objects)"
 
-// IsZero reports whether v is no version at all.
+// IsZero reports whether v is no comparable version: without a lineage
+// (pinned anchors; a plugged-in directory, whose sequence each process
+// counts alone), whatever its sequence.
 func (v BundleVersion) IsZero() bool { return v.Lineage == "" }
 
 // publishedNewer returns the sequence of the bundle annotations describe,
