@@ -110,17 +110,28 @@ type newestSeen struct {
 func (n *newestSeen) see(ns string, annotations map[string]string) {
 	lineage := annotations[AnnotationLineage]
 	seq, err := strconv.ParseUint(annotations[AnnotationSequence], 10, 64)
+	v, ok := BundleVersion{Lineage: lineage, Sequence: seq}, lineage != "" && err == nil
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.byNS == nil {
 		n.byNS = map[string]BundleVersion{}
 	}
-	if lineage == "" || err != nil {
-		delete(n.byNS, ns)
+	old, had := n.byNS[ns]
+	if ok {
+		n.byNS[ns] = v
 	} else {
-		n.byNS[ns] = BundleVersion{Lineage: lineage, Sequence: seq}
+		delete(n.byNS, ns)
 	}
-	n.newest = nil
+	switch {
+	case n.newest == nil: // computed when next asked
+	case had && (!ok || v.Lineage != old.Lineage || v.Sequence < old.Sequence) && old.Sequence >= n.newest[old.Lineage]:
+		// The newest may have gone (annotations removed): count again
+		// when next asked. A rollout only raises sequences, and costs
+		// nothing here.
+		n.newest = nil
+	case ok:
+		n.newest[v.Lineage] = max(n.newest[v.Lineage], v.Sequence)
+	}
 }
 
 // forget drops namespace ns's ConfigMap, deleted.
