@@ -340,10 +340,12 @@ func TestPodIndexMissesShareOneList(t *testing.T) {
 	}
 }
 
-// TestPodIndexMissOutlivesFirstDeadline: concurrent misses share one
-// list, and a first caller with a short deadline does not fail the
-// others: with the lookup limiter empty, its wait outlasts the first
-// caller (who gets its own deadline's error), and the second is answered.
+// TestPodIndexMissOutlivesFirstDeadline: the list that confirms a miss
+// runs under a bound of its own, not its first caller's deadline. With the
+// lookup limiter empty, a first caller with a short deadline leaves with
+// its own deadline's error (under that deadline, the limiter refused the
+// list at once, for every caller sharing it), while the list waits for
+// its turn and answers a second caller, the two sharing it.
 func TestPodIndexMissOutlivesFirstDeadline(t *testing.T) {
 	client := fake.NewClientset()
 	api := newAPIServerLists(client)
