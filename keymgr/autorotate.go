@@ -72,7 +72,7 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 		case VerbActivate:
 			return s.Activate(step.ID, now, r.Guards, false, reason+": "+step.Why)
 		case VerbRetire:
-			return s.Retire(step.ID, now, false, reason+": "+step.Why)
+			return s.Retire(step.ID, now, r.Guards, false, reason+": "+step.Why)
 		}
 		return fmt.Errorf("keymgr: unknown rotation step %q", step.Verb)
 	})

@@ -40,7 +40,7 @@ func TestExternalTrustJudge(t *testing.T) {
 	retired, _, _ := lcRotated(t)
 	old := retired.Authorities[0]
 	oldKey := old.Key
-	if err := retired.Retire(old.ID(), lcT0.Add(25*time.Hour), false, ""); err != nil {
+	if err := retired.Retire(old.ID(), lcT0.Add(25*time.Hour), keymgr.Guards{}, false, ""); err != nil {
 		t.Fatal(err)
 	}
 

@@ -52,7 +52,7 @@ func TestFollowerRefusesOlderState(t *testing.T) {
 	c := lcGenerated(t)
 	for _, err := range []error{
 		s.Prepare(c, h(15*time.Hour), "third"),
-		s.Retire(a.ID(), h(24*time.Hour), false, ""),
+		s.Retire(a.ID(), h(24*time.Hour), keymgr.Guards{}, false, ""),
 	} {
 		if err != nil {
 			t.Fatal(err)

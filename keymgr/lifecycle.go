@@ -18,21 +18,26 @@ const (
 	verbValidate = "validate"
 )
 
-// DefaultActivationMargin is what the activation guard adds, by default,
-// to half the longest leaf lifetime: time for every server to serve the new
-// bundle and for a workload whose renewal failed once to retry.
-const DefaultActivationMargin = 5 * time.Minute
+// DefaultGuardMargin is what the guards add, by default, to the
+// wait they compute: time for every server to serve a new bundle, for a
+// workload whose renewal failed once to retry, and for clocks that
+// disagree (the CLI's machine, the servers', the workloads').
+const DefaultGuardMargin = 5 * time.Minute
 
 // Guards tune the guards of the lifecycle steps. The zero Guards has no
 // margin; DefaultGuards has the default one.
 type Guards struct {
-	// Margin is added to half the longest leaf lifetime before a prepared
-	// root may become active. A negative Margin counts as zero.
+	// Margin is added to each guard's wait: to half the longest leaf
+	// lifetime before a prepared root may become active, and to the
+	// expiry of the last leaf issued under a previous authority before
+	// it may be retired. A negative Margin counts as zero.
 	Margin time.Duration
 }
 
+func (g Guards) margin() time.Duration { return max(g.Margin, 0) }
+
 // DefaultGuards returns the Guards meshca uses unless told otherwise.
-func DefaultGuards() Guards { return Guards{Margin: DefaultActivationMargin} }
+func DefaultGuards() Guards { return Guards{Margin: DefaultGuardMargin} }
 
 // GuardError is a step a guard refuses now, and that becomes safe at
 // SafeAt. The CLI exits 1 on it; --force with a reason overrides it.
@@ -168,11 +173,13 @@ func supersededReason(by *AuthorityRecord, reason string) string {
 
 // Retire drops the previous authority id (or a unique prefix of it) from
 // the trust bundle and destroys its key (Key becomes nil). Its root stays
-// in the bundle while another authority that is not retired shares it. The guard: it is
-// refused while a leaf issued under it can still be valid, until its
-// LatestLeafNotAfter. force overrides the guard and needs a non-empty
-// reason.
-func (s *State) Retire(id string, now time.Time, force bool, reason string) error {
+// in the bundle while another authority that is not retired shares it.
+//
+// The guard: it is refused while a leaf issued under it can still be
+// valid, until its LatestLeafNotAfter, plus g.Margin for a clock (the
+// caller's, or a workload's) that runs apart from the one that recorded
+// it. force overrides the guard and needs a non-empty reason.
+func (s *State) Retire(id string, now time.Time, g Guards, force bool, reason string) error {
 	if err := checkForce(VerbRetire, id, force, reason); err != nil {
 		return err
 	}
@@ -180,8 +187,8 @@ func (s *State) Retire(id string, now time.Time, force bool, reason string) erro
 	if err != nil {
 		return err
 	}
-	if !force && now.Before(rec.LatestLeafNotAfter) {
-		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: rec.LatestLeafNotAfter, Now: now, Reason: s.retireWhy(rec)}
+	if safeAt := retireSafeAt(rec, g); !force && now.Before(safeAt) {
+		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.retireWhy(rec, g)}
 	}
 	rec.enter(PhaseRetired, now, reason, force)
 	rec.Key = nil
@@ -189,8 +196,21 @@ func (s *State) Retire(id string, now time.Time, force bool, reason string) erro
 	return nil
 }
 
-func (s *State) retireWhy(rec *AuthorityRecord) string {
+// retireSafeAt is when the previous authority rec may be retired: g's
+// margin after the last leaf issued under it expires; at once when none
+// was.
+func retireSafeAt(rec *AuthorityRecord, g Guards) time.Time {
+	if rec.LatestLeafNotAfter.IsZero() {
+		return time.Time{}
+	}
+	return rec.LatestLeafNotAfter.Add(g.margin())
+}
+
+func (s *State) retireWhy(rec *AuthorityRecord, g Guards) string {
 	until := ceilSecond(rec.LatestLeafNotAfter).UTC().Format(time.RFC3339)
+	if m := g.margin(); m > 0 {
+		until += fmt.Sprintf(" (and %s more for clocks that disagree)", m)
+	}
 	for _, a := range s.Authorities {
 		if a != rec && a.Phase != PhaseRetired && a.Root.Equal(rec.Root) {
 			return fmt.Sprintf("leaves issued under it can be valid until %s, and retiring it stops them renewing by mTLS "+
@@ -206,13 +226,13 @@ func (s *State) retireWhy(rec *AuthorityRecord) string {
 // and every previous one), plus g.Margin. An intermediate under a root
 // that is served already waits only as long as that root has not been.
 func (s *State) activationSafeAt(rec *AuthorityRecord, g Guards) time.Time {
-	return s.rootServedSince(rec.Root).Add(s.liveLeafTTL()/2 + max(g.Margin, 0))
+	return s.rootServedSince(rec.Root).Add(s.liveLeafTTL()/2 + g.margin())
 }
 
 func (s *State) activationWhy(rec *AuthorityRecord, g Guards) string {
 	return fmt.Sprintf("its root entered the bundle at %s and workloads learn it only when they renew, at half their leaf's life: "+
 		"it must be served for half the longest leaf lifetime (%s) plus a margin (%s)",
-		s.rootServedSince(rec.Root).UTC().Format(time.RFC3339), s.liveLeafTTL(), max(g.Margin, 0))
+		s.rootServedSince(rec.Root).UTC().Format(time.RFC3339), s.liveLeafTTL(), g.margin())
 }
 
 // rootServedSince is when root entered the trust bundle to stay: the

@@ -76,7 +76,9 @@ func TestDue(t *testing.T) {
 		{name: "prepared, past the threshold", setup: rotating, now: lcThreshold(keymgr.DefaultPrepareAt, 0), verb: keymgr.VerbActivate, id: true},
 		{name: "imported prepared, past both", setup: importedNext, now: lcThreshold(keymgr.DefaultPrepareAt, 0)},
 		{name: "previous, leaves live", setup: rotated, now: lcAt(h(24*time.Hour - 1))},
-		{name: "previous, leaves expired", setup: rotated, now: lcAt(h(24 * time.Hour)), verb: keymgr.VerbRetire, id: true},
+		{name: "previous, leaves expired, within the margin", setup: rotated, now: lcAt(h(24*time.Hour + keymgr.DefaultGuardMargin - 1))},
+		{name: "previous, leaves expired, past the margin", setup: rotated, now: lcAt(h(24*time.Hour + keymgr.DefaultGuardMargin)),
+			verb: keymgr.VerbRetire, id: true},
 		{name: "previous, leaves live, active at its threshold: one rotation at a time", setup: func(t *testing.T) (*keymgr.State, *keymgr.AuthorityRecord) {
 			s, a, _ := lcRotated(t)
 			a.LatestLeafNotAfter = lcT0.Add(lcRootTTL) // a leaf as long as the roots
@@ -180,7 +182,7 @@ func TestAutoRotationKeepsEveryHandshake(t *testing.T) {
 			case keymgr.VerbActivate:
 				err = s.Activate(st.ID, now, g, false, "automatic")
 			case keymgr.VerbRetire:
-				err = s.Retire(st.ID, now, false, "automatic")
+				err = s.Retire(st.ID, now, g, false, "automatic")
 			}
 			if err != nil {
 				t.Fatalf("%s: due %s refused: %v", now, st.Verb, err)

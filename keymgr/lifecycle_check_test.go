@@ -18,7 +18,7 @@ func lcAllPhases(t *testing.T) *keymgr.State {
 	c := lcGenerated(t)
 	steps := []error{
 		s.Prepare(c, h(15*time.Hour), "third"),
-		s.Retire(s.Authorities[0].ID(), h(24*time.Hour), false, ""),
+		s.Retire(s.Authorities[0].ID(), h(24*time.Hour), keymgr.Guards{}, false, ""),
 		s.Activate(c.ID(), h(28*time.Hour), keymgr.DefaultGuards(), false, ""),
 		s.Prepare(lcImported(t), h(29*time.Hour), "fourth"),
 	}
@@ -131,7 +131,7 @@ func TestClone(t *testing.T) {
 	act.History[0].Reason = "rewritten"
 	c.RecordIssued(act.ID(), h(1000*time.Hour), 100*time.Hour)
 	steps := []error{
-		c.Retire(prev.ID(), h(52*time.Hour), false, ""),
+		c.Retire(prev.ID(), h(52*time.Hour), keymgr.Guards{}, false, ""),
 		c.Activate(prep.ID(), h(90*time.Hour), keymgr.DefaultGuards(), false, ""),
 		c.Prepare(lcGenerated(t), h(91*time.Hour), ""),
 	}

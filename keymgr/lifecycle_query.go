@@ -208,7 +208,7 @@ func (s *State) NextStep(now time.Time, g Guards) Step {
 		return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}
 	}
 	if a := s.first(PhasePrevious); a != nil {
-		return s.retireStep(a, now)
+		return s.retireStep(a, now, g)
 	}
 	a := s.Active()
 	if a == nil {
@@ -236,8 +236,8 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 		switch {
 		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)):
 			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, true
-		case a.Phase == PhasePrevious && a.Generated && !now.Before(a.LatestLeafNotAfter):
-			return s.retireStep(a, now), true
+		case a.Phase == PhasePrevious && a.Generated && !now.Before(retireSafeAt(a, g)):
+			return s.retireStep(a, now, g), true
 		case a.Phase == PhasePrepared:
 			prepared = true
 		case a.Phase == PhasePrevious && a.Generated:
@@ -266,17 +266,18 @@ func (s *State) first(phase Phase) *AuthorityRecord {
 	return nil
 }
 
-func (s *State) retireStep(a *AuthorityRecord, now time.Time) Step {
+func (s *State) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
+	safeAt := retireSafeAt(a, g)
 	var why string
 	switch {
 	case a.LatestLeafNotAfter.IsZero():
 		why = "no leaf was issued under it"
-	case !now.Before(a.LatestLeafNotAfter):
+	case !now.Before(safeAt):
 		why = "every leaf issued under it has expired"
 	default:
-		why = s.retireWhy(a)
+		why = s.retireWhy(a, g)
 	}
-	return Step{Verb: VerbRetire, ID: a.ID(), SafeAt: a.LatestLeafNotAfter, Why: why}
+	return Step{Verb: VerbRetire, ID: a.ID(), SafeAt: safeAt, Why: why}
 }
 
 // prepareStep is the prepare step that replaces active, due when

@@ -80,7 +80,7 @@ func TestBundle(t *testing.T) {
 	if got := s.Bundle(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("bundle of previous, active, prepared: %d roots, want them in the order they were added", len(got))
 	}
-	if err := s.Retire(a.ID(), lcT0.Add(24*time.Hour), false, ""); err != nil {
+	if err := s.Retire(a.ID(), lcT0.Add(24*time.Hour), keymgr.Guards{}, false, ""); err != nil {
 		t.Fatal(err)
 	}
 	want = want[1:]
@@ -129,11 +129,12 @@ func TestNextStep(t *testing.T) {
 		{name: "a previous authority", setup: func(t *testing.T) (*keymgr.State, *keymgr.AuthorityRecord) {
 			s, a, _ := lcRotated(t)
 			return s, a
-		}, now: h(20 * time.Hour), verb: keymgr.VerbRetire, safeAt: h(24 * time.Hour), why: "leaves issued under it can be valid until 2030-01-02T00:00:00Z"},
+		}, now: h(20 * time.Hour), verb: keymgr.VerbRetire, safeAt: h(24*time.Hour + keymgr.DefaultGuardMargin),
+			why: "leaves issued under it can be valid until 2030-01-02T00:00:00Z (and 5m0s more for clocks that disagree)"},
 		{name: "a previous authority whose leaves expired", setup: func(t *testing.T) (*keymgr.State, *keymgr.AuthorityRecord) {
 			s, a, _ := lcRotated(t)
 			return s, a
-		}, now: h(25 * time.Hour), verb: keymgr.VerbRetire, safeAt: h(24 * time.Hour), why: "every leaf issued under it has expired"},
+		}, now: h(25 * time.Hour), verb: keymgr.VerbRetire, safeAt: h(24*time.Hour + keymgr.DefaultGuardMargin), why: "every leaf issued under it has expired"},
 		{name: "a previous authority without leaves", setup: func(t *testing.T) (*keymgr.State, *keymgr.AuthorityRecord) {
 			s, a := lcBootstrapped(t)
 			b := lcGenerated(t)
@@ -216,10 +217,10 @@ func TestNextStepSafeAt(t *testing.T) {
 			}
 			err = s.Activate(st.ID, now, g, false, "")
 		case keymgr.VerbRetire:
-			if early := s.Retire(st.ID, now.Add(-1), false, ""); early == nil {
+			if early := s.Retire(st.ID, now.Add(-1), g, false, ""); early == nil {
 				t.Fatal("retire a nanosecond before SafeAt was not refused")
 			}
-			err = s.Retire(st.ID, now, false, "")
+			err = s.Retire(st.ID, now, g, false, "")
 		default:
 			t.Fatalf("no next step: %s", st.Why)
 		}

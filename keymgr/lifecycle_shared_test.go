@@ -76,11 +76,11 @@ func TestIntermediateRenewal(t *testing.T) {
 
 	// The first intermediate retires once its leaves expire; the root
 	// stays, since the second one signs under it.
-	err = s.Retire(first.ID(), h(30*time.Hour), false, "")
+	err = s.Retire(first.ID(), h(30*time.Hour), keymgr.Guards{}, false, "")
 	lcCheckErr(t, err, true, "leaves issued under it can be valid until 2030-01-02T20:00:00Z, and retiring it stops them renewing by mTLS (its root stays")
 	_, err = s.Lookup(first.RootID())
 	lcCheckErr(t, err, false, "it is the root of "+first.ID()[:16]+", "+second.ID()[:16]+"; name an authority by its signing certificate's fingerprint")
-	if err := s.Retire(first.ID(), h(44*time.Hour), false, "renewed"); err != nil {
+	if err := s.Retire(first.ID(), h(44*time.Hour), keymgr.Guards{}, false, "renewed"); err != nil {
 		t.Fatal(err)
 	}
 	if first.Key != nil {
@@ -141,7 +141,7 @@ func TestRetiredRootStaysOut(t *testing.T) {
 	if err := s.Activate(next.ID(), h(time.Hour), keymgr.DefaultGuards(), false, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Retire(old.ID(), h(2*time.Hour), false, ""); err != nil {
+	if err := s.Retire(old.ID(), h(2*time.Hour), keymgr.Guards{}, false, ""); err != nil {
 		t.Fatal(err)
 	}
 	lcBundleIs(t, s, next.Root)

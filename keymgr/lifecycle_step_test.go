@@ -151,11 +151,13 @@ func TestRetire(t *testing.T) {
 		name   string
 		target func(t *testing.T, s *keymgr.State, a, b *keymgr.AuthorityRecord) string
 		now    time.Time
+		g      keymgr.Guards
 		force  bool
 		reason string
-		// guard: the refusal is a guard's, safe at lcT0+24h.
-		guard bool
-		want  string
+		// guard: the refusal is a guard's, safe at lcT0+24h+safeAfter.
+		guard     bool
+		safeAfter time.Duration
+		want      string
 	}{
 		{name: "when the last leaf expires", now: h(24 * time.Hour), reason: "rotation done"},
 		{name: "later, by prefix", target: func(_ *testing.T, _ *keymgr.State, a, _ *keymgr.AuthorityRecord) string { return a.ID()[:10] },
@@ -164,6 +166,13 @@ func TestRetire(t *testing.T) {
 			want: "refused: leaves issued under it can be valid until 2030-01-02T00:00:00Z, and workloads holding them need its root; " +
 				"safe at 2030-01-02T00:00:00Z (in 4h0m0s)"},
 		{name: "a nanosecond early", now: h(24*time.Hour - 1), guard: true, want: "safe at 2030-01-02T00:00:00Z (in 1s)"},
+		{name: "within the margin after the last leaf", now: h(24*time.Hour + 30*time.Second), g: keymgr.Guards{Margin: time.Minute},
+			guard: true, safeAfter: time.Minute,
+			want: "can be valid until 2030-01-02T00:00:00Z (and 1m0s more for clocks that disagree), and workloads holding them " +
+				"need its root; safe at 2030-01-02T00:01:00Z (in 30s)"},
+		{name: "once the margin has passed", now: h(24*time.Hour + time.Minute), g: keymgr.Guards{Margin: time.Minute}},
+		{name: "a negative margin counts as zero", now: h(24 * time.Hour), g: keymgr.Guards{Margin: -time.Hour}},
+		{name: "forced within the margin", now: h(24 * time.Hour), g: keymgr.Guards{Margin: time.Hour}, force: true, reason: "clocks checked"},
 		{name: "forced early", now: h(20 * time.Hour), force: true, reason: "key compromise"},
 		{name: "forced without a reason", now: h(20 * time.Hour), force: true, want: "a forced step needs a reason"},
 		{name: "the active authority", target: func(_ *testing.T, _ *keymgr.State, _, b *keymgr.AuthorityRecord) string { return b.ID() },
@@ -176,7 +185,7 @@ func TestRetire(t *testing.T) {
 			return c.ID()
 		}, now: h(40 * time.Hour), force: true, reason: "abort", want: "the authority is prepared, not previous"},
 		{name: "already retired", target: func(t *testing.T, s *keymgr.State, a, _ *keymgr.AuthorityRecord) string {
-			if err := s.Retire(a.ID(), h(30*time.Hour), false, ""); err != nil {
+			if err := s.Retire(a.ID(), h(30*time.Hour), keymgr.Guards{}, false, ""); err != nil {
 				t.Fatal(err)
 			}
 			return a.ID()
@@ -192,13 +201,13 @@ func TestRetire(t *testing.T) {
 				id = tt.target(t, s, a, b)
 			}
 			seq, key, bundle := s.Sequence, a.Key, len(s.Bundle())
-			err := s.Retire(id, tt.now, tt.force, tt.reason)
+			err := s.Retire(id, tt.now, tt.g, tt.force, tt.reason)
 			if tt.want == "" && tt.guard {
 				t.Fatal("bad test")
 			}
 			lcCheckErr(t, err, tt.guard, tt.want)
 			if tt.guard {
-				lcWantGuard(t, err, keymgr.VerbRetire, a.ID(), h(24*time.Hour), tt.now)
+				lcWantGuard(t, err, keymgr.VerbRetire, a.ID(), h(24*time.Hour+tt.safeAfter), tt.now)
 			}
 			if err != nil {
 				if s.Sequence != seq || len(s.Bundle()) != bundle || a.Key != key {

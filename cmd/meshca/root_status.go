@@ -94,7 +94,7 @@ func newRootStatusCommand() *cobra.Command {
 	cmd.Flags().StringVar(&caDir, "ca-dir", "", "instead of a CA state, a plugged-in CA directory (as meshca serve --ca-dir), checked as a server checks it: "+
 		"what it would serve, before the files are swapped in")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
-	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultActivationMargin, "margin the activation guard adds to half the longest leaf lifetime")
+	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultGuardMargin, "margin the guards add: to half the longest leaf lifetime before activate, to the last leaf's expiry before retire")
 	return cmd
 }
 

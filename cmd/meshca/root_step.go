@@ -32,10 +32,10 @@ func newRootActivateCommand() *cobra.Command {
 
 func newRootRetireCommand() *cobra.Command {
 	return newRootStepCommand("retire [ID]", "Drop a previous authority from the bundle and destroy its key",
-		"retire is refused while leaves issued under the authority can still be valid; the refusal says\n"+
-			"when they have all expired.",
+		"retire is refused while leaves issued under the authority can still be valid, and for --margin\n"+
+			"after the last one expires (for clocks that disagree); the refusal says when it becomes safe.",
 		keymgr.PhasePrevious, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
-			return s.Retire(id, now, f.force, f.reasonOr("retired by meshca root retire"))
+			return s.Retire(id, now, keymgr.Guards{Margin: f.margin}, f.force, f.reasonOr("retired by meshca root retire"))
 		}, rootBackend.retire)
 }
 
@@ -111,7 +111,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 	f.signer.register(cmd.Flags())
 	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
 	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
-	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultActivationMargin, "activate: margin added to half the longest leaf lifetime")
+	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultGuardMargin, "margin the guard adds: activate waits half the longest leaf lifetime plus it, retire the last leaf's expiry plus it")
 	f.audit.register(cmd.Flags(), "standard error")
 	return cmd
 }

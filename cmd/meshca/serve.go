@@ -119,7 +119,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.autoInterval, "auto-rotate-interval", keymgr.DefaultAutoRotateInterval, "how often automatic rotation looks for a step that is due (1s to 1h)")
-	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultActivationMargin, "margin automatic activation adds to half the longest leaf lifetime")
+	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultGuardMargin, "margin the guards of automatic rotation add: to half the longest leaf lifetime before activation, to the last leaf's expiry before retirement")
 	fl.DurationVar(&f.rootLifetime, "root-lifetime", keymgr.DefaultRootTTL, "lifetime of a root meshca generates")
 	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")

@@ -18,7 +18,7 @@ func validServeFlags() serveFlags {
 		clusterID: "Kubernetes", nodeAccounts: []string{"istio-system/ztunnel"}, b: backendFlags{signer: "local"},
 		requestTimeout: ca.DefaultRequestTimeout, maxHeaderBytes: ca.DefaultMaxHeaderBytes, maxTokenBytes: ca.DefaultMaxTokenBytes,
 		maxAuthnPeer: ca.DefaultMaxAuthnPerPeer, certRenewal: true,
-		prepareAt: keymgr.DefaultPrepareAt, autoInterval: keymgr.DefaultAutoRotateInterval, rotationMargin: keymgr.DefaultActivationMargin, rootLifetime: keymgr.DefaultRootTTL,
+		prepareAt: keymgr.DefaultPrepareAt, autoInterval: keymgr.DefaultAutoRotateInterval, rotationMargin: keymgr.DefaultGuardMargin, rootLifetime: keymgr.DefaultRootTTL,
 		limits: defaultLimitFlags(),
 	}
 }

@@ -87,7 +87,7 @@ func checkRotationJob(t *testing.T, c *batchv1.CronJob, step, ns string) {
 	if r := j.PodFailurePolicy.Rules[0]; r.Action != batchv1.PodFailurePolicyActionFailJob || !slices.Equal(r.OnExitCodes.Values, []int32{1}) {
 		t.Errorf("CronJob %s podFailurePolicy %+v: want exit code 1 to fail the Job", c.Name, j.PodFailurePolicy)
 	}
-	wantArgs(t, c.Name, j.Template.Spec.Containers[0].Args, []string{"root", step, "--state-secret=" + ns + "/meshca-ca-state"}, nil)
+	wantArgs(t, c.Name, j.Template.Spec.Containers[0].Args, []string{"root", step, "--state-secret=" + ns + "/meshca-ca-state", "--margin=5m"}, nil)
 }
 
 // checkClusterRole: the ClusterRole grants exactly these resources, and

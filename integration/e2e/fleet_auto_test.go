@@ -16,7 +16,8 @@ import (
 // (prepare, activate, retire), --auto-rotate-interval apart, the first one
 // that long after the rotator starts. With leaves of fleetLeafTTL,
 // activation is due 5.5 s + fleetMargin after prepare, retirement 15.5 s
-// + the follow interval after activation: each at the next look. The
+// + the follow interval + fleetMargin after activation: each at the next
+// look. The
 // fleets are the CLI-driven tests' (fleetSize workloads).
 
 // autoInterval is how often the servers' automatic rotation looks
@@ -28,13 +29,14 @@ const autoInterval = 2 * time.Second
 // handshakes: three looks and one more (a new leader looks first an
 // interval after it takes the Lease), the old leaves' expiry, the fleet's
 // renewals.
-const autoSettle = 4*autoInterval + 30*time.Second
+const autoSettle = 4*autoInterval + 30*time.Second + fleetMargin
 
 // autoFlags make a server rotate its generated root by itself as early as
 // it may: with roots of 5m (backdated 2m), 90% of the lifetime is left
 // already when a root is generated, so its successor is prepared at the
 // rotator's first look; activation is due half a leaf's life plus
-// fleetMargin later, retirement when the old leaves have expired.
+// fleetMargin later, retirement fleetMargin after the old leaves have
+// expired.
 // --root-lifetime must exceed --max-ttl, and cover the test.
 func autoFlags() []string {
 	return []string{"--auto-rotate", "--auto-rotate-interval", autoInterval.String(), "--root-lifetime", "5m", "--auto-rotate-prepare-at", "0.9",

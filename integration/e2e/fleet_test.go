@@ -33,8 +33,8 @@ const (
 	fleetLeafTTL  = 10 * time.Second
 	fleetBackdate = time.Second
 	fleetCheckers = 8
-	// fleetMargin is the activation guard's margin: it must cover the time
-	// the server takes to serve a state the CLI wrote, which it reloads at
+	// fleetMargin is the guards' margin: it must cover the time the
+	// server takes to serve a state the CLI wrote, which it reloads at
 	// least every keymgr.DefaultFollowInterval, plus a request's latency.
 	fleetMargin = keymgr.DefaultFollowInterval + time.Second
 )
@@ -78,7 +78,7 @@ func TestRotationFleetSecretStore(t *testing.T) {
 func cliRotation(t *testing.T, ca fleetCA, f *fleet) {
 	untilDone(t, "prepare", 10*time.Second, append([]string{"prepare", "--reason", "e2e fleet rotation"}, ca.cli...)...)
 	untilDone(t, "activate", 3*f.leafTTL, append([]string{"activate", "--margin", fleetMargin.String()}, ca.cli...)...)
-	untilDone(t, "retire", 3*f.leafTTL, append([]string{"retire"}, ca.cli...)...)
+	untilDone(t, "retire", 3*f.leafTTL, append([]string{"retire", "--margin", fleetMargin.String()}, ca.cli...)...)
 }
 
 // untilDone runs `meshca root args...` until it succeeds: a refusal by a

@@ -100,13 +100,13 @@ func TestRootRotationLive(t *testing.T) {
 			t.Fatal("the new authority did not sign within 10s of activate")
 		}
 	}
-	if out, code := rootStep(t, "retire", st); code != 1 || !strings.Contains(out, "safe at") {
+	if out, code := rootStep(t, "retire", st, "--margin=1s"); code != 1 || !strings.Contains(out, "safe at") {
 		t.Fatalf("retire while old leaves live: exit %d, want a refusal\n%s", code, out)
 	}
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(2 * time.Second) {
 		fetch()
 		code := 0
-		if out, code = rootStep(t, "retire", st); code == 0 {
+		if out, code = rootStep(t, "retire", st, "--margin=1s"); code == 0 {
 			break
 		}
 		if code != 1 || time.Now().After(deadline) {

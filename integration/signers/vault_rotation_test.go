@@ -28,7 +28,7 @@ import (
 )
 
 // rotationLeafTTL is short so that the guards pass in seconds: activation
-// waits half of it plus --margin, retirement its end plus half of it.
+// waits half of it plus --margin, retirement its end plus --margin.
 const rotationLeafTTL = 6 * time.Second
 
 // meshcaRoot runs `meshca root args...` and returns its output and exit
@@ -237,7 +237,7 @@ func TestVaultRootRotation(t *testing.T) {
 
 	// retire: refused while leaves of the first root live, then its
 	// issuer and key are gone from Vault and its root from the bundle.
-	out = rootUntilDone(t, 60*time.Second, args("retire")...)
+	out = rootUntilDone(t, 60*time.Second, args("retire", "--margin", "1s")...)
 	if !strings.Contains(out, "deleted in Vault") {
 		t.Errorf("retire does not report the deleted issuer: %s", out)
 	}
