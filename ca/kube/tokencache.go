@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +54,10 @@ type TokenCacheConfig struct {
 // one review per certificate. Successes are kept up to TTL; refusals for
 // NegativeTTL; concurrent misses for one token share one review; an entry
 // dies with its token, after its TTL, or when its bound Pod is deleted or
-// replaced, and a review that was in flight when its Pod went is dropped.
+// replaced. A token bound to a Pod deleted less than TTL ago is refused,
+// even when the apiserver, not caught up yet, still accepts it: a review
+// in flight when its Pod went, or one from a lagging apiserver replica,
+// is neither cached nor believed.
 type CachedTokenReviewer struct {
 	c       TokenCacheConfig
 	flight  singleflight.Group
@@ -63,20 +67,14 @@ type CachedTokenReviewer struct {
 	byPod   map[string]map[string]struct{}
 	refused map[string]refusal
 	fifo    *list.List // keys of refused, oldest first
-	// epoch counts Pod invalidations; gone records, by Pod UID, the epoch
-	// and time of its last invalidation, for reviews still in flight.
-	epoch uint64
-	gone  map[string]invalidation
+	// gone records, by Pod UID, when each Pod was deleted, for at least
+	// TTL (goneFor).
+	gone map[string]time.Time
 }
 
 type refusal struct {
 	err     error
 	expires time.Time
-}
-
-type invalidation struct {
-	epoch uint64
-	at    time.Time
 }
 
 type tokenEntry struct {
@@ -103,7 +101,7 @@ func NewCachedTokenReviewer(c TokenCacheConfig) *CachedTokenReviewer {
 		c.Now = time.Now
 	}
 	return &CachedTokenReviewer{c: c, entries: map[string]*list.Element{}, lru: list.New(), byPod: map[string]map[string]struct{}{},
-		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]invalidation{}}
+		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]time.Time{}}
 }
 
 // Review implements Reviewer.
@@ -118,16 +116,19 @@ func (r *CachedTokenReviewer) Review(ctx context.Context, token string) (*Identi
 	// shares may outlast a short client deadline.
 	ch := r.flight.DoChan(key, func() (any, error) {
 		start := r.c.Now()
-		epoch := r.currentEpoch()
 		// The review serves every waiter, so it must not die with the
 		// first caller's context; it gets its own bound instead.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
 		defer cancel()
 		id, err := r.c.Reviewer.Review(rctx, token)
 		r.c.Metrics.observe(r.c.Cluster, r.c.Now().Sub(start))
+		if err == nil && r.podGone(id.PodUID) {
+			id, err = nil, refused("token_bound_object_gone", tokenMsg,
+				fmt.Errorf("the token's Pod %s/%s (UID %s) was deleted; the apiserver has not caught up yet", id.Namespace, id.PodName, id.PodUID))
+		}
 		switch {
 		case err == nil:
-			r.put(key, id, tokenExpiry(token), epoch)
+			r.put(key, id, tokenExpiry(token))
 		case isRefusal(err):
 			r.putRefused(key, err)
 		}
@@ -218,15 +219,26 @@ func (r *CachedTokenReviewer) putRefused(key string, err error) {
 	}
 }
 
-func (r *CachedTokenReviewer) currentEpoch() uint64 {
+// podGone reports whether the Pod with uid was deleted less than goneFor
+// ago.
+func (r *CachedTokenReviewer) podGone(uid string) bool {
+	if uid == "" {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.epoch
+	_, ok := r.gone[uid]
+	return ok
 }
 
-// put caches a positive review that started at epoch, unless the Pod its
-// token is bound to was invalidated since.
-func (r *CachedTokenReviewer) put(key string, c *Identity, tokenExp time.Time, epoch uint64) {
+// goneFor is how long a deleted Pod's tokens are refused whatever the
+// apiserver says: as long as a positive review may be kept, and at least
+// as long as a review may run.
+func (r *CachedTokenReviewer) goneFor() time.Duration { return max(r.c.TTL, 2*reviewTimeout) }
+
+// put caches a positive review, unless the Pod its token is bound to was
+// deleted (while the review ran).
+func (r *CachedTokenReviewer) put(key string, c *Identity, tokenExp time.Time) {
 	expires := r.c.Now().Add(r.c.TTL)
 	if !tokenExp.IsZero() && tokenExp.Before(expires) {
 		expires = tokenExp
@@ -236,7 +248,7 @@ func (r *CachedTokenReviewer) put(key string, c *Identity, tokenExp time.Time, e
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if g, ok := r.gone[c.PodUID]; ok && c.PodUID != "" && g.epoch > epoch {
+	if _, ok := r.gone[c.PodUID]; ok && c.PodUID != "" {
 		return
 	}
 	if el, ok := r.entries[key]; ok {
@@ -267,16 +279,16 @@ func (r *CachedTokenReviewer) removeLocked(el *list.Element) {
 }
 
 // InvalidatePod drops every entry for tokens bound to the Pod with uid,
-// and the result of any review of such a token still in flight.
+// and refuses such tokens for goneFor: the result of a review still in
+// flight, and the answers of an apiserver that has not seen the deletion
+// yet, are not believed.
 func (r *CachedTokenReviewer) InvalidatePod(uid string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.c.Now()
-	r.epoch++
-	r.gone[uid] = invalidation{epoch: r.epoch, at: now}
-	for u, g := range r.gone {
-		// No review outlives reviewTimeout; older records protect nothing.
-		if now.Sub(g.at) > 2*reviewTimeout {
+	r.gone[uid] = now
+	for u, at := range r.gone {
+		if now.Sub(at) > r.goneFor() {
 			delete(r.gone, u)
 		}
 	}

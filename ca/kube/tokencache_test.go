@@ -131,7 +131,7 @@ func TestTokenCache(t *testing.T) {
 			t.Fatalf("%d refusals kept (%d queued), want at most %d", n, q, maxNegative)
 		}
 	})
-	t.Run("a review in flight when its pod goes is dropped", func(t *testing.T) {
+	t.Run("a review in flight when its pod goes is refused", func(t *testing.T) {
 		inner := &countingReviewer{gate: make(chan struct{})}
 		c := newCache(inner, 10)
 		tok := "g" + jwtWithExp(clock.Now().Add(time.Hour))
@@ -142,15 +142,13 @@ func TestTokenCache(t *testing.T) {
 		}
 		c.InvalidatePod("uid-g") // the Pod is deleted while the review runs
 		close(inner.gate)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		wantGone(t, <-done)
 		if c.Len() != 0 {
 			t.Fatalf("%d entries: the stale review was stored after the invalidation", c.Len())
 		}
-		_ = auth(t, c, tok)
-		if n := inner.calls.Load(); n != 2 {
-			t.Fatalf("%d reviews, want 2 (the stale answer must not be reused)", n)
+		wantGone(t, auth(t, c, tok))
+		if n := inner.calls.Load(); n != 1 {
+			t.Fatalf("%d reviews, want 1 (the refusal is remembered)", n)
 		}
 	})
 	t.Run("concurrent misses share one review", func(t *testing.T) {
@@ -214,11 +212,36 @@ func TestTokenCache(t *testing.T) {
 		inner := &countingReviewer{}
 		c := newCache(inner, 10)
 		tok := "x" + jwtWithExp(clock.Now().Add(time.Hour))
-		_ = auth(t, c, tok)
+		if err := auth(t, c, tok); err != nil {
+			t.Fatal(err)
+		}
 		c.InvalidatePod("uid-x")
-		_ = auth(t, c, tok)
-		if n := inner.calls.Load(); n != 2 {
-			t.Fatalf("%d reviews, want 2", n)
+		// The apiserver has not seen the deletion and still accepts the
+		// token: it is refused, not cached again for the TTL.
+		wantGone(t, auth(t, c, tok))
+		clock.Add(50 * time.Second)
+		wantGone(t, auth(t, c, tok))
+		if n := inner.calls.Load(); n != 3 {
+			t.Fatalf("%d reviews, want 3 (one a NegativeTTL)", n)
+		}
+		if c.Len() != 0 {
+			t.Fatalf("%d entries, want none for the deleted Pod's token", c.Len())
+		}
+		if err := auth(t, c, "y"+jwtWithExp(clock.Now().Add(time.Hour))); err != nil {
+			t.Fatalf("another Pod's token: %v", err)
+		}
+	})
+	t.Run("a tombstone outlives the TTL only until the next deletion", func(t *testing.T) {
+		c := newCache(&countingReviewer{}, 10)
+		c.InvalidatePod("uid-old")
+		clock.Add(c.goneFor() + time.Second)
+		c.InvalidatePod("uid-new")
+		c.mu.Lock()
+		_, old := c.gone["uid-old"]
+		_, recent := c.gone["uid-new"]
+		c.mu.Unlock()
+		if old || !recent {
+			t.Fatalf("tombstones: old %v, new %v; want only the new one", old, recent)
 		}
 	})
 }
@@ -256,5 +279,14 @@ func TestTokenCacheKnown(t *testing.T) {
 				t.Error("Known asked for a review")
 			}
 		})
+	}
+}
+
+// wantGone: err is the refusal of a token whose Pod was deleted.
+func wantGone(t *testing.T, err error) {
+	t.Helper()
+	var ke *Error
+	if !errors.As(err, &ke) || ke.Retry || ke.Reason != "token_bound_object_gone" || ke.Msg != tokenMsg {
+		t.Fatalf("got %v, want the refusal token_bound_object_gone", err)
 	}
 }
