@@ -227,6 +227,11 @@ func podLookupError(err error) error {
 	case errors.Is(err, context.Canceled):
 		return err
 	}
+	var budget *kube.LookupBudgetError
+	if errors.As(err, &budget) {
+		return exhausted(reasonNodePodLookups, fmt.Sprintf("too many requests for Pods this node does not run, retry in %v", budget.RetryAfter),
+			budget.RetryAfter, err)
+	}
 	return refuse(codes.Unavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -100,6 +101,8 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "apiserver down", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: errors.New("connection refused")}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
 		{name: "apiserver silent until the deadline", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: fmt.Errorf("list pods: %w", context.DeadlineExceeded)}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
 		{name: "certificate renewal, apiserver silent until the deadline", caller: renewing("prod", "web"), pods: pods{err: context.DeadlineExceeded}, kind: codes.Unavailable, reason: "pod_lookup_failed"},
+		{name: "the node's share of lookups spent", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web",
+			pods: pods{err: &kube.LookupBudgetError{Node: "node-a", RetryAfter: 200 * time.Millisecond}}, kind: codes.ResourceExhausted, reason: "node_pod_lookups"},
 		{name: "client gone during the lookup", caller: ztunnel, requested: "spiffe://cluster.local/ns/prod/sa/web", pods: pods{err: context.Canceled}, kind: codes.Canceled, reason: "canceled"},
 		{name: "asking for itself", caller: web, requested: web.ID.String(), want: web.ID.String()},
 		{name: "terminated ztunnel pod", caller: with(ztunnel, func(c *Caller) { c.PodName, c.PodUID = "ztunnel-done", "zd" }), requested: "spiffe://cluster.local/ns/prod/sa/web", kind: codes.Unauthenticated, reason: "caller_pod_terminated"},

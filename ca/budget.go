@@ -85,11 +85,15 @@ const (
 	reasonPeerAuthnFailures      = "peer_authn_failures"
 	reasonTooManyRequests        = "too_many_requests"
 	reasonTooManyAuthentications = "too_many_authentications"
+	// reasonNodePodLookups: a node proxy's requests for Pods the index
+	// does not hold have used its node's share of apiserver lookups
+	// (kube.LookupBudgetError).
+	reasonNodePodLookups = "node_pod_lookups"
 )
 
 // rateLimitReasons are every reason of meshca_rate_limited_total.
 var rateLimitReasons = []string{reasonTooManyRequests, reasonTooManyAuthentications, reasonPeerAuthnFailures,
-	reasonCallerRate, reasonCallerInFlight, reasonNodeProxyRate, reasonNodeProxyInFlight}
+	reasonCallerRate, reasonCallerInFlight, reasonNodeProxyRate, reasonNodeProxyInFlight, reasonNodePodLookups}
 
 func (b Budget) withDefaults(d Budget) Budget {
 	if b.Rate == 0 {

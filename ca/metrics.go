@@ -88,7 +88,8 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_rate_limited_total",
 			Help: "Requests refused with ResourceExhausted by reason (too_many_requests: --max-in-flight; too_many_authentications: --max-authn-per-peer; " +
-				"peer_authn_failures: --authn-failure-rate-per-peer; caller_rate, caller_in_flight: --caller-*; node_proxy_rate, node_proxy_in_flight: --node-proxy-*).",
+				"peer_authn_failures: --authn-failure-rate-per-peer; caller_rate, caller_in_flight: --caller-*; node_proxy_rate, node_proxy_in_flight: --node-proxy-*; " +
+				"node_pod_lookups: a node's share (5/s, burst 20) of the apiserver lookups of Pods the index does not hold).",
 		}, []string{"reason"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_requests_in_flight", Help: "CreateCertificate requests being served.",

@@ -46,6 +46,8 @@ type PodIndex struct {
 	// accounts (Run); the index is synced once it has had the first list.
 	handler atomic.Pointer[cache.ResourceEventHandlerRegistration]
 	limiter *rate.Limiter
+	// nodes share limiter out among the nodes a node proxy asks for.
+	nodes *nodeLookups
 	// misses are the misses the apiserver confirmed (confirm).
 	misses   *podMisses
 	onDelete []func(PodInfo)
@@ -55,7 +57,10 @@ type PodIndex struct {
 type PodIndexConfig struct {
 	Client kubernetes.Interface
 	// LookupRate bounds apiserver confirmations of index misses (per
-	// second, burst 4x); 20/s when zero.
+	// second, burst 4x); 20/s when zero. The misses of a node proxy's
+	// requests for the Pods of its node get a quarter of it per node
+	// (burst 1x): beyond that, that node's lookups are refused with a
+	// LookupBudgetError, and other nodes' go on.
 	LookupRate float64
 }
 
@@ -67,7 +72,7 @@ func NewPodIndex(c PodIndexConfig) (*PodIndex, error) {
 	f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTransform(slimPod))
 	inf := f.Core().V1().Pods().Informer()
 	return &PodIndex{api: APIPods{Client: c.Client}, factory: f, informer: inf, accounts: newAccountIndex(),
-		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate)), misses: newPodMisses()}, nil
+		limiter: rate.NewLimiter(rate.Limit(c.LookupRate), int(4*c.LookupRate)), nodes: newNodeLookups(c.LookupRate), misses: newPodMisses()}, nil
 }
 
 // OnDelete registers f to run when a Pod is deleted or replaced (same
@@ -132,7 +137,8 @@ func (x *PodIndex) Synced() bool {
 // ErrNotSynced is returned before the first list completes.
 var ErrNotSynced = errors.New("pod index has not synced yet")
 
-// Pod returns a Pod by name, from the index or, on a miss, the apiserver.
+// Pod returns a Pod by name, from the index or, on a miss, the apiserver
+// (concurrent misses of one name share one lookup).
 func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	if !x.Synced() {
 		return nil, ErrNotSynced
@@ -140,10 +146,17 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	if obj, ok, _ := x.informer.GetIndexer().GetByKey(ns + "/" + name); ok {
 		return podInfo(obj), nil
 	}
-	if err := x.limiter.Wait(ctx); err != nil {
+	out, err := x.confirm(ctx, missKey("pod", ns, name), false, "", func(ctx context.Context) ([]PodInfo, error) {
+		p, err := x.api.Pod(ctx, ns, name)
+		if p == nil || err != nil {
+			return nil, err
+		}
+		return []PodInfo{*p}, nil
+	})
+	if err != nil || len(out) == 0 {
 		return nil, err
 	}
-	return x.api.Pod(ctx, ns, name)
+	return &out[0], nil
 }
 
 // OfAccount returns the live Pods of ns/sa on any node. A miss in the
@@ -155,7 +168,7 @@ func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, err
 	if out := x.accounts.liveOf(ns, sa); len(out) > 0 {
 		return out, nil
 	}
-	return x.confirm(ctx, missKey("of", ns, sa), true, func(ctx context.Context) ([]PodInfo, error) {
+	return x.confirm(ctx, missKey("of", ns, sa), true, "", func(ctx context.Context) ([]PodInfo, error) {
 		return x.api.OfAccount(ctx, ns, sa)
 	})
 }
@@ -172,8 +185,8 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 	}
 	// Not remembered: a node proxy asks for Pods its node runs, and one
 	// scheduled there a moment after a miss must not wait out missTTL
-	// behind a lagging informer.
-	return x.confirm(ctx, missKey("on", ns, sa, node), false, func(ctx context.Context) ([]PodInfo, error) {
+	// behind a lagging informer. Paid from node's share instead.
+	return x.confirm(ctx, missKey("on", ns, sa, node), false, node, func(ctx context.Context) ([]PodInfo, error) {
 		return x.api.OnNode(ctx, ns, sa, node)
 	})
 }
@@ -185,7 +198,9 @@ func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, 
 // the Pods of an account that are gone (a still-valid certificate of a
 // deleted workload) then costs one list per missTTL, not one per
 // request, and cannot use up the limiter that every other miss shares.
-func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, list func(context.Context) ([]PodInfo, error)) ([]PodInfo, error) {
+// A list for a node's proxy (node not empty) is first paid from that
+// node's share (nodeLookups).
+func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, node string, list func(context.Context) ([]PodInfo, error)) ([]PodInfo, error) {
 	if remember && x.misses.known(key) {
 		return nil, nil
 	}
@@ -198,6 +213,11 @@ func (x *PodIndex) confirm(ctx context.Context, key string, remember bool, list 
 		// first one's deadline (a short one would fail the others at
 		// the limiter); it gets its own bound, and each waiter stops
 		// waiting when its own request ends.
+		if node != "" {
+			if err := x.nodes.take(node); err != nil {
+				return nil, err
+			}
+		}
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
 		defer cancel()
 		if err := x.limiter.Wait(lctx); err != nil {
