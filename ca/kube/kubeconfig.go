@@ -17,8 +17,9 @@ import (
 const KubeconfigAllowFlag = "remote-secret-kubeconfig-allow"
 
 // KubeconfigFeature is a kubeconfig field that makes a client run a
-// command or read a file of the machine it runs on. Its value is the
-// field's name in a kubeconfig, and the flag value that allows it.
+// command or read a file of the machine it runs on, or believe any
+// server. Its value is the field's name in a kubeconfig, and the flag
+// value that allows it.
 type KubeconfigFeature string
 
 // Features refused in a kubeconfig from a Secret unless allowed.
@@ -29,12 +30,16 @@ const (
 	KubeconfigClientCertificate    KubeconfigFeature = "client-certificate"    // user.client-certificate: reads a local file
 	KubeconfigClientKey            KubeconfigFeature = "client-key"            // user.client-key: reads a local file
 	KubeconfigCertificateAuthority KubeconfigFeature = "certificate-authority" // cluster.certificate-authority: reads a local file
+	// cluster.insecure-skip-tls-verify: believes whoever answers at the
+	// server's address, and that cluster's TokenReviews decide which
+	// identities of the trust domain meshca issues.
+	KubeconfigInsecureSkipTLSVerify KubeconfigFeature = "insecure-skip-tls-verify"
 )
 
 // KubeconfigFeatures lists every feature, as the flag's help shows them.
 var KubeconfigFeatures = []KubeconfigFeature{
 	KubeconfigExec, KubeconfigAuthProvider, KubeconfigTokenFile,
-	KubeconfigClientCertificate, KubeconfigClientKey, KubeconfigCertificateAuthority,
+	KubeconfigClientCertificate, KubeconfigClientKey, KubeconfigCertificateAuthority, KubeconfigInsecureSkipTLSVerify,
 }
 
 // Reason is the feature's metric label.
@@ -110,6 +115,9 @@ func SanitizeKubeconfig(raw []byte, allow KubeconfigAllow) (*rest.Config, error)
 		c := in.Clusters[name]
 		if c.CertificateAuthority != "" && !allow[KubeconfigCertificateAuthority] {
 			return nil, &KubeconfigError{Feature: KubeconfigCertificateAuthority, Entry: fmt.Sprintf("cluster %q", name)}
+		}
+		if c.InsecureSkipTLSVerify && !allow[KubeconfigInsecureSkipTLSVerify] {
+			return nil, &KubeconfigError{Feature: KubeconfigInsecureSkipTLSVerify, Entry: fmt.Sprintf("cluster %q", name)}
 		}
 		if detail := proxyURLProblem(c.ProxyURL); detail != "" {
 			return nil, &KubeconfigError{Detail: fmt.Sprintf("cluster %q: %s", name, detail)}
@@ -199,12 +207,13 @@ func refusedFeature(a *clientcmdapi.AuthInfo, allow KubeconfigAllow) (Kubeconfig
 // change in how client-go maps a kubeconfig cannot let a feature through.
 func restConfigFeature(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeature, bool) {
 	uses := map[KubeconfigFeature]bool{
-		KubeconfigExec:                 rc.ExecProvider != nil,
-		KubeconfigAuthProvider:         rc.AuthProvider != nil,
-		KubeconfigTokenFile:            rc.BearerTokenFile != "",
-		KubeconfigClientCertificate:    rc.CertFile != "",
-		KubeconfigClientKey:            rc.KeyFile != "",
-		KubeconfigCertificateAuthority: rc.CAFile != "",
+		KubeconfigExec:                  rc.ExecProvider != nil,
+		KubeconfigAuthProvider:          rc.AuthProvider != nil,
+		KubeconfigTokenFile:             rc.BearerTokenFile != "",
+		KubeconfigClientCertificate:     rc.CertFile != "",
+		KubeconfigClientKey:             rc.KeyFile != "",
+		KubeconfigCertificateAuthority:  rc.CAFile != "",
+		KubeconfigInsecureSkipTLSVerify: rc.Insecure,
 	}
 	for _, f := range KubeconfigFeatures {
 		if uses[f] && !allow[f] {

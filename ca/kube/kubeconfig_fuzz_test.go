@@ -70,7 +70,7 @@ func fuzzKubeconfigSeeds() [][]byte {
 // fuzz run read /dev/zero or block on a FIFO.
 func fuzzAllow(bits uint8) KubeconfigAllow {
 	allow := KubeconfigAllow{}
-	for i, f := range []KubeconfigFeature{KubeconfigExec, KubeconfigAuthProvider} {
+	for i, f := range []KubeconfigFeature{KubeconfigExec, KubeconfigAuthProvider, KubeconfigInsecureSkipTLSVerify} {
 		if bits&(1<<i) != 0 {
 			allow[f] = true
 		}
@@ -93,6 +93,8 @@ func usesRefused(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeature, boo
 		return KubeconfigClientKey, true
 	case rc.CAFile != "" && !allow[KubeconfigCertificateAuthority]:
 		return KubeconfigCertificateAuthority, true
+	case rc.Insecure && !allow[KubeconfigInsecureSkipTLSVerify]:
+		return KubeconfigInsecureSkipTLSVerify, true
 	}
 	return "", false
 }

@@ -75,6 +75,9 @@ func kcFeatureCases(t *testing.T) []kcFeatureCase {
 		{feature: kube.KubeconfigCertificateAuthority, reason: "certificate_authority",
 			cluster: "    certificate-authority: " + file("kube.crt"), user: token,
 			inRESTConfig: func(c *rest.Config) bool { return c.CAFile != "" }},
+		{feature: kube.KubeconfigInsecureSkipTLSVerify, reason: "insecure_skip_tls_verify",
+			cluster: "    insecure-skip-tls-verify: true", user: token,
+			inRESTConfig: func(c *rest.Config) bool { return c.Insecure }},
 	}
 }
 
@@ -127,7 +130,7 @@ func TestSanitizeKubeconfigJudgesEveryEntry(t *testing.T) {
 		want kube.KubeconfigFeature
 	}{
 		{name: "unused user", raw: testKubeconfig("https://east.example", "", token+unusedUser), want: kube.KubeconfigExec},
-		{name: "unused cluster", raw: testKubeconfig("https://east.example", "    insecure-skip-tls-verify: true"+unusedCluster, token),
+		{name: "unused cluster", raw: testKubeconfig("https://east.example", "    tls-server-name: kubernetes.default.svc"+unusedCluster, token),
 			want: kube.KubeconfigCertificateAuthority},
 		// Over plain HTTP client-go ignores the user; the file is still refused.
 		{name: "user ignored over http", raw: testKubeconfig("http://east.example", "", "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"),

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // TestMultiCluster: a second, real apiserver is a remote cluster. The
@@ -86,6 +87,34 @@ current-context: x
 	}
 	if err := fetch("north"); status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), `unknown cluster "north"`) {
 		t.Fatalf("cluster from an exec kubeconfig: %v, want it never added", err)
+	}
+
+	// The working kubeconfig of west, but believing whoever answers at
+	// its address: refused, as that answer would decide which identities
+	// meshca issues.
+	blind, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range blind.Clusters {
+		c.CertificateAuthorityData, c.InsecureSkipTLSVerify = nil, true
+	}
+	blindRaw, err := clientcmd.Write(*blind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	south := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "remote-south", Labels: map[string]string{"istio/multiCluster": "true"}},
+		Data:       map[string][]byte{"south": blindRaw},
+	}
+	if _, err := cluster.Client.CoreV1().Secrets(secretNS).Create(context.Background(), south, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.WaitForLog(10*time.Second, `"msg":"remote cluster refused"`, `"cluster":"south"`, `insecure-skip-tls-verify`) {
+		t.Error("refusal of a kubeconfig that skips TLS verification not logged")
+	}
+	if err := fetch("south"); status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), `unknown cluster "south"`) {
+		t.Fatalf("cluster from a kubeconfig that skips TLS verification: %v, want it never added", err)
 	}
 
 	if err := cluster.Client.CoreV1().Secrets(secretNS).Delete(context.Background(), "remote-west", metav1.DeleteOptions{}); err != nil {
