@@ -164,8 +164,10 @@ func (a *NodeAuthorizer) parseTarget(requested string) (spiffeid.ID, error) {
 }
 
 // callerPod checks that the Pod a token is bound to still exists, is the
-// same Pod (UID) and runs the token's service account. The apiserver
-// keeps accepting a deleted Pod's token for a few seconds; this does not.
+// same Pod (UID), runs the token's service account and has not
+// terminated; a Pod being deleted keeps its identity while it drains. The
+// apiserver keeps accepting a deleted Pod's token for a few seconds; this
+// does not.
 func (a *NodeAuthorizer) callerPod(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error, tracing bool) (*kube.PodInfo, error) {
 	pod, err := a.lookupCallerPod(ctx, c)
 	if err == nil && !tracing {
@@ -192,8 +194,6 @@ func (a *NodeAuthorizer) lookupCallerPod(ctx context.Context, c *Caller) (*kube.
 		return nil, refuse(codes.Unauthenticated, "caller_sa_mismatch", msg, fmt.Errorf("the token's Pod %s/%s runs %s, the token is for %s", c.Namespace, c.PodName, pod.ServiceAccount, c.ServiceAccount))
 	case pod.Terminated:
 		return nil, refuse(codes.Unauthenticated, "caller_pod_terminated", msg, fmt.Errorf("the token's Pod %s/%s has terminated", c.Namespace, c.PodName))
-	case pod.Deleting:
-		return nil, refuse(codes.Unauthenticated, "caller_pod_deleting", msg, fmt.Errorf("the token's Pod %s/%s is being deleted", c.Namespace, c.PodName))
 	}
 	return pod, nil
 }

@@ -72,23 +72,23 @@ func (x *accountIndex) liveOnNode(ns, sa, node string) []PodInfo {
 	k := nodeAccount{account{unique.Make(ns), unique.Make(sa)}, unique.Make(node)}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return liveRecords(x.onNode[k], true)
+	return liveRecords(x.onNode[k])
 }
 
-// liveOf returns the live Pods of ns/sa on any node.
+// liveOf returns the not-terminated Pods of ns/sa on any node.
 func (x *accountIndex) liveOf(ns, sa string) []PodInfo {
 	k := account{unique.Make(ns), unique.Make(sa)}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return liveRecords(x.of[k], false)
+	return liveRecords(x.of[k])
 }
 
-// liveRecords keeps the Pods that are not terminated and, unless deleting
-// is allowed, not being deleted.
-func liveRecords(list []*podRecord, deleting bool) []PodInfo {
+// liveRecords keeps the Pods that have not terminated (those being
+// deleted too: they run while they drain).
+func liveRecords(list []*podRecord) []PodInfo {
 	var out []PodInfo
 	for _, p := range list {
-		if !p.terminated && (deleting || !p.deleting) {
+		if !p.terminated {
 			out = append(out, *p.info())
 		}
 	}

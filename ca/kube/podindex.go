@@ -28,9 +28,10 @@ type PodInfo struct {
 	Deleting bool
 }
 
-// Live reports whether the Pod runs or may still run: not terminated and
-// not being deleted.
-func (p *PodInfo) Live() bool { return !p.Terminated && !p.Deleting }
+// Live reports whether the Pod runs or may still run: it has not
+// terminated. A Pod being deleted is live while it drains: it still
+// serves, and needs its certificates, until its containers stop.
+func (p *PodInfo) Live() bool { return !p.Terminated }
 
 // PodIndex is a watch-fed cache of Pods, indexed by (namespace, service
 // account, node). A miss is confirmed against the apiserver once, rate
@@ -159,7 +160,7 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	return &out[0], nil
 }
 
-// OfAccount returns the live Pods of ns/sa on any node. A miss in the
+// OfAccount returns the live Pods (PodInfo.Live) of ns/sa on any node. A miss in the
 // index is confirmed against the apiserver (confirm).
 func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {
 	if !x.Synced() {
@@ -173,8 +174,7 @@ func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, err
 	})
 }
 
-// OnNode returns the not-terminated Pods of ns/sa on node (a Pod being
-// deleted still needs its certificate while it drains). A miss in the index
+// OnNode returns the live Pods (PodInfo.Live) of ns/sa on node. A miss in the index
 // is confirmed against the apiserver with one bounded list (confirm).
 func (x *PodIndex) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, error) {
 	if !x.Synced() {
@@ -275,7 +275,7 @@ func (a APIPods) OnNode(ctx context.Context, ns, sa, node string) ([]PodInfo, er
 	if err != nil {
 		return nil, err
 	}
-	return live(podObjects(list), true), nil
+	return live(podObjects(list)), nil
 }
 
 // OfAccount implements PodSource with one bounded list by field selector.
@@ -290,7 +290,7 @@ func (a APIPods) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error
 	if err != nil {
 		return nil, err
 	}
-	return live(podObjects(list), false), nil
+	return live(podObjects(list)), nil
 }
 
 // notSucceeded and notFailed leave terminated Pods out of a list: a Job's
@@ -309,12 +309,11 @@ func podObjects(list *corev1.PodList) []any {
 	return objs
 }
 
-// live keeps the Pods that are not terminated and, unless deleting is
-// allowed, not being deleted.
-func live(objs []any, deleting bool) []PodInfo {
+// live keeps the Pods that are live (PodInfo.Live).
+func live(objs []any) []PodInfo {
 	var out []PodInfo
 	for _, o := range objs {
-		if p := podInfo(o); p != nil && !p.Terminated && (deleting || !p.Deleting) {
+		if p := podInfo(o); p != nil && p.Live() {
 			out = append(out, *p)
 		}
 	}

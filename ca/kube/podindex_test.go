@@ -91,8 +91,8 @@ func TestPodIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "deleting", func() bool { return len(onNode("apps", "web", "node-b")) == 1 })
-	if p := x.accounts.liveOf("apps", "web"); len(p) != 0 {
-		t.Fatalf("a Pod being deleted renews: %+v", p)
+	if p := x.accounts.liveOf("apps", "web"); len(p) != 1 || !p[0].Deleting {
+		t.Fatalf("a Pod being deleted, still draining: %+v, want it to renew", p)
 	}
 	if err := client.CoreV1().Pods("apps").Delete(ctx, "web-0", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,7 @@ func wantRefusal(r *certv1.PodCertificateRequest) string {
 		return ReasonPodNotFound
 	case s.PodUID != podUID:
 		return ReasonPodReplaced
-	case s.PodName != "cart-1":
+	case s.PodName == "cart-done":
 		return ReasonPodTerminating
 	case s.ServiceAccountName != "cart":
 		return ReasonServiceAccount

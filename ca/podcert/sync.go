@@ -248,8 +248,10 @@ func podRefusal(pod *corev1.Pod, r *certv1.PodCertificateRequest) *Refusal {
 		return denied(ReasonPodNotFound, "pod_gone", fmt.Sprintf("pod %s no longer exists", name))
 	case pod.UID != s.PodUID:
 		return denied(ReasonPodReplaced, "pod_replaced", fmt.Sprintf("pod %s is now UID %s, not the requesting UID %s", name, pod.UID, s.PodUID))
-	case pod.DeletionTimestamp != nil, pod.Status.Phase == corev1.PodSucceeded, pod.Status.Phase == corev1.PodFailed:
-		return denied(ReasonPodTerminating, "pod_terminating", fmt.Sprintf("pod %s is terminating or terminated", name))
+	case pod.Status.Phase == corev1.PodSucceeded, pod.Status.Phase == corev1.PodFailed:
+		// A Pod being deleted is not refused: it runs, and may need its
+		// certificate refreshed, until its containers stop.
+		return denied(ReasonPodTerminating, "pod_terminating", fmt.Sprintf("pod %s has terminated (%s)", name, pod.Status.Phase))
 	case pod.Spec.ServiceAccountName != s.ServiceAccountName:
 		return denied(ReasonServiceAccount, "service_account_mismatch",
 			fmt.Sprintf("pod %s runs as service account %s, not %s", name, pod.Spec.ServiceAccountName, s.ServiceAccountName))
