@@ -61,7 +61,9 @@ func (n *nodeLookups) take(node string) error {
 	r := l.ReserveN(now, 1)
 	if d := r.DelayFrom(now); d > 0 {
 		r.CancelAt(now)
-		return &LookupBudgetError{Node: node, RetryAfter: d}
+		// Whole milliseconds, rounded up: the hint goes out as
+		// grpc-retry-pushback-ms too, and must not be early.
+		return &LookupBudgetError{Node: node, RetryAfter: (d + time.Millisecond - 1).Truncate(time.Millisecond)}
 	}
 	return nil
 }

@@ -259,3 +259,45 @@ func sampleValue(e *exposition, name, label, value string) float64 {
 	}
 	return -1
 }
+
+// TestNodeLookupShare: a node proxy asking for Pods its node does not run
+// (each a miss of the Pod index, confirmed against the apiserver) spends
+// its node's share of those lookups, and is then refused at once with
+// ResourceExhausted and retry hints; another node's proxy still gets its
+// lookups, and the first still gets the Pods the index holds.
+func TestNodeLookupShare(t *testing.T) {
+	const nodeBurst, nodeRate = 20, 5.0 // a quarter of the default 20/s lookups, bursts of 20
+	m := newMesh(t)
+	cluster.NewWorkload(t, m.apps, "web", "node-a")
+	lc := newLimitClient(t, m)
+	start := time.Now()
+	denied := 0
+	for ; denied < 200; denied++ {
+		trailer, took, err := lc.call(t, m.ztunnelA.Token, m.id(fmt.Sprintf("made-up-%d", denied)), true, nil)
+		if status.Code(err) == codes.ResourceExhausted {
+			checkRetryHints(t, err, trailer, "node_pod_lookups", time.Second)
+			if took > 2*time.Second {
+				t.Errorf("the refusal took %v: nothing may queue for a node's lookups", took)
+			}
+			break
+		}
+		if st := status.Convert(err); st.Code() != codes.PermissionDenied {
+			t.Fatalf("made-up Pod %d on node-a: %v, want PermissionDenied (not on the node)", denied, err)
+		}
+	}
+	elapsed := time.Since(start)
+	t.Logf("node-a: %d made-up Pods looked up in %v before the first refusal", denied, elapsed.Round(time.Millisecond))
+	if most := nodeBurst + int(elapsed.Seconds()*nodeRate) + 1; denied < nodeBurst || denied > most {
+		t.Fatalf("node-a: %d lookups before a refusal; want its share's burst of %d, at most %d with the refill", denied, nodeBurst, most)
+	}
+	if _, _, err := lc.call(t, m.ztunnelB.Token, m.id("made-up-b"), true, nil); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("node-b's proxy, a made-up Pod, while node-a's share is spent: %v, want PermissionDenied after a lookup", err)
+	}
+	if _, _, err := lc.call(t, m.ztunnelA.Token, m.id("web"), true, nil); err != nil {
+		t.Fatalf("node-a's proxy, a Pod the index holds: %v", err)
+	}
+	e := scrapeMetrics(t, m.s.AdminAddr)
+	if v := sampleValue(e, "meshca_rate_limited_total", "reason", "node_pod_lookups"); v < 1 {
+		t.Errorf("meshca_rate_limited_total{reason=\"node_pod_lookups\"} = %v, want at least 1", v)
+	}
+}
