@@ -85,14 +85,18 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 		out.PEM = pemutil.EncodeCertificates(b.X509Authorities()...)
 		return out
 	}
-	var builds []func() (trustPublisher, error)
+	var builds []func(*trust.Mark) (trustPublisher, error)
 	if c.Publish {
 		cfg := trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log,
 			Observer: counter.Kind(trustprom.KindConfigMap), Bundle: bundle}
 		if _, err := trust.NewPublisher(cfg); err != nil {
 			return nil, nil, err
 		}
-		builds = append(builds, func() (trustPublisher, error) { return trust.NewPublisher(cfg) })
+		builds = append(builds, func(m *trust.Mark) (trustPublisher, error) {
+			cfg := cfg
+			cfg.Mark = m
+			return trust.NewPublisher(cfg)
+		})
 	}
 	if c.ClusterTrustBundle {
 		cfg := trust.ClusterTrustBundleConfig{Client: client, Bundle: bundle,
@@ -105,9 +109,15 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 			}
 			return nil, nil, &FieldError{Field: field, Err: err}
 		}
-		builds = append(builds, func() (trustPublisher, error) { return trust.NewClusterTrustBundlePublisher(cfg) })
+		builds = append(builds, func(m *trust.Mark) (trustPublisher, error) {
+			cfg := cfg
+			cfg.Mark = m
+			return trust.NewClusterTrustBundlePublisher(cfg)
+		})
 	}
-	t := &trustTerms{builds: builds}
+	t := &trustTerms{builds: builds, newMark: func() *trust.Mark {
+		return &trust.Mark{Client: client, Namespace: c.LeaseNamespace, Name: TrustLease}
+	}}
 	run := func(ctx context.Context) error {
 		return campaign(ctx, client, c.LeaseNamespace, TrustLease, t.lead, leaders, log)
 	}
@@ -115,9 +125,11 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 }
 
 // trustTerms runs a fresh set of publishers for each term of leadership
-// and passes bundle changes to the current one.
+// and passes bundle changes to the current one. The publishers of a term
+// share one Mark, on the Lease they were elected on.
 type trustTerms struct {
-	builds []func() (trustPublisher, error)
+	builds  []func(*trust.Mark) (trustPublisher, error)
+	newMark func() *trust.Mark
 
 	mu      sync.Mutex
 	current []trustPublisher // nil between terms
@@ -126,8 +138,9 @@ type trustTerms struct {
 // lead runs one term's publishers until ctx ends or one fails.
 func (t *trustTerms) lead(ctx context.Context) error {
 	pubs := make([]trustPublisher, 0, len(t.builds))
+	mark := t.newMark()
 	for _, build := range t.builds {
-		p, err := build()
+		p, err := build(mark)
 		if err != nil {
 			return err
 		}

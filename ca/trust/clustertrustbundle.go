@@ -44,9 +44,12 @@ type ClusterTrustBundleConfig struct {
 	// Client.Discovery().
 	Discovery Discovery
 	// Bundle returns the current trust bundle and its version. Nothing
-	// is written while it is empty, nor over a newer one of the same
-	// lineage (BundleVersion).
+	// is written while it is empty.
 	Bundle func() Bundle
+	// Mark records the version published and refuses to write a bundle
+	// older than it, or of another CA state (see Mark); nil writes every
+	// bundle as it is. The ConfigMap publisher of the same term shares it.
+	Mark *Mark
 	// TrustDomain names and labels the object (see
 	// ClusterTrustBundleName).
 	TrustDomain spiffeid.TrustDomain
@@ -187,19 +190,10 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 	return out
 }
 
-// behind reports whether the ClusterTrustBundle the informer shows
-// carries a newer bundle of this replica's lineage than its own.
-func (p *ClusterTrustBundlePublisher) behind() bool {
-	obj, exists, err := p.store.GetByKey(p.name)
-	if err != nil || !exists {
-		return false
-	}
-	cur, ok := p.api.toV1(obj)
-	if !ok {
-		return false
-	}
-	_, newer := p.cfg.Bundle().Version.publishedNewer(cur.Annotations)
-	return newer
+// behind reports whether the Mark still refuses this replica's bundle.
+func (p *ClusterTrustBundlePublisher) behind(ctx context.Context) bool {
+	_, refused := isPublished(p.cfg.Mark.Ensure(ctx, p.cfg.Bundle().Version))
+	return refused
 }
 
 // BundleChanged queues the object for a check; call it after the bundle

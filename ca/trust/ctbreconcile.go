@@ -23,6 +23,9 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 		return err
 	}
 	if !exists {
+		if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
+			return err
+		}
 		return p.write(ctx, log, "create", &certv1.ClusterTrustBundle{
 			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: maps.Clone(p.labels), Annotations: bundle.Version.annotate(nil)},
 			Spec:       certv1.ClusterTrustBundleSpec{SignerName: p.cfg.SignerName, TrustBundle: string(bundle.PEM)},
@@ -41,16 +44,12 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 		}
 		return nil
 	}
-	if theirs, newer := bundle.Version.publishedNewer(cur.Annotations); newer {
-		p.observe(ResultStale)
-		if p.stale.first(bundle.Version) {
-			log.Warn(StaleMessage, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
-		}
-		return nil // the publisher steps down (Run returns ErrStale)
-	}
 	want, changed := p.desired(cur, bundle)
 	if !changed {
 		return nil
+	}
+	if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
+		return err
 	}
 	return p.write(ctx, log, "update", want)
 }

@@ -13,6 +13,8 @@ const (
 	logDelay     = "delay"
 	logLabel     = "label"
 
+	logLineage           = "lineage"
 	logSequence          = "sequence"
+	logPublishedLineage  = "published_lineage"
 	logPublishedSequence = "published_sequence"
 )

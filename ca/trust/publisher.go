@@ -66,9 +66,12 @@ const (
 type Config struct {
 	Client kubernetes.Interface
 	// Bundle returns the current trust bundle and its version. Nothing
-	// is written while it is empty, nor over a newer one of the same
-	// lineage (BundleVersion).
+	// is written while it is empty.
 	Bundle func() Bundle
+	// Mark records the version published and refuses to write a bundle
+	// older than it, or of another CA state (see Mark); nil writes every
+	// bundle as it is (one replica alone, or tests).
+	Mark *Mark
 	// Selector limits publishing to namespaces whose labels match; nil
 	// means every namespace.
 	Selector labels.Selector
@@ -104,7 +107,6 @@ type Publisher struct {
 	mu      sync.Mutex
 	started bool
 	stale   staleWarning
-	newest  newestSeen
 }
 
 // NewPublisher assembles a Publisher; Run starts it.
@@ -151,8 +153,8 @@ func NewPublisher(c Config) (*Publisher, error) {
 }
 
 // Run starts the informers and the workers and blocks until ctx ends. It
-// returns nil when ctx ends, ErrStale when it steps down (the published
-// bundle is newer than this replica's), and an error if called twice.
+// returns nil when ctx ends, ErrStale when it steps down (its Mark
+// refuses this replica's bundle), and an error if called twice.
 func (p *Publisher) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.started {
@@ -172,9 +174,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		UpdateFunc: func(_, obj any) { p.enqueueName(obj) },
 	}
 	cmHandler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { p.seeVersion(obj, false); p.enqueueNamespaceOf(obj) },
-		UpdateFunc: func(_, obj any) { p.seeVersion(obj, false); p.enqueueNamespaceOf(obj) },
-		DeleteFunc: func(obj any) { p.seeVersion(obj, true); p.enqueueNamespaceOf(obj) },
+		AddFunc:    func(obj any) { p.enqueueNamespaceOf(obj) },
+		UpdateFunc: func(_, obj any) { p.enqueueNamespaceOf(obj) },
+		DeleteFunc: func(obj any) { p.enqueueNamespaceOf(obj) },
 	}
 	if _, err := p.nsInformer.AddEventHandler(nsHandler); err != nil {
 		return fmt.Errorf("trust: namespace informer: %w", err)
@@ -204,11 +206,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return err
 }
 
-// behind reports whether a ConfigMap the informer shows carries a newer
-// bundle of this replica's lineage than its own.
-func (p *Publisher) behind() bool {
-	_, newer := p.newest.newer(p.cfg.Bundle().Version)
-	return newer
+// behind reports whether the Mark still refuses this replica's bundle.
+func (p *Publisher) behind(ctx context.Context) bool {
+	_, refused := isPublished(p.cfg.Mark.Ensure(ctx, p.cfg.Bundle().Version))
+	return refused
 }
 
 // BundleChanged queues every known namespace; call it after the bundle
@@ -226,22 +227,6 @@ func (p *Publisher) BundleChanged() {
 func (p *Publisher) enqueueName(obj any) {
 	if ns, ok := obj.(*corev1.Namespace); ok {
 		p.queue.Add(ns.Name)
-	}
-}
-
-// seeVersion records the bundle version a ConfigMap carries, or forgets
-// it when the ConfigMap is deleted.
-func (p *Publisher) seeVersion(obj any, deleted bool) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
-	}
-	cm, ok := obj.(*corev1.ConfigMap)
-	switch {
-	case !ok:
-	case deleted:
-		p.newest.forget(cm.Namespace)
-	default:
-		p.newest.see(cm.Namespace, cm.Annotations)
 	}
 }
 

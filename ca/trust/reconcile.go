@@ -55,24 +55,12 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	if len(bundle.PEM) == 0 {
 		return nil // nothing to publish yet; BundleChanged will queue it again
 	}
-	// A bundle newer than ours, of our lineage, published here or in
-	// any namespace: write nothing until this replica catches up.
 	cm, err := p.configMaps.ConfigMaps(name).Get(ConfigMapName)
-	theirs, newer := p.newest.newer(bundle.Version)
-	if err == nil {
-		if seq, here := bundle.Version.publishedNewer(cm.Annotations); here {
-			theirs, newer = max(theirs, seq), true
-		}
-	}
-	if newer {
-		p.observe(ResultStale)
-		if p.stale.first(bundle.Version) {
-			p.cfg.Logger.Warn(StaleMessage, logNamespace, name, logSequence, bundle.Version.Sequence, logPublishedSequence, theirs)
-		}
-		return nil // the publisher steps down (Run returns ErrStale)
-	}
 	switch {
 	case apierrors.IsNotFound(err):
+		if ok, err := p.guard(ctx, bundle, name); !ok {
+			return err
+		}
 		return p.create(ctx, name, bundle)
 	case err != nil:
 		return err
@@ -81,7 +69,16 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	if !changed {
 		return nil
 	}
+	if ok, err := p.guard(ctx, bundle, name); !ok {
+		return err
+	}
 	return p.update(ctx, want)
+}
+
+// guard asks the Mark whether bundle may be written (staleWarning.guard):
+// not over a newer bundle of its lineage, nor over another lineage's.
+func (p *Publisher) guard(ctx context.Context, bundle Bundle, ns string) (bool, error) {
+	return p.stale.guard(ctx, p.cfg.Mark, bundle.Version, p.cfg.Logger, p.observe, logNamespace, ns)
 }
 
 func (p *Publisher) create(ctx context.Context, ns string, bundle Bundle) error {

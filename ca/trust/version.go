@@ -3,6 +3,7 @@ package trust
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -21,51 +22,36 @@ type Bundle struct {
 // BundleVersion places a bundle in its CA state's history: Lineage names
 // the state (the ID of its first authority, which no rotation step
 // changes) and Sequence, which only grows, orders the bundles of one
-// lineage. The publishers annotate what they write with it, so that a
-// replica whose CA state is older than the one last published (its store
-// lags, or it cannot use the newest state: keymgr.Follower refused it)
-// does not write its older bundle over the newer one while it leads:
-// workloads would lose trust in a root that is about to sign, or signs
-// already.
+// lineage. The publishers record it on their Lease (Mark) before they
+// write, and annotate what they write with it, so that a replica whose CA
+// state is older than the one last published (its store lags, or it
+// cannot use the newest state: keymgr.Follower refused it), or of another
+// lineage (a state bootstrapped anew), does not write its bundle over the
+// published one while it leads: workloads would lose trust in a root that
+// signs, or is about to.
 type BundleVersion struct {
 	Lineage  string
 	Sequence uint64
 }
 
-// Annotations of a published ConfigMap or ClusterTrustBundle that carry
-// its BundleVersion.
+// Annotations that carry a BundleVersion: on the publishers' Lease, the
+// record (Mark); on a published ConfigMap or ClusterTrustBundle, for
+// people and tools (the publishers never read them back: whoever may edit
+// a ConfigMap may write them).
 const (
 	AnnotationLineage  = "meshca.io/bundle-lineage"
 	AnnotationSequence = "meshca.io/bundle-sequence"
 )
 
-// ResultStale is a write not made: the published bundle is newer than
-// this replica's (the same lineage, a higher sequence).
+// ResultStale is a write not made: the Mark refused this replica's
+// bundle (a newer one of its lineage is published, or one of another
+// lineage).
 const ResultStale = "stale"
-
-// StaleMessage is the log line of a replica that writes nothing because
-// the published bundle is newer than its own; it names the way out for an
-// operator who restarted the servers on an older CA state on purpose
-// (docs/rotation.md).
-const StaleMessage = "the published trust bundle is newer than this replica's CA state; not writing over it until this replica catches up " +
-	"(to go back to an older state on purpose, remove the annotation " + AnnotationSequence + " from the published objects)"
 
 // IsZero reports whether v is no comparable version: without a lineage
 // (pinned anchors; a plugged-in directory, whose sequence each process
 // counts alone), whatever its sequence.
 func (v BundleVersion) IsZero() bool { return v.Lineage == "" }
-
-// publishedNewer returns the sequence of the bundle annotations describe,
-// and whether it is newer than v: of v's lineage, with a higher sequence.
-// A bundle of another lineage (the CA state was replaced) or with no
-// version is not newer: v's bundle is written over it.
-func (v BundleVersion) publishedNewer(annotations map[string]string) (uint64, bool) {
-	if v.IsZero() || annotations[AnnotationLineage] != v.Lineage {
-		return 0, false
-	}
-	seq, err := strconv.ParseUint(annotations[AnnotationSequence], 10, 64)
-	return seq, err == nil && seq > v.Sequence
-}
 
 // annotated reports whether annotations already carry v (none of them
 // when v is zero).
@@ -92,67 +78,6 @@ func (v BundleVersion) annotate(a map[string]string) map[string]string {
 	a[AnnotationLineage] = v.Lineage
 	a[AnnotationSequence] = strconv.FormatUint(v.Sequence, 10)
 	return a
-}
-
-// newestSeen knows the versions the published ConfigMaps carry, as the
-// informer shows them, so that a replica behind the newest of its lineage
-// creates no object in a new namespace either.
-type newestSeen struct {
-	mu   sync.Mutex
-	byNS map[string]BundleVersion
-	// newest is the highest sequence of each lineage; nil when byNS
-	// changed since it was computed.
-	newest map[string]uint64
-}
-
-// see records the version the ConfigMap of namespace ns carries (none:
-// the annotations were removed).
-func (n *newestSeen) see(ns string, annotations map[string]string) {
-	lineage := annotations[AnnotationLineage]
-	seq, err := strconv.ParseUint(annotations[AnnotationSequence], 10, 64)
-	v, ok := BundleVersion{Lineage: lineage, Sequence: seq}, lineage != "" && err == nil
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.byNS == nil {
-		n.byNS = map[string]BundleVersion{}
-	}
-	old, had := n.byNS[ns]
-	if ok {
-		n.byNS[ns] = v
-	} else {
-		delete(n.byNS, ns)
-	}
-	switch {
-	case n.newest == nil: // computed when next asked
-	case had && (!ok || v.Lineage != old.Lineage || v.Sequence < old.Sequence) && old.Sequence >= n.newest[old.Lineage]:
-		// The newest may have gone (annotations removed): count again
-		// when next asked. A rollout only raises sequences, and costs
-		// nothing here.
-		n.newest = nil
-	case ok:
-		n.newest[v.Lineage] = max(n.newest[v.Lineage], v.Sequence)
-	}
-}
-
-// forget drops namespace ns's ConfigMap, deleted.
-func (n *newestSeen) forget(ns string) { n.see(ns, nil) }
-
-// newer returns the highest sequence published of v's lineage, and
-// whether it is above v's.
-func (n *newestSeen) newer(v BundleVersion) (uint64, bool) {
-	if v.IsZero() {
-		return 0, false
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.newest == nil {
-		n.newest = map[string]uint64{}
-		for _, pv := range n.byNS {
-			n.newest[pv.Lineage] = max(n.newest[pv.Lineage], pv.Sequence)
-		}
-	}
-	seq := n.newest[v.Lineage]
-	return seq, seq > v.Sequence
 }
 
 // ErrStale is what a publisher's Run returns when it found the published
@@ -210,11 +135,33 @@ func (w *staleWarning) rearm() {
 	}
 }
 
+// guard asks m whether v may be written, before a write: nil lets it go
+// on. A refusal is counted as ResultStale, said once per version (with
+// attrs), and tells Run to step down unless this replica catches up; the
+// write is then not made (ok false, nil). Another error is returned: try
+// again later.
+func (w *staleWarning) guard(ctx context.Context, m *Mark, v BundleVersion, log *slog.Logger, observe func(string), attrs ...any) (ok bool, err error) {
+	err = m.Ensure(ctx, v)
+	pe, refused := isPublished(err)
+	switch {
+	case err == nil:
+		return true, nil
+	case !refused:
+		return false, err
+	}
+	observe(ResultStale)
+	if w.first(v) {
+		log.Warn(pe.Error(), append(attrs, logLineage, v.Lineage, logSequence, v.Sequence,
+			logPublishedLineage, pe.Published.Lineage, logPublishedSequence, pe.Published.Sequence)...)
+	}
+	return false, nil
+}
+
 // watch is a publisher's Run loop once its workers run: it blocks until
 // ctx ends (nil), or until the publisher, found behind, still is after
 // StaleGrace (ErrStale: it steps down). A publisher that caught up is
 // re-armed and looks at everything again (recheck).
-func (w *staleWarning) watch(ctx context.Context, behind func() bool, recheck func()) error {
+func (w *staleWarning) watch(ctx context.Context, behind func(context.Context) bool, recheck func()) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -226,7 +173,7 @@ func (w *staleWarning) watch(ctx context.Context, behind func() bool, recheck fu
 			return nil
 		case <-time.After(StaleGrace):
 		}
-		if behind() {
+		if behind(ctx) {
 			return ErrStale
 		}
 		w.rearm()

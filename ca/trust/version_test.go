@@ -7,8 +7,10 @@ import (
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/meshca/meshca/ca/trust"
@@ -43,40 +45,80 @@ func stepsDown(t *testing.T, done <-chan error) {
 	}
 }
 
-// TestPublisherBundleVersions: a replica whose CA state is older than
-// the one published (the same lineage, a lower sequence) does not write
-// over it, counts it stale, says so once and steps down (its Run returns
-// ErrStale); once it has caught up, its next term writes. A bundle of another lineage, or one with no version (pinned
-// anchors), is written over whatever is published. Other annotations are
-// kept.
+// The Lease the tests' Marks record on.
+const (
+	leaseNS   = "meshca"
+	leaseName = "meshca-trust-publisher"
+)
+
+// leaseWith is the publishers' Lease carrying annotations.
+func leaseWith(annotations map[string]string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: leaseNS, Name: leaseName, Annotations: annotations}}
+}
+
+func markOf(client kubernetes.Interface) *trust.Mark {
+	return &trust.Mark{Client: client, Namespace: leaseNS, Name: leaseName}
+}
+
+func leaseAnnotations(t *testing.T, client kubernetes.Interface) map[string]string {
+	t.Helper()
+	l, err := client.CoordinationV1().Leases(leaseNS).Get(context.Background(), leaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Annotations
+}
+
+// TestPublisherBundleVersions: the Lease's record decides. A replica
+// whose CA state is older than the one recorded (the same lineage, a
+// lower sequence), or of another lineage (a state bootstrapped anew),
+// does not write, counts it stale, says so once and steps down (its Run
+// returns ErrStale); once it has caught up (or an operator removed the
+// record), its next term writes and records its version. A bundle with no
+// version (pinned anchors) is written whatever is recorded. What the
+// ConfigMaps carry is never read back: anyone who may edit a ConfigMap
+// may write it.
 func TestPublisherBundleVersions(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		published   map[string]string
-		ours        trust.BundleVersion
-		written     bool
-		annotations map[string]string // after
+		name      string
+		recorded  map[string]string // the Lease's annotations
+		onCM      map[string]string // the ConfigMap's
+		ours      trust.BundleVersion
+		written   bool
+		said      string
+		recovered map[string]string // the Lease's annotations that let a refused replica write
+		after     map[string]string // the Lease's annotations at the end
 	}{
-		{"older of the same lineage", versioned("L", "5"), trust.BundleVersion{Lineage: "L", Sequence: 3}, false, versioned("L", "5")},
-		{"equal of the same lineage", versioned("L", "5"), trust.BundleVersion{Lineage: "L", Sequence: 5}, true, versioned("L", "5")},
-		{"newer of the same lineage", versioned("L", "5"), trust.BundleVersion{Lineage: "L", Sequence: 6}, true, versioned("L", "6")},
-		{"another lineage", versioned("M", "9"), trust.BundleVersion{Lineage: "L", Sequence: 1}, true, versioned("L", "1")},
-		{"published without a version", map[string]string{"team": "kept"}, trust.BundleVersion{Lineage: "L", Sequence: 1}, true, versioned("L", "1")},
-		{"unreadable sequence", versioned("L", "x"), trust.BundleVersion{Lineage: "L", Sequence: 1}, true, versioned("L", "1")},
-		{"ours without a version", versioned("L", "5"), trust.BundleVersion{}, true, map[string]string{"team": "kept"}},
+		{name: "older of the same lineage", recorded: versioned("L", "5"), ours: trust.BundleVersion{Lineage: "L", Sequence: 3},
+			said: "newer than this replica's CA state", recovered: versioned("L", "5"), after: versioned("L", "7")},
+		{name: "equal of the same lineage", recorded: versioned("L", "5"), ours: trust.BundleVersion{Lineage: "L", Sequence: 5}, written: true,
+			after: versioned("L", "5")},
+		{name: "newer of the same lineage", recorded: versioned("L", "5"), ours: trust.BundleVersion{Lineage: "L", Sequence: 6}, written: true,
+			after: versioned("L", "6")},
+		{name: "another lineage", recorded: versioned("M", "9"), ours: trust.BundleVersion{Lineage: "L", Sequence: 1},
+			said: "belongs to another CA state", recovered: map[string]string{"team": "kept"}, after: versioned("L", "7")},
+		{name: "nothing recorded", recorded: map[string]string{"team": "kept"}, ours: trust.BundleVersion{Lineage: "L", Sequence: 1}, written: true,
+			after: versioned("L", "1")},
+		{name: "the sequence removed by an operator", recorded: map[string]string{trust.AnnotationLineage: "L", "team": "kept"},
+			ours: trust.BundleVersion{Lineage: "L", Sequence: 1}, written: true, after: versioned("L", "1")},
+		{name: "unreadable sequence", recorded: versioned("L", "x"), ours: trust.BundleVersion{Lineage: "L", Sequence: 1}, written: true,
+			after: versioned("L", "1")},
+		{name: "ours without a version", recorded: versioned("L", "5"), ours: trust.BundleVersion{}, written: true, after: versioned("L", "5")},
+		{name: "a ConfigMap's annotations forged", recorded: versioned("L", "5"), onCM: versioned("L", "18446744073709551615"),
+			ours: trust.BundleVersion{Lineage: "L", Sequence: 6}, written: true, after: versioned("L", "6")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			existing := &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: tc.published,
+				ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: tc.onCM,
 					Labels: map[string]string{trust.LabelKey: trust.LabelValue}},
 				Data: map[string]string{trust.DataKey: "published"},
 			}
-			client := fake.NewClientset(namespace("a", nil, false), existing)
+			client := fake.NewClientset(namespace("a", nil, false), existing, leaseWith(tc.recorded))
 			obs, l := &counter{}, &logs{}
 			b := &bundle{}
 			b.setVersioned("ours", tc.ours)
 			newTerm := func() func(context.Context) error {
-				p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs, Logger: l.logger()})
+				p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs, Logger: l.logger(), Mark: markOf(client)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -88,38 +130,73 @@ func TestPublisherBundleVersions(t *testing.T) {
 			} else {
 				stepsDown(t, term)
 				if got := configMap(client, "a").Data[trust.DataKey]; got != "published" {
-					t.Fatalf("an older bundle was written over a newer one: %q", got)
+					t.Fatalf("the bundle was written over the recorded one: %q", got)
 				}
-				if obs.get(trust.ResultStale) == 0 || l.count("newer than this replica") != 1 {
-					t.Errorf("stale writes %d, log:\n%s; want counted and said once", obs.get(trust.ResultStale), l.buf.String())
+				if obs.get(trust.ResultStale) == 0 || l.count(tc.said) != 1 || l.count(leaseNS+"/"+leaseName) != 1 {
+					t.Errorf("stale writes %d, log:\n%s; want counted and said once (%q), naming the Lease", obs.get(trust.ResultStale), l.buf.String(), tc.said)
 				}
-				// Caught up: the next term writes.
+				// Caught up, or the record removed: the next term writes.
+				lease, _ := client.CoordinationV1().Leases(leaseNS).Get(context.Background(), leaseName, metav1.GetOptions{})
+				lease.Annotations = tc.recovered
+				if _, err := client.CoordinationV1().Leases(leaseNS).Update(context.Background(), lease, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
 				b.setVersioned("caught up", trust.BundleVersion{Lineage: "L", Sequence: 7})
 				runTerm(t, newTerm())
 				eventually(t, "written once caught up", published(client, "a", "caught up"))
-				tc.annotations = versioned("L", "7")
 			}
-			if got := configMap(client, "a").Annotations; !equalMaps(got, tc.annotations) {
-				t.Errorf("annotations %v, want %v", got, tc.annotations)
+			if got := leaseAnnotations(t, client); !equalMaps(got, tc.after) {
+				t.Errorf("the Lease's annotations %v, want %v", got, tc.after)
+			}
+			if v := b.get().Version; !v.IsZero() && configMap(client, "a").Annotations[trust.AnnotationSequence] != tc.after[trust.AnnotationSequence] {
+				t.Errorf("the ConfigMap's annotations %v, want the version written", configMap(client, "a").Annotations)
 			}
 		})
 	}
 }
 
-// TestPublisherCreatesNothingWhenBehind: a newer bundle published in one
-// namespace keeps a replica behind it from creating its older bundle in
-// another: it steps down, and its next term, caught up, writes both.
+// TestForgedConfigMapVersionIsIgnored: a tenant who annotates the
+// ConfigMap of its namespace with a huge sequence of the CA's lineage
+// stops nothing: a current replica updates every namespace, that one's
+// included. (The publishers once trusted what the ConfigMaps said, and
+// such a ConfigMap froze the bundle of every namespace.)
+func TestForgedConfigMapVersionIsIgnored(t *testing.T) {
+	cm := func(ns, pem string, annotations map[string]string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: ns, Annotations: annotations,
+			Labels: map[string]string{trust.LabelKey: trust.LabelValue}}, Data: map[string]string{trust.DataKey: pem}}
+	}
+	client := fake.NewClientset(namespace("tenant", nil, false), namespace("victim", nil, false), leaseWith(versioned("L", "5")),
+		cm("tenant", "old roots", versioned("L", "18446744073709551615")), cm("victim", "old roots", versioned("L", "5")))
+	b := &bundle{}
+	b.setVersioned("new roots", trust.BundleVersion{Lineage: "L", Sequence: 6})
+	p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Mark: markOf(client)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := runTerm(t, p.Run)
+	eventually(t, "victim updated", published(client, "victim", "new roots"))
+	eventually(t, "tenant repaired", published(client, "tenant", "new roots"))
+	select {
+	case err := <-term:
+		t.Fatalf("the current replica stepped down: %v", err)
+	case <-time.After(trust.StaleGrace + time.Second):
+	}
+}
+
+// TestPublisherCreatesNothingWhenBehind: a replica behind the recorded
+// version creates its older bundle in no namespace: it steps down, and
+// its next term, caught up, writes both.
 func TestPublisherCreatesNothingWhenBehind(t *testing.T) {
 	existing := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: versioned("L", "5"),
 			Labels: map[string]string{trust.LabelKey: trust.LabelValue}},
 		Data: map[string]string{trust.DataKey: "published"},
 	}
-	client := fake.NewClientset(namespace("a", nil, false), namespace("b", nil, false), existing)
+	client := fake.NewClientset(namespace("a", nil, false), namespace("b", nil, false), existing, leaseWith(versioned("L", "5")))
 	b := &bundle{}
 	b.setVersioned("older", trust.BundleVersion{Lineage: "L", Sequence: 4})
 	newTerm := func() func(context.Context) error {
-		p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get})
+		p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Mark: markOf(client)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,11 +221,11 @@ func TestPublisherCatchesUpWithinGrace(t *testing.T) {
 			Labels: map[string]string{trust.LabelKey: trust.LabelValue}},
 		Data: map[string]string{trust.DataKey: "published"},
 	}
-	client := fake.NewClientset(namespace("a", nil, false), existing)
+	client := fake.NewClientset(namespace("a", nil, false), existing, leaseWith(versioned("L", "5")))
 	obs := &counter{}
 	b := &bundle{}
 	b.setVersioned("behind", trust.BundleVersion{Lineage: "L", Sequence: 4})
-	p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs})
+	p, err := trust.NewPublisher(trust.Config{Client: client, Bundle: b.get, Observer: obs, Mark: markOf(client)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,20 +242,20 @@ func TestPublisherCatchesUpWithinGrace(t *testing.T) {
 }
 
 // TestClusterTrustBundleBundleVersions: the ClusterTrustBundle publisher
-// keeps the same rule.
+// keeps the same rule, on the same record.
 func TestClusterTrustBundleBundleVersions(t *testing.T) {
 	existing := &certv1.ClusterTrustBundle{
 		ObjectMeta: metav1.ObjectMeta{Name: "meshca-cluster.local", Labels: map[string]string{trust.LabelManagedBy: trust.ManagedBy},
 			Annotations: versioned("L", "5")},
 		Spec: certv1.ClusterTrustBundleSpec{TrustBundle: "published"},
 	}
-	client := fake.NewClientset(existing)
+	client := fake.NewClientset(existing, leaseWith(versioned("L", "5")))
 	obs := &counter{}
 	b := &bundle{}
 	b.setVersioned("older", trust.BundleVersion{Lineage: "L", Sequence: 4})
 	newTerm := func() func(context.Context) error {
 		p, err := trust.NewClusterTrustBundlePublisher(trust.ClusterTrustBundleConfig{Client: client, TrustDomain: testTD,
-			Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}}, Bundle: b.get, Observer: obs})
+			Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}}, Bundle: b.get, Observer: obs, Mark: markOf(client)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,6 +271,9 @@ func TestClusterTrustBundleBundleVersions(t *testing.T) {
 	got, _ := client.CertificatesV1().ClusterTrustBundles().Get(context.Background(), existing.Name, metav1.GetOptions{})
 	if want := versioned("L", "6"); !equalMaps(got.Annotations, want) {
 		t.Errorf("annotations %v, want %v", got.Annotations, want)
+	}
+	if want := versioned("L", "6"); !equalMaps(leaseAnnotations(t, client), want) {
+		t.Errorf("the Lease's annotations %v, want %v", leaseAnnotations(t, client), want)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshca/meshca/ca/trust"
@@ -21,8 +22,10 @@ import (
 // write its older bundle over the newer one: the ConfigMap keeps the
 // prepared root, with the sequence of the state it came from; the replica
 // says why it writes nothing and steps down, so that a current replica
-// can lead. With the annotation removed (going back on purpose), it
-// writes its bundle when it leads again.
+// can lead. With the sequence removed from the record on the Lease (going
+// back on purpose), it writes its bundle when it leads again. What the
+// ConfigMaps carry decides nothing: a tenant's forged sequence neither
+// stops the publisher nor keeps its namespace from being updated.
 func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	lease := cluster.Namespace(t, "stale-lease")
 	apps := cluster.Namespace(t, "stale-apps")
@@ -49,12 +52,30 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	}
 	before := waitRoots(1, 20*time.Second)
 	old := copyStateDir(t, s.stateDir)
+	// A tenant who may edit ConfigMaps in its namespace forges a huge
+	// sequence of the CA's lineage on its own: the publisher believes
+	// only the Lease, and updates that namespace too.
+	tenant := cluster.Namespace(t, "stale-tenant")
+	forged := waitConfigMap(t, tenant)
+	forged.Annotations[trust.AnnotationSequence] = "18446744073709551615"
+	if _, err := cluster.Client.CoreV1().ConfigMaps(tenant).Update(context.Background(), forged, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if out, code := rootStep(t, "prepare", "--state-dir="+s.stateDir); code != 0 {
 		t.Fatalf("prepare: exit %d\n%s", code, out)
 	}
 	after := waitRoots(2, 5*time.Second)
 	if before == "" || after == "" || before == after {
 		t.Fatalf("the ConfigMap's sequence went from %q to %q on prepare, want two different sequences", before, after)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		cm := waitConfigMap(t, tenant)
+		if strings.Count(cm.Data[trust.DataKey], "BEGIN CERTIFICATE") == 2 && cm.Annotations[trust.AnnotationSequence] == after {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tenant's forged ConfigMap was not updated: %v %q", cm.Annotations, cm.Data[trust.DataKey])
+		}
 	}
 	s.Stop() // a graceful stop releases the Lease at once
 
@@ -67,30 +88,11 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 		t.Fatalf("the replica behind wrote its older bundle: %d roots, sequence %q (want 2, %q)", roots, seq, after)
 	}
 
-	// Going back on purpose (docs/rotation.md): with the annotation
-	// removed, as `kubectl annotate configmap -A --field-selector
-	// metadata.name=istio-ca-root-cert meshca.io/bundle-sequence-` does
-	// (here only from this test's CA, whose lineage the ConfigMap names),
-	// the older bundle is written.
-	ctx := context.Background()
-	ours, err := cluster.Client.CoreV1().ConfigMaps(apps).Get(ctx, trust.ConfigMapName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lineage := ours.Annotations[trust.AnnotationLineage]
-	cms, err := cluster.Client.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + trust.ConfigMapName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cm := range cms.Items {
-		if _, ok := cm.Annotations[trust.AnnotationSequence]; !ok || cm.Annotations[trust.AnnotationLineage] != lineage {
-			continue
-		}
-		delete(cm.Annotations, trust.AnnotationSequence)
-		if _, err := cluster.Client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, &cm, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Going back on purpose (docs/rotation.md): with the sequence
+	// removed from the Lease's record, as `kubectl annotate lease
+	// meshca-trust-publisher meshca.io/bundle-sequence-` does, the older
+	// bundle is written.
+	unrecord(t, lease, trust.AnnotationSequence)
 	// The only replica campaigns again after serve.StepDownBackoff (30 s).
 	if seq := waitRoots(1, 50*time.Second); seq != before {
 		t.Fatalf("the older bundle was written with sequence %q, want %q", seq, before)
@@ -125,4 +127,82 @@ func copyStateDir(t *testing.T, src string) string {
 		t.Fatal(err)
 	}
 	return dst
+}
+
+// TestNewLineageKeepsPublishedBundle: a replica whose CA state was
+// bootstrapped anew (its state Secret or directory lost: another
+// lineage) takes the Lease and does not replace the published bundle,
+// whose roots every live workload certificate was issued under: it says
+// why and steps down. With the Lease's record removed (a new CA on
+// purpose), it publishes its own.
+func TestNewLineageKeepsPublishedBundle(t *testing.T) {
+	t.Parallel()
+	lease := cluster.Namespace(t, "lineage-lease")
+	apps := cluster.Namespace(t, "lineage-apps")
+	publish := []string{"--publish-root-cert-configmaps", "--trust-lease-namespace", lease}
+	first := startServer(t, publish...)
+	firstPEM := waitBundle(t, apps, "", 20*time.Second)
+	first.Stop()
+
+	second := harness.StartMeshca(t, bin, append([]string{"--state-dir", t.TempDir(), "--kubeconfig", cluster.Kubeconfig}, publish...)...)
+	if !second.WaitForLog(20*time.Second, "belongs to another CA state") || !second.WaitForLog(15*time.Second, "stepped down") {
+		t.Fatalf("the replica of another lineage did not say why it does not publish, or did not step down:\n%s", second.Logs())
+	}
+	time.Sleep(time.Second)
+	if got := waitConfigMap(t, apps).Data[trust.DataKey]; got != firstPEM {
+		t.Fatal("the replica of another lineage replaced the published bundle")
+	}
+	unrecord(t, lease, trust.AnnotationLineage, trust.AnnotationSequence)
+	// It campaigns again after serve.StepDownBackoff (30 s).
+	if got := waitBundle(t, apps, firstPEM, 50*time.Second); got == firstPEM {
+		t.Fatal("the bundle did not change")
+	}
+}
+
+// unrecord removes annotations from the trust publishers' Lease in ns, as
+// `kubectl annotate lease -n <ns> meshca-trust-publisher <key>-` does.
+func unrecord(t *testing.T, ns string, keys ...string) {
+	t.Helper()
+	ctx := context.Background()
+	l, err := cluster.Client.CoordinationV1().Leases(ns).Get(ctx, "meshca-trust-publisher", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		delete(l.Annotations, k)
+	}
+	if _, err := cluster.Client.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitConfigMap returns the trust bundle ConfigMap of ns once it exists.
+func waitConfigMap(t *testing.T, ns string) *corev1.ConfigMap {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		cm, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), trust.ConfigMapName, metav1.GetOptions{})
+		if err == nil {
+			if cm.Annotations == nil {
+				cm.Annotations = map[string]string{}
+			}
+			return cm
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s in %s: %v", trust.ConfigMapName, ns, err)
+		}
+	}
+}
+
+// waitBundle returns the bundle published in ns once it differs from not.
+func waitBundle(t *testing.T, ns, not string, within time.Duration) string {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
+		cm, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), trust.ConfigMapName, metav1.GetOptions{})
+		if err == nil && cm.Data[trust.DataKey] != "" && cm.Data[trust.DataKey] != not {
+			return cm.Data[trust.DataKey]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s did not change within %v", trust.ConfigMapName, ns, within)
+		}
+	}
 }
