@@ -274,6 +274,10 @@ func TestClusterTrustBundleManifestsRBAC(t *testing.T) {
 		t.Errorf("refused writes:\n%s", s.Logs())
 	}
 	s.Stop() // releases the Lease for the next one
+	// The next server's CA state is another one (another lineage), which
+	// the Lease's record keeps from publishing unless an operator removes
+	// it (TestNewLineageKeepsPublishedBundle).
+	unrecord(t, "istio-system", trust.AnnotationLineage, trust.AnnotationSequence)
 
 	s = startServerAs(t, kubeconfig, append(args, "--cluster-trust-bundle-signer-name", "other.example/svid")...)
 	want := `"msg":"not allowed to create the trust bundle ClusterTrustBundle; it needs list, watch, create and update on clustertrustbundles, and attest on the certificates.k8s.io signer other.example/svid"`
