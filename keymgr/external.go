@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -109,6 +110,14 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 			return nil, &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: at, Now: now,
 				Reason: "the backend already signs under this prepared authority; " + c.state.activationWhy(rec, e.guards)}
 		}
+	}
+	// The backend bounds a leaf by the chain it believes in (a reissued
+	// issuer on the same key may outlive the one the state holds); the
+	// leaf is handed out with the state's path, and must not outlive it.
+	if end := PathExpiry(rec.Cert, append(slices.Clone(rec.Chain), rec.Root)...); leaf.NotAfter.After(end) {
+		return nil, fmt.Errorf("keymgr: the backend's leaf is valid until %s, past the end of authority %.16s's path to its root (%s): "+
+			"renew the authority, or make the backend cut its leaves at its issuer's expiry",
+			leaf.NotAfter.UTC().Format(time.RFC3339), rec.ID(), end.UTC().Format(time.RFC3339))
 	}
 	return rec, nil
 }

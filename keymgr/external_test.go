@@ -16,11 +16,17 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// extLeaf is a leaf issued at lcT0 by cert with key.
+// extLeaf is a leaf issued at lcT0 by cert with key, for an hour.
 func extLeaf(t *testing.T, cert *x509.Certificate, key crypto.Signer) *x509.Certificate {
 	t.Helper()
+	return extLeafUntil(t, cert, key, lcT0.Add(time.Hour))
+}
+
+// extLeafUntil is a leaf issued at lcT0 by cert with key, until notAfter.
+func extLeafUntil(t *testing.T, cert *x509.Certificate, key crypto.Signer, notAfter time.Time) *x509.Certificate {
+	t.Helper()
 	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), NotBefore: lcT0, NotAfter: lcT0.Add(time.Hour)}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), NotBefore: lcT0, NotAfter: notAfter}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, cert, k.Public(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +75,9 @@ func TestExternalTrustJudge(t *testing.T) {
 			named: []*x509.Certificate{retired.Active().Cert}, now: lcT0.Add(26 * time.Hour), want: "signed under retired authority"},
 		{name: "no authority of the state, the active one named", state: s, leaf: extLeaf(t, stranger.Cert, stranger.Key),
 			named: []*x509.Certificate{a.Cert}, now: lcT0, want: "which is no authority of the CA state"},
+		{name: "active, the leaf outliving its path", state: s, leaf: extLeafUntil(t, a.Cert, keyA, a.Cert.NotAfter.Add(time.Second)), now: lcT0,
+			want: "past the end of authority " + a.ID()[:16] + "'s path to its root"},
+		{name: "active, the leaf ending with its path", state: s, leaf: extLeafUntil(t, a.Cert, keyA, a.Cert.NotAfter), now: lcT0, wantID: a.ID()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
