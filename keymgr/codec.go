@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"time"
 
@@ -243,6 +244,9 @@ func DecodeState(entries map[string][]byte) (*State, error) {
 func parseStateDoc(data []byte, present bool) (*stateDoc, error) {
 	if !present {
 		return nil, errors.New("missing")
+	}
+	if err := exactKeys(data, reflect.TypeFor[stateDoc]()); err != nil {
+		return nil, fmt.Errorf("not a CA state document: %w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

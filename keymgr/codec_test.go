@@ -1,6 +1,7 @@
 package keymgr_test
 
 import (
+	"bytes"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -238,6 +239,18 @@ func TestDecodeStateRefuses(t *testing.T) {
 		{"no format", doc(func(d, _ map[string]any) { delete(d, "format") }), keymgr.EntryState, "format version 0 is not supported"},
 		{"unknown field", doc(func(d, _ map[string]any) { d["owner"] = "x" }), keymgr.EntryState, `unknown field "owner"`},
 		{"unknown authority field", field("issuer", "x"), keymgr.EntryState, `unknown field "issuer"`},
+		// encoding/json matches names regardless of case and keeps the
+		// last of two: a person reading the document would see another
+		// state than meshca.
+		{"a field in other case", func(e map[string][]byte) {
+			e[keymgr.EntryState] = bytes.Replace(e[keymgr.EntryState], []byte(`"sequence": `), []byte(`"SEQUENCE": `), 1)
+		}, keymgr.EntryState, `the document has the unknown field "SEQUENCE"`},
+		{"a field twice", func(e map[string][]byte) {
+			e[keymgr.EntryState] = bytes.Replace(e[keymgr.EntryState], []byte(`"sequence": `), []byte(`"sequence": 1, "sequence": `), 1)
+		}, keymgr.EntryState, `the document has the field "sequence" twice`},
+		{"an authority's field twice", func(e map[string][]byte) {
+			e[keymgr.EntryState] = bytes.Replace(e[keymgr.EntryState], []byte(`"phase": "active"`), []byte(`"phase": "retired", "phase": "active"`), 1)
+		}, keymgr.EntryState, `the document.authorities[2] has the field "phase" twice`},
 		{"unknown phase", field("phase", "paused"), keymgr.EntryState, `authority 3 (`},
 		{"bad root PEM", field("root", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"), keymgr.EntryState, "authority 3 (" + s.Authorities[2].ID()[:16] + "): root:"},
 		{"two roots", field("root", string(pemutil.EncodeCertificates(s.Authorities[2].Root, s.Authorities[1].Root))), keymgr.EntryState, "root: holds 2 certificates"},
