@@ -78,15 +78,29 @@ func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 	return nil
 }
 
-// jsonNames maps the JSON names of struct type t's exported fields to
-// their types.
+// jsonNames maps the JSON names of struct type t's fields to their types,
+// as encoding/json names them: exported fields, and the fields of an
+// embedded struct without a name of its own, promoted.
 func jsonNames(t reflect.Type) map[string]reflect.Type {
 	names := map[string]reflect.Type{}
 	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if ft := f.Type; f.Anonymous && name == "" {
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range jsonNames(ft) {
+					if _, shadowed := names[k]; !shadowed {
+						names[k] = v
+					}
+				}
+				continue
+			}
+		}
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch name {
 		case "-":
 			continue

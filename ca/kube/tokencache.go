@@ -67,9 +67,10 @@ type CachedTokenReviewer struct {
 	byPod   map[string]map[string]struct{}
 	refused map[string]refusal
 	fifo    *list.List // keys of refused, oldest first
-	// gone records, by Pod UID, when each Pod was deleted, for at least
-	// TTL (goneFor).
-	gone map[string]time.Time
+	// gone records, by Pod UID, when each Pod was deleted, for goneFor;
+	// goneOrder holds the same UIDs, oldest first, for pruning.
+	gone      map[string]time.Time
+	goneOrder *list.List
 }
 
 type refusal struct {
@@ -101,7 +102,7 @@ func NewCachedTokenReviewer(c TokenCacheConfig) *CachedTokenReviewer {
 		c.Now = time.Now
 	}
 	return &CachedTokenReviewer{c: c, entries: map[string]*list.Element{}, lru: list.New(), byPod: map[string]map[string]struct{}{},
-		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]time.Time{}}
+		refused: map[string]refusal{}, fifo: list.New(), gone: map[string]time.Time{}, goneOrder: list.New()}
 }
 
 // Review implements Reviewer.
@@ -227,8 +228,8 @@ func (r *CachedTokenReviewer) podGone(uid string) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.gone[uid]
-	return ok
+	at, ok := r.gone[uid]
+	return ok && r.c.Now().Sub(at) <= r.goneFor()
 }
 
 // goneFor is how long a deleted Pod's tokens are refused whatever the
@@ -248,7 +249,7 @@ func (r *CachedTokenReviewer) put(key string, c *Identity, tokenExp time.Time) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.gone[c.PodUID]; ok && c.PodUID != "" {
+	if at, ok := r.gone[c.PodUID]; ok && c.PodUID != "" && r.c.Now().Sub(at) <= r.goneFor() {
 		return
 	}
 	if el, ok := r.entries[key]; ok {
@@ -286,11 +287,17 @@ func (r *CachedTokenReviewer) InvalidatePod(uid string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.c.Now()
+	if _, ok := r.gone[uid]; !ok {
+		r.goneOrder.PushBack(uid)
+	}
 	r.gone[uid] = now
-	for u, at := range r.gone {
-		if now.Sub(at) > r.goneFor() {
-			delete(r.gone, u)
+	for el := r.goneOrder.Front(); el != nil; el = r.goneOrder.Front() {
+		u := el.Value.(string)
+		if now.Sub(r.gone[u]) <= r.goneFor() {
+			break
 		}
+		delete(r.gone, u)
+		r.goneOrder.Remove(el)
 	}
 	for key := range r.byPod[uid] {
 		if el, ok := r.entries[key]; ok {

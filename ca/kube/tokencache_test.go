@@ -231,17 +231,23 @@ func TestTokenCache(t *testing.T) {
 			t.Fatalf("another Pod's token: %v", err)
 		}
 	})
-	t.Run("a tombstone outlives the TTL only until the next deletion", func(t *testing.T) {
-		c := newCache(&countingReviewer{}, 10)
-		c.InvalidatePod("uid-old")
+	t.Run("a tombstone lasts goneFor, and is pruned at the next deletion", func(t *testing.T) {
+		inner := &countingReviewer{}
+		c := newCache(inner, 10)
+		tok := "o" + jwtWithExp(clock.Now().Add(time.Hour))
+		c.InvalidatePod("uid-o")
 		clock.Add(c.goneFor() + time.Second)
+		if err := auth(t, c, tok); err != nil {
+			t.Fatalf("a token of a Pod deleted longer than goneFor ago, the apiserver accepting it: %v", err)
+		}
 		c.InvalidatePod("uid-new")
 		c.mu.Lock()
-		_, old := c.gone["uid-old"]
+		_, old := c.gone["uid-o"]
 		_, recent := c.gone["uid-new"]
+		n := c.goneOrder.Len()
 		c.mu.Unlock()
-		if old || !recent {
-			t.Fatalf("tombstones: old %v, new %v; want only the new one", old, recent)
+		if old || !recent || n != 1 {
+			t.Fatalf("tombstones: old %v, new %v, %d queued; want only the new one", old, recent, n)
 		}
 	})
 }

@@ -192,7 +192,7 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 
 // behind reports whether the Mark still refuses this replica's bundle.
 func (p *ClusterTrustBundlePublisher) behind(ctx context.Context) bool {
-	_, refused := isPublished(p.cfg.Mark.Ensure(ctx, p.cfg.Bundle().Version))
+	_, refused := isPublished(p.cfg.Mark.Recheck(ctx, p.cfg.Bundle().Version))
 	return refused
 }
 

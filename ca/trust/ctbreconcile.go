@@ -44,12 +44,13 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 		}
 		return nil
 	}
+	// Asked even when nothing is to be written: see Publisher.reconcile.
+	if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
+		return err
+	}
 	want, changed := p.desired(cur, bundle)
 	if !changed {
 		return nil
-	}
-	if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
-		return err
 	}
 	return p.write(ctx, log, "update", want)
 }

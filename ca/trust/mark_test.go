@@ -36,6 +36,10 @@ func TestMarkEnsure(t *testing.T) {
 			stale: true, after: versioned("L", "7")},
 		{name: "another lineage recorded", recorded: versioned("M", "1"), want: "belongs to another CA state (lineage M; this replica's is L)",
 			stale: true, after: versioned("M", "1")},
+		{name: "another lineage recorded, its sequence removed", recorded: map[string]string{trust.AnnotationLineage: "M"},
+			want: "belongs to another CA state", stale: true, after: map[string]string{trust.AnnotationLineage: "M"}},
+		{name: "this lineage recorded, its sequence removed", recorded: map[string]string{trust.AnnotationLineage: "L"},
+			after: map[string]string{trust.AnnotationLineage: "L", trust.AnnotationSequence: "6"}},
 		{name: "no Lease", noLease: true, want: "read the published version from Lease meshca/meshca-trust-publisher"},
 	}
 	for _, tt := range tests {
@@ -76,6 +80,26 @@ func TestMarkEnsure(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a refusal is remembered until Recheck", func(t *testing.T) {
+		client := fake.NewClientset(leaseWith(versioned("L", "7")))
+		var gets atomic.Int64
+		client.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			gets.Add(1)
+			return false, nil, nil
+		})
+		m := markOf(client)
+		for range 3 {
+			if err := m.Ensure(context.Background(), v); !errors.Is(err, trust.ErrStale) {
+				t.Fatalf("Ensure: %v, want a refusal", err)
+			}
+		}
+		if n := gets.Load(); n != 1 {
+			t.Fatalf("%d reads of the Lease for 3 Ensures of a refused version, want 1", n)
+		}
+		if err := m.Recheck(context.Background(), v); !errors.Is(err, trust.ErrStale) || gets.Load() != 2 {
+			t.Fatalf("Recheck: %v after %d reads; want a refusal read again", err, gets.Load())
+		}
+	})
 	t.Run("a zero version is neither checked nor recorded", func(t *testing.T) {
 		client := fake.NewClientset(leaseWith(versioned("M", "1")))
 		if err := markOf(client).Ensure(context.Background(), trust.BundleVersion{}); err != nil {

@@ -208,7 +208,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 
 // behind reports whether the Mark still refuses this replica's bundle.
 func (p *Publisher) behind(ctx context.Context) bool {
-	_, refused := isPublished(p.cfg.Mark.Ensure(ctx, p.cfg.Bundle().Version))
+	_, refused := isPublished(p.cfg.Mark.Recheck(ctx, p.cfg.Bundle().Version))
 	return refused
 }
 

@@ -55,12 +55,16 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	if len(bundle.PEM) == 0 {
 		return nil // nothing to publish yet; BundleChanged will queue it again
 	}
+	// Asked before anything is compared: a term that finds every
+	// namespace up to date still records the version it serves, so that
+	// a replica behind it, or of another CA state, leading later, is held
+	// back (the answer is remembered: no apiserver call after the first).
+	if ok, err := p.guard(ctx, bundle, name); !ok {
+		return err
+	}
 	cm, err := p.configMaps.ConfigMaps(name).Get(ConfigMapName)
 	switch {
 	case apierrors.IsNotFound(err):
-		if ok, err := p.guard(ctx, bundle, name); !ok {
-			return err
-		}
 		return p.create(ctx, name, bundle)
 	case err != nil:
 		return err
@@ -68,9 +72,6 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	want, changed := desired(cm, bundle)
 	if !changed {
 		return nil
-	}
-	if ok, err := p.guard(ctx, bundle, name); !ok {
-		return err
 	}
 	return p.update(ctx, want)
 }

@@ -1,6 +1,7 @@
 package trust_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"testing"
@@ -83,6 +84,7 @@ func TestPublisherBundleVersions(t *testing.T) {
 		name      string
 		recorded  map[string]string // the Lease's annotations
 		onCM      map[string]string // the ConfigMap's
+		cmData    string            // the ConfigMap's bundle; "published" when empty
 		ours      trust.BundleVersion
 		written   bool
 		said      string
@@ -104,6 +106,10 @@ func TestPublisherBundleVersions(t *testing.T) {
 		{name: "unreadable sequence", recorded: versioned("L", "x"), ours: trust.BundleVersion{Lineage: "L", Sequence: 1}, written: true,
 			after: versioned("L", "1")},
 		{name: "ours without a version", recorded: versioned("L", "5"), ours: trust.BundleVersion{}, written: true, after: versioned("L", "5")},
+		{name: "another lineage, its sequence removed", recorded: map[string]string{trust.AnnotationLineage: "M"}, ours: trust.BundleVersion{Lineage: "L", Sequence: 1},
+			said: "belongs to another CA state", recovered: map[string]string{"team": "kept"}, after: versioned("L", "7")},
+		{name: "nothing to write, nothing recorded (an upgrade)", recorded: map[string]string{"team": "kept"}, onCM: versioned("L", "5"), cmData: "ours",
+			ours: trust.BundleVersion{Lineage: "L", Sequence: 5}, written: true, after: versioned("L", "5")},
 		{name: "a ConfigMap's annotations forged", recorded: versioned("L", "5"), onCM: versioned("L", "18446744073709551615"),
 			ours: trust.BundleVersion{Lineage: "L", Sequence: 6}, written: true, after: versioned("L", "6")},
 	} {
@@ -111,7 +117,7 @@ func TestPublisherBundleVersions(t *testing.T) {
 			existing := &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: "a", Annotations: tc.onCM,
 					Labels: map[string]string{trust.LabelKey: trust.LabelValue}},
-				Data: map[string]string{trust.DataKey: "published"},
+				Data: map[string]string{trust.DataKey: cmp.Or(tc.cmData, "published")},
 			}
 			client := fake.NewClientset(namespace("a", nil, false), existing, leaseWith(tc.recorded))
 			obs, l := &counter{}, &logs{}
@@ -145,9 +151,7 @@ func TestPublisherBundleVersions(t *testing.T) {
 				runTerm(t, newTerm())
 				eventually(t, "written once caught up", published(client, "a", "caught up"))
 			}
-			if got := leaseAnnotations(t, client); !equalMaps(got, tc.after) {
-				t.Errorf("the Lease's annotations %v, want %v", got, tc.after)
-			}
+			eventually(t, "the Lease's record", func() bool { return equalMaps(leaseAnnotations(t, client), tc.after) })
 			if v := b.get().Version; !v.IsZero() && configMap(client, "a").Annotations[trust.AnnotationSequence] != tc.after[trust.AnnotationSequence] {
 				t.Errorf("the ConfigMap's annotations %v, want the version written", configMap(client, "a").Annotations)
 			}
