@@ -50,10 +50,7 @@ func TestNodeLookups(t *testing.T) {
 func TestPodIndexNodeShare(t *testing.T) {
 	client := fake.NewClientset()
 	api := newAPIServerLists(client)
-	x, err := NewPodIndex(PodIndexConfig{Client: client}) // 20/s, bursts of 80; a node 5/s, bursts of 20
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustPodIndex(t, PodIndexConfig{Client: client}) // 20/s, bursts of 80; a node 5/s, bursts of 20
 	runPodIndex(t, x)
 	var refused int
 	for i := range 100 {
@@ -87,10 +84,7 @@ func TestPodIndexPodMissesShareOneGet(t *testing.T) {
 		<-gate
 		return false, nil, nil
 	})
-	x, err := NewPodIndex(PodIndexConfig{Client: client})
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustPodIndex(t, PodIndexConfig{Client: client})
 	runPodIndex(t, x)
 	var wg sync.WaitGroup
 	for range 20 {

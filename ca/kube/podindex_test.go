@@ -31,10 +31,7 @@ func testPod(ns, name, uid, sa, node string) *corev1.Pod {
 func TestPodIndex(t *testing.T) {
 	const uidA, uidB = "0b6f3a2e-4c1d-4a7e-9f2b-000000000001", "0b6f3a2e-4c1d-4a7e-9f2b-000000000002"
 	client := fake.NewClientset(testPod("apps", "web-0", uidA, "web", "node-a"), testPod("apps", "odd-0", "not-a-uuid", "odd", "node-b"))
-	x, err := NewPodIndex(PodIndexConfig{Client: client})
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustPodIndex(t, PodIndexConfig{Client: client})
 	var mu sync.Mutex
 	var gone []string
 	x.OnDelete(func(p PodInfo) {
@@ -267,10 +264,7 @@ func TestPodIndexRemembersMisses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			client := fake.NewClientset(testPod("apps", "web-0", uid, "web", "node-a"))
 			api := newAPIServerLists(client)
-			x, err := NewPodIndex(PodIndexConfig{Client: client})
-			if err != nil {
-				t.Fatal(err)
-			}
+			x := mustPodIndex(t, PodIndexConfig{Client: client})
 			clk := &fakeClock{now: time.Unix(1e9, 0)}
 			x.misses.now = clk.Now
 			runPodIndex(t, x)
@@ -287,7 +281,10 @@ func TestPodIndexRemembersMisses(t *testing.T) {
 				if st.fail {
 					api.fail = errors.New("connection refused")
 				}
-				var pods []PodInfo
+				var (
+					pods []PodInfo
+					err  error
+				)
 				if st.of != "" {
 					ns, sa, _ := strings.Cut(st.of, "/")
 					pods, err = x.OfAccount(ctx, ns, sa)
@@ -313,10 +310,7 @@ func TestPodIndexRemembersMisses(t *testing.T) {
 func TestPodIndexMissesShareOneList(t *testing.T) {
 	client := fake.NewClientset()
 	api := newAPIServerLists(client)
-	x, err := NewPodIndex(PodIndexConfig{Client: client, LookupRate: 1}) // bursts of 4
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustPodIndex(t, PodIndexConfig{Client: client, LookupRate: 1}) // bursts of 4
 	runPodIndex(t, x)
 	var wg sync.WaitGroup
 	for range 20 {
@@ -349,10 +343,7 @@ func TestPodIndexMissesShareOneList(t *testing.T) {
 func TestPodIndexMissOutlivesFirstDeadline(t *testing.T) {
 	client := fake.NewClientset()
 	api := newAPIServerLists(client)
-	x, err := NewPodIndex(PodIndexConfig{Client: client, LookupRate: 2}) // bursts of 8, then one each 500 ms
-	if err != nil {
-		t.Fatal(err)
-	}
+	x := mustPodIndex(t, PodIndexConfig{Client: client, LookupRate: 2}) // bursts of 8, then one each 500 ms
 	runPodIndex(t, x)
 	for i := range 8 { // empty the limiter
 		if _, err := x.OfAccount(context.Background(), "old", fmt.Sprintf("gone-%d", i)); err != nil {
@@ -389,4 +380,14 @@ func TestPodMissesBounded(t *testing.T) {
 	if m.known(missKey("of", "ns", "0")) || !m.known(missKey("of", "ns", fmt.Sprint(maxMisses+99))) {
 		t.Fatal("kept the oldest misses, not the newest")
 	}
+}
+
+// mustPodIndex builds an index on cfg or ends the test.
+func mustPodIndex(t *testing.T, cfg PodIndexConfig) *PodIndex {
+	t.Helper()
+	x, err := NewPodIndex(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
 }
