@@ -27,9 +27,10 @@ import (
 // ConfigMaps carry decides nothing: a tenant's forged sequence neither
 // stops the publisher nor keeps its namespace from being updated.
 func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
+	lbls, sel := runLabel(t)
 	lease := cluster.Namespace(t, "stale-lease")
-	apps := cluster.Namespace(t, "stale-apps")
-	publish := []string{"--publish-root-cert-configmaps", "--trust-lease-namespace", lease}
+	apps := trustNamespace(t, "stale-apps", lbls)
+	publish := []string{"--publish-root-cert-configmaps", "--trust-lease-namespace", lease, "--trust-namespace-selector", sel.String()}
 	s := startServer(t, publish...)
 	published := func() (roots int, seq string) {
 		cm, err := cluster.Client.CoreV1().ConfigMaps(apps).Get(context.Background(), trust.ConfigMapName, metav1.GetOptions{})
@@ -55,7 +56,7 @@ func TestStaleLeaderKeepsNewerBundle(t *testing.T) {
 	// A tenant who may edit ConfigMaps in its namespace forges a huge
 	// sequence of the CA's lineage on its own: the publisher believes
 	// only the Lease, and updates that namespace too.
-	tenant := cluster.Namespace(t, "stale-tenant")
+	tenant := trustNamespace(t, "stale-tenant", lbls)
 	forged := waitConfigMap(t, tenant)
 	forged.Annotations[trust.AnnotationSequence] = "18446744073709551615"
 	if _, err := cluster.Client.CoreV1().ConfigMaps(tenant).Update(context.Background(), forged, metav1.UpdateOptions{}); err != nil {
@@ -137,9 +138,10 @@ func copyStateDir(t *testing.T, src string) string {
 // purpose), it publishes its own.
 func TestNewLineageKeepsPublishedBundle(t *testing.T) {
 	t.Parallel()
+	lbls, sel := runLabel(t) // parallel: other tests' namespaces are not ours to write
 	lease := cluster.Namespace(t, "lineage-lease")
-	apps := cluster.Namespace(t, "lineage-apps")
-	publish := []string{"--publish-root-cert-configmaps", "--trust-lease-namespace", lease}
+	apps := trustNamespace(t, "lineage-apps", lbls)
+	publish := []string{"--publish-root-cert-configmaps", "--trust-lease-namespace", lease, "--trust-namespace-selector", sel.String()}
 	first := startServer(t, publish...)
 	firstPEM := waitBundle(t, apps, "", 20*time.Second)
 	first.Stop()

@@ -259,9 +259,19 @@ func RootBundle(ctx context.Context, bin, flag, dir string) ([]*x509.Certificate
 
 // WaitForLog waits until meshca logged a line containing every fragment.
 func (m *Meshca) WaitForLog(timeout time.Duration, fragments ...string) bool {
+	return m.WaitForLogAfter(0, timeout, fragments...)
+}
+
+// LogMark is where the log ends now: WaitForLogAfter(mark, ...) looks
+// only at what meshca logs from here on.
+func (m *Meshca) LogMark() int { return len(m.Logs()) }
+
+// WaitForLogAfter waits until meshca logged, after mark, a line
+// containing every fragment.
+func (m *Meshca) WaitForLogAfter(mark int, timeout time.Duration, fragments ...string) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		for _, line := range strings.Split(m.Logs(), "\n") {
+		for _, line := range strings.Split(m.Logs()[mark:], "\n") {
 			all := true
 			for _, f := range fragments {
 				all = all && strings.Contains(line, f)
