@@ -171,7 +171,8 @@ func TestRetire(t *testing.T) {
 			want: "can be valid until 2030-01-02T00:00:00Z (and 1m0s more for clocks that disagree), and workloads holding them " +
 				"need its root; safe at 2030-01-02T00:01:00Z (in 30s)"},
 		{name: "once the margin has passed", now: h(24*time.Hour + time.Minute), g: keymgr.Guards{Margin: time.Minute}},
-		{name: "a negative margin counts as zero", now: h(24 * time.Hour), g: keymgr.Guards{Margin: -time.Hour}},
+		{name: "a negative margin counts as zero", now: h(24*time.Hour - 1), g: keymgr.Guards{Margin: -time.Hour}, guard: true,
+			want: "safe at 2030-01-02T00:00:00Z (in 1s)"},
 		{name: "forced within the margin", now: h(24 * time.Hour), g: keymgr.Guards{Margin: time.Hour}, force: true, reason: "clocks checked"},
 		{name: "forced early", now: h(20 * time.Hour), force: true, reason: "key compromise"},
 		{name: "forced without a reason", now: h(20 * time.Hour), force: true, want: "a forced step needs a reason"},

@@ -29,6 +29,10 @@ func TestNodeLookups(t *testing.T) {
 	if err := n.take("node-a"); !errors.As(err, &be) || be.Node != "node-a" || be.RetryAfter != 200*time.Millisecond {
 		t.Fatalf("past node-a's burst: %v, want a LookupBudgetError with a retry in 200ms", err)
 	}
+	clk.Add(1500 * time.Microsecond) // a hint is rounded up: never a retry too early
+	if err := n.take("node-a"); !errors.As(err, &be) || be.RetryAfter != 199*time.Millisecond {
+		t.Fatalf("1.5ms later: %v, want a retry in 199ms (198.5ms rounded up)", err)
+	}
 	if err := n.take("node-b"); err != nil {
 		t.Fatalf("node-b, after node-a spent its burst: %v", err)
 	}

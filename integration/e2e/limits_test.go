@@ -272,9 +272,9 @@ func TestNodeLookupShare(t *testing.T) {
 	cluster.NewWorkload(t, m.apps, "web", "node-a")
 	lc := newLimitClient(t, m)
 	start := time.Now()
-	denied := 0
-	for ; denied < 200; denied++ {
-		trailer, took, err := lc.call(t, m.ztunnelA.Token, m.id(fmt.Sprintf("made-up-%d", denied)), true, nil)
+	looked := 0
+	for ; looked < 200; looked++ {
+		trailer, took, err := lc.call(t, m.ztunnelA.Token, m.id(fmt.Sprintf("made-up-%d", looked)), true, nil)
 		if status.Code(err) == codes.ResourceExhausted {
 			checkRetryHints(t, err, trailer, "node_pod_lookups", time.Second)
 			if took > 2*time.Second {
@@ -283,13 +283,13 @@ func TestNodeLookupShare(t *testing.T) {
 			break
 		}
 		if st := status.Convert(err); st.Code() != codes.PermissionDenied {
-			t.Fatalf("made-up Pod %d on node-a: %v, want PermissionDenied (not on the node)", denied, err)
+			t.Fatalf("made-up Pod %d on node-a: %v, want PermissionDenied (not on the node)", looked, err)
 		}
 	}
 	elapsed := time.Since(start)
-	t.Logf("node-a: %d made-up Pods looked up in %v before the first refusal", denied, elapsed.Round(time.Millisecond))
-	if most := nodeBurst + int(elapsed.Seconds()*nodeRate) + 1; denied < nodeBurst || denied > most {
-		t.Fatalf("node-a: %d lookups before a refusal; want its share's burst of %d, at most %d with the refill", denied, nodeBurst, most)
+	t.Logf("node-a: %d made-up Pods looked up in %v before the first refusal", looked, elapsed.Round(time.Millisecond))
+	if most := nodeBurst + int(elapsed.Seconds()*nodeRate) + 1; looked < nodeBurst || looked > most {
+		t.Fatalf("node-a: %d lookups before a refusal; want its share's burst of %d, at most %d with the refill", looked, nodeBurst, most)
 	}
 	if _, _, err := lc.call(t, m.ztunnelB.Token, m.id("made-up-b"), true, nil); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("node-b's proxy, a made-up Pod, while node-a's share is spent: %v, want PermissionDenied after a lookup", err)
@@ -302,5 +302,5 @@ func TestNodeLookupShare(t *testing.T) {
 		t.Errorf("meshca_rate_limited_total{reason=\"node_pod_lookups\"} = %v, want at least 1", v)
 	}
 	harness.Report(t, "node-a's proxy: %d lookups of made-up Pods in %v before its node's share refused one; node-b's still looked up",
-		denied, elapsed.Round(time.Millisecond))
+		looked, elapsed.Round(time.Millisecond))
 }
