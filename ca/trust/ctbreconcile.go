@@ -18,14 +18,15 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 	if len(bundle.PEM) == 0 {
 		return nil // nothing to publish yet; BundleChanged will queue it again
 	}
+	// Asked even when nothing is to be written: see Publisher.reconcile.
+	if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
+		return err
+	}
 	obj, exists, err := p.store.GetByKey(p.name)
 	if err != nil {
 		return err
 	}
 	if !exists {
-		if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
-			return err
-		}
 		return p.write(ctx, log, "create", &certv1.ClusterTrustBundle{
 			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: maps.Clone(p.labels), Annotations: bundle.Version.annotate(nil)},
 			Spec:       certv1.ClusterTrustBundleSpec{SignerName: p.cfg.SignerName, TrustBundle: string(bundle.PEM)},
@@ -43,10 +44,6 @@ func (p *ClusterTrustBundlePublisher) reconcile(ctx context.Context, log *slog.L
 				logLabel, LabelManagedBy+"="+cur.Labels[LabelManagedBy])
 		}
 		return nil
-	}
-	// Asked even when nothing is to be written: see Publisher.reconcile.
-	if ok, err := p.stale.guard(ctx, p.cfg.Mark, bundle.Version, log, p.observe); !ok {
-		return err
 	}
 	want, changed := p.desired(cur, bundle)
 	if !changed {

@@ -281,6 +281,26 @@ func TestClusterTrustBundleBundleVersions(t *testing.T) {
 	}
 }
 
+// TestClusterTrustBundleNotCreatedWhenBehind: with no ClusterTrustBundle
+// yet, a replica whose state is older than the Lease's record creates
+// none, and steps down.
+func TestClusterTrustBundleNotCreatedWhenBehind(t *testing.T) {
+	client := fake.NewClientset(leaseWith(versioned("L", "5")))
+	obs := &counter{}
+	b := &bundle{}
+	b.setVersioned("older", trust.BundleVersion{Lineage: "L", Sequence: 4})
+	p, err := trust.NewClusterTrustBundlePublisher(trust.ClusterTrustBundleConfig{Client: client, TrustDomain: testTD,
+		Discovery: &discovery{served: []string{"certificates.k8s.io/v1"}}, Bundle: b.get, Observer: obs, Mark: markOf(client)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepsDown(t, runTerm(t, p.Run))
+	list, err := client.CertificatesV1().ClusterTrustBundles().List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(list.Items) != 0 || obs.get(trust.ResultStale) == 0 {
+		t.Fatalf("a replica behind created %d ClusterTrustBundles (%v), or did not count stale", len(list.Items), err)
+	}
+}
+
 func equalMaps(a, b map[string]string) bool {
 	if len(a) != len(b) {
 		return false
