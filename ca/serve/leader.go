@@ -28,8 +28,8 @@ func leaderIdentity() string {
 // campaign runs run while this replica holds the Lease namespace/lease,
 // and campaigns again when it loses it, until ctx ends: losing a lease
 // stops the work that needs it, never the CA. A run that steps down
-// (trust.ErrStale: this replica's CA state is behind the published
-// bundle) releases the Lease to a replica that may be current, and this
+// (trust.ErrStale: the published bundle is newer, or of another CA state,
+// than this replica's) releases the Lease to a replica that may be current, and this
 // one campaigns again after StepDownBackoff. It returns run's own error
 // otherwise. leaders shows whether this replica leads.
 func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error,
@@ -48,8 +48,8 @@ func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease
 		case errors.Is(err, trust.ErrLeadershipLost):
 			log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
 		case stale:
-			log.Warn("stepped down: this replica's CA state is behind the published trust bundle; campaigning again later",
-				"lease", namespace+"/"+lease, "after", backoff.String())
+			log.Warn("stepped down: the published trust bundle is not this replica's to replace; campaigning again later",
+				"lease", namespace+"/"+lease, "after", backoff.String(), "reason", err.Error())
 			select {
 			case <-ctx.Done():
 				return nil

@@ -183,17 +183,11 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 		for p.processNext(ctx, log) {
 		}
 	}()
-	out := p.stale.watch(ctx, p.behind, p.BundleChanged)
+	out := p.stale.watch(ctx, func(ctx context.Context) error { return stillRefused(ctx, p.cfg.Mark, p.cfg.Bundle().Version) }, p.BundleChanged)
 	stepDown()
 	p.queue.ShutDown()
 	<-done
 	return out
-}
-
-// behind reports whether the Mark still refuses this replica's bundle.
-func (p *ClusterTrustBundlePublisher) behind(ctx context.Context) bool {
-	_, refused := isPublished(p.cfg.Mark.Recheck(ctx, p.cfg.Bundle().Version))
-	return refused
 }
 
 // BundleChanged queues the object for a check; call it after the bundle

@@ -199,17 +199,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		})
 	}
-	err := p.stale.watch(ctx, p.behind, p.BundleChanged)
+	err := p.stale.watch(ctx, func(ctx context.Context) error { return stillRefused(ctx, p.cfg.Mark, p.cfg.Bundle().Version) }, p.BundleChanged)
 	stepDown()
 	p.queue.ShutDown()
 	wg.Wait()
 	return err
-}
-
-// behind reports whether the Mark still refuses this replica's bundle.
-func (p *Publisher) behind(ctx context.Context) bool {
-	_, refused := isPublished(p.cfg.Mark.Recheck(ctx, p.cfg.Bundle().Version))
-	return refused
 }
 
 // BundleChanged queues every known namespace; call it after the bundle

@@ -80,10 +80,11 @@ func (v BundleVersion) annotate(a map[string]string) map[string]string {
 	return a
 }
 
-// ErrStale is what a publisher's Run returns when it found the published
-// bundle newer than this replica's: the replica steps down, so that one
-// whose CA state is current takes the Lease (and publishes, in new
-// namespaces too), and campaigns again later.
+// ErrStale matches what a publisher's Run returns (a *PublishedError)
+// when the published bundle is newer than this replica's, or of another
+// CA state: the replica steps down, so that one whose CA state is current
+// takes the Lease (and publishes, in new namespaces too), and campaigns
+// again later.
 var ErrStale = errors.New("trust: the published trust bundle is newer than this replica's CA state")
 
 // StaleGrace is how long a publisher that found the published bundle
@@ -157,11 +158,22 @@ func (w *staleWarning) guard(ctx context.Context, m *Mark, v BundleVersion, log 
 	return false, nil
 }
 
+// stillRefused is the Mark's refusal of v, asked afresh (a
+// *PublishedError, which is ErrStale), or nil: v may be published, or the
+// Lease could not be read, which the next write finds out.
+func stillRefused(ctx context.Context, m *Mark, v BundleVersion) error {
+	if pe, refused := isPublished(m.Recheck(ctx, v)); refused {
+		return pe
+	}
+	return nil
+}
+
 // watch is a publisher's Run loop once its workers run: it blocks until
-// ctx ends (nil), or until the publisher, found behind, still is after
-// StaleGrace (ErrStale: it steps down). A publisher that caught up is
-// re-armed and looks at everything again (recheck).
-func (w *staleWarning) watch(ctx context.Context, behind func(context.Context) bool, recheck func()) error {
+// ctx ends (nil), or until the publisher, refused, still is after
+// StaleGrace (refused's error, which is ErrStale: it steps down). A
+// publisher no longer refused is re-armed and looks at everything again
+// (recheck).
+func (w *staleWarning) watch(ctx context.Context, refused func(context.Context) error, recheck func()) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,8 +185,8 @@ func (w *staleWarning) watch(ctx context.Context, behind func(context.Context) b
 			return nil
 		case <-time.After(StaleGrace):
 		}
-		if behind(ctx) {
-			return ErrStale
+		if err := refused(ctx); err != nil {
+			return err
 		}
 		w.rearm()
 		recheck()
