@@ -28,10 +28,10 @@ func leaderIdentity() string {
 // campaign runs run while this replica holds the Lease namespace/lease,
 // and campaigns again when it loses it, until ctx ends: losing a lease
 // stops the work that needs it, never the CA. A run that steps down
-// (trust.ErrStale: the published bundle is newer, or of another CA state,
-// than this replica's) releases the Lease to a replica that may be current, and this
-// one campaigns again after StepDownBackoff. It returns run's own error
-// otherwise. leaders shows whether this replica leads.
+// (trust.ErrStale: the published bundle is newer than this replica's, or
+// of another CA state) releases the Lease to a replica that may be
+// current, and this one campaigns again after StepDownBackoff. It returns
+// run's own error otherwise. leaders shows whether this replica leads.
 func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error,
 	leaders *ca.LeaderMetrics, log *slog.Logger) error {
 	identity := leaderIdentity()
@@ -49,7 +49,7 @@ func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease
 			log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
 		case stale:
 			log.Warn("stepped down: the published trust bundle is not this replica's to replace; campaigning again later",
-				"lease", namespace+"/"+lease, "after", backoff.String(), "reason", err.Error())
+				"lease", namespace+"/"+lease, "after", backoff.String(), "error", err)
 			select {
 			case <-ctx.Done():
 				return nil

@@ -183,7 +183,7 @@ func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
 		for p.processNext(ctx, log) {
 		}
 	}()
-	out := p.stale.watch(ctx, func(ctx context.Context) error { return stillRefused(ctx, p.cfg.Mark, p.cfg.Bundle().Version) }, p.BundleChanged)
+	out := p.stale.watch(ctx, p.cfg.Mark, p.cfg.Bundle, p.BundleChanged)
 	stepDown()
 	p.queue.ShutDown()
 	<-done

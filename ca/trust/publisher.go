@@ -199,7 +199,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		})
 	}
-	err := p.stale.watch(ctx, func(ctx context.Context) error { return stillRefused(ctx, p.cfg.Mark, p.cfg.Bundle().Version) }, p.BundleChanged)
+	err := p.stale.watch(ctx, p.cfg.Mark, p.cfg.Bundle, p.BundleChanged)
 	stepDown()
 	p.queue.ShutDown()
 	wg.Wait()

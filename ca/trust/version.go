@@ -158,22 +158,14 @@ func (w *staleWarning) guard(ctx context.Context, m *Mark, v BundleVersion, log 
 	return false, nil
 }
 
-// stillRefused is the Mark's refusal of v, asked afresh (a
-// *PublishedError, which is ErrStale), or nil: v may be published, or the
-// Lease could not be read, which the next write finds out.
-func stillRefused(ctx context.Context, m *Mark, v BundleVersion) error {
-	if pe, refused := isPublished(m.Recheck(ctx, v)); refused {
-		return pe
-	}
-	return nil
-}
-
 // watch is a publisher's Run loop once its workers run: it blocks until
 // ctx ends (nil), or until the publisher, refused, still is after
-// StaleGrace (refused's error, which is ErrStale: it steps down). A
-// publisher no longer refused is re-armed and looks at everything again
+// StaleGrace: then it returns the Mark's refusal of bundle's version,
+// asked afresh (a *PublishedError, which is ErrStale: it steps down). A
+// publisher no longer refused (or whose Lease could not be read, which
+// the next write finds out) is re-armed and looks at everything again
 // (recheck).
-func (w *staleWarning) watch(ctx context.Context, refused func(context.Context) error, recheck func()) error {
+func (w *staleWarning) watch(ctx context.Context, m *Mark, bundle func() Bundle, recheck func()) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -185,8 +177,8 @@ func (w *staleWarning) watch(ctx context.Context, refused func(context.Context) 
 			return nil
 		case <-time.After(StaleGrace):
 		}
-		if err := refused(ctx); err != nil {
-			return err
+		if pe, refused := isPublished(m.Recheck(ctx, bundle().Version)); refused {
+			return pe
 		}
 		w.rearm()
 		recheck()

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,12 +36,12 @@ func runTerm(t *testing.T, run func(context.Context) error) <-chan error {
 }
 
 // stepsDown waits for a term to end by itself with trust.ErrStale.
-func stepsDown(t *testing.T, done <-chan error) {
+func stepsDown(t *testing.T, done <-chan error, why string) {
 	t.Helper()
 	select {
 	case err := <-done:
-		if !errors.Is(err, trust.ErrStale) {
-			t.Fatalf("Run: %v, want it to step down with ErrStale", err)
+		if !errors.Is(err, trust.ErrStale) || !strings.Contains(fmt.Sprint(err), why) {
+			t.Fatalf("Run: %v, want it to step down with ErrStale, saying %q", err, why)
 		}
 	case <-time.After(trust.StaleGrace + 5*time.Second):
 		t.Fatal("a publisher behind the published bundle did not step down")
@@ -134,7 +136,7 @@ func TestPublisherBundleVersions(t *testing.T) {
 			if tc.written {
 				eventually(t, "our bundle written", published(client, "a", "ours"))
 			} else {
-				stepsDown(t, term)
+				stepsDown(t, term, tc.said)
 				if got := configMap(client, "a").Data[trust.DataKey]; got != "published" {
 					t.Fatalf("the bundle was written over the recorded one: %q", got)
 				}
@@ -206,7 +208,7 @@ func TestPublisherCreatesNothingWhenBehind(t *testing.T) {
 		}
 		return p.Run
 	}
-	stepsDown(t, runTerm(t, newTerm()))
+	stepsDown(t, runTerm(t, newTerm()), "newer than this replica's CA state")
 	if cm := configMap(client, "b"); cm != nil {
 		t.Fatalf("created the older bundle in a new namespace: %q", cm.Data[trust.DataKey])
 	}
@@ -265,7 +267,7 @@ func TestClusterTrustBundleBundleVersions(t *testing.T) {
 		}
 		return p.Run
 	}
-	stepsDown(t, runTerm(t, newTerm()))
+	stepsDown(t, runTerm(t, newTerm()), "newer than this replica's CA state")
 	if got := ctb(client, existing.Name).Spec.TrustBundle; got != "published" || obs.get(trust.ResultStale) == 0 {
 		t.Fatalf("an older bundle was written over a newer one (%q), or not counted stale", got)
 	}
@@ -294,7 +296,7 @@ func TestClusterTrustBundleNotCreatedWhenBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stepsDown(t, runTerm(t, p.Run))
+	stepsDown(t, runTerm(t, p.Run), "newer than this replica's CA state")
 	list, err := client.CertificatesV1().ClusterTrustBundles().List(context.Background(), metav1.ListOptions{})
 	if err != nil || len(list.Items) != 0 || obs.get(trust.ResultStale) == 0 {
 		t.Fatalf("a replica behind created %d ClusterTrustBundles (%v), or did not count stale", len(list.Items), err)
