@@ -30,6 +30,27 @@ func Build(key crypto.Signer, id spiffeid.ID) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: der}), nil
 }
 
+// BuildDNS returns the PEM request meshca makes for a DNS serving
+// certificate (istiod's): an empty subject and one critical
+// subjectAltName holding names as DNS names, in order.
+func BuildDNS(key crypto.Signer, names []string) ([]byte, error) {
+	sans := make([]asn1.RawValue, len(names))
+	for i, n := range names {
+		sans[i] = asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: tagDNS, Bytes: []byte(n)}
+	}
+	der, err := asn1.Marshal(sans)
+	if err != nil {
+		return nil, fmt.Errorf("csr: marshal subjectAltName: %w", err)
+	}
+	der, err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		ExtraExtensions: []pkix.Extension{{Id: oidSAN, Critical: true, Value: der}},
+	}, key)
+	if err != nil {
+		return nil, fmt.Errorf("csr: build request: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: pemType, Bytes: der}), nil
+}
+
 // MarshalURISAN returns a critical subjectAltName extension holding the
 // given URIs, in order.
 func MarshalURISAN(uris ...string) (pkix.Extension, error) {

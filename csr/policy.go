@@ -4,6 +4,8 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/asn1"
+	"slices"
+	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -17,8 +19,12 @@ var (
 	oidBasicConstraints = asn1.ObjectIdentifier{2, 5, 29, 19}
 )
 
-// GeneralName tag of a uniformResourceIdentifier (RFC 5280, 4.2.1.6).
-const tagURI = 6
+// GeneralName tags of a uniformResourceIdentifier and a dNSName (RFC
+// 5280, 4.2.1.6).
+const (
+	tagURI = 6
+	tagDNS = 2
+)
 
 // Policy is the request policy for workload certificates. The zero value is
 // not usable; start from DefaultPolicy.
@@ -58,6 +64,28 @@ func (p Policy) Check(req *x509.CertificateRequest, id spiffeid.ID) error {
 	if cn := req.Subject.CommonName; cn != "" && cn != id.String() {
 		return errorf(ReasonExtraName, "subject common name %q is not allowed: leave it empty", cn)
 	}
+	return p.check(req, id.String(), func(der []byte) error { return checkSAN(der, id) })
+}
+
+// CheckDNS is Check for a DNS serving certificate (istiod's): the only
+// SANs are exactly names, each a DNS name, and the subject carries no
+// common name; the other rules are Check's.
+func (p Policy) CheckDNS(req *x509.CertificateRequest, names []string) error {
+	want := strings.Join(names, ",")
+	if err := p.Keys.Check(req.PublicKey); err != nil {
+		return err
+	}
+	if cn := req.Subject.CommonName; cn != "" {
+		return errorf(ReasonExtraName, "subject common name %q is not allowed: leave it empty", cn)
+	}
+	return p.check(req, want, func(der []byte) error { return checkDNSSAN(der, names) })
+}
+
+// check holds req to the rules Check and CheckDNS share after the key
+// policy: the extension allow-list with the subjectAltName checked by
+// san, and usages within WorkloadUsages. want names the SANs for a
+// message.
+func (p Policy) check(req *x509.CertificateRequest, want string, san func([]byte) error) error {
 	var requested Usages
 	var sawSAN bool
 	seen := map[string]bool{}
@@ -71,7 +99,7 @@ func (p Policy) Check(req *x509.CertificateRequest, id spiffeid.ID) error {
 		switch {
 		case ext.Id.Equal(oidSAN):
 			sawSAN = true
-			err = checkSAN(ext.Value, id)
+			err = san(ext.Value)
 		case ext.Id.Equal(oidKeyUsage):
 			requested.Key, err = parseKeyUsage(ext.Value)
 		case ext.Id.Equal(oidExtKeyUsage):
@@ -86,7 +114,7 @@ func (p Policy) Check(req *x509.CertificateRequest, id spiffeid.ID) error {
 		}
 	}
 	if !sawSAN {
-		return errorf(ReasonIdentity, "CSR has no subjectAltName: it must hold exactly the URI %s", id)
+		return errorf(ReasonIdentity, "CSR has no subjectAltName: it must hold exactly %s", want)
 	}
 	if extra, ok := requested.Subset(WorkloadUsages(req.PublicKey)); !ok {
 		return errorf(ReasonUsage, "usages %q are not allowed for a workload with this key", extra)
@@ -113,6 +141,31 @@ func checkSAN(der []byte, id spiffeid.ID) error {
 	return nil
 }
 
+// checkDNSSAN checks that der, a subjectAltName, holds exactly names, as
+// DNS names, each once.
+func checkDNSSAN(der []byte, names []string) error {
+	var sans []asn1.RawValue
+	if rest, err := asn1.Unmarshal(der, &sans); err != nil || len(rest) != 0 {
+		return errorf(ReasonMalformed, "cannot parse subjectAltName")
+	}
+	want := strings.Join(names, ",")
+	seen := map[string]bool{}
+	for _, n := range sans {
+		if n.Class != asn1.ClassContextSpecific || n.Tag != tagDNS || n.IsCompound {
+			return errorf(ReasonExtraName, "subjectAltName holds a %s: it must hold exactly the DNS names %s", generalNameKind(n), want)
+		}
+		name := string(n.Bytes)
+		if seen[name] || !slices.Contains(names, name) {
+			return errorf(ReasonIdentity, "subjectAltName names %q, which is not among the DNS names %s, or names it twice", name, want)
+		}
+		seen[name] = true
+	}
+	if len(seen) != len(names) {
+		return errorf(ReasonIdentity, "subjectAltName holds %d of the DNS names %s: it must hold each", len(seen), want)
+	}
+	return nil
+}
+
 func generalNameKind(n asn1.RawValue) string {
 	if n.Class == asn1.ClassContextSpecific {
 		switch n.Tag {
@@ -124,6 +177,8 @@ func generalNameKind(n asn1.RawValue) string {
 			return "DNS name"
 		case 4:
 			return "directory name"
+		case tagURI:
+			return "URI"
 		case 7:
 			return "IP address"
 		case 8:

@@ -18,8 +18,11 @@ var emptySubject = []byte{0x30, 0x00}
 
 var oidSAN = asn1.ObjectIdentifier{2, 5, 29, 17}
 
-// tagURI is the GeneralName tag of a uniformResourceIdentifier.
-const tagURI = 6
+// GeneralName tags of a uniformResourceIdentifier and a dNSName.
+const (
+	tagURI = 6
+	tagDNS = 2
+)
 
 // LifetimeSlack is how far past the requested lifetime an issued
 // certificate may end: a backend counts from its own clock, which may run
@@ -88,7 +91,8 @@ var forbiddenExtensions = []struct {
 // that a permissive profile or role, or a backend that copies from the
 // CSR, cannot widen what workloads get. The leaf must certify the CSR's
 // key; have an empty subject (meshca never asks for one: see Request);
-// carry exactly one SAN, the URI of req.ID, in a critical extension; not be
+// carry exactly one SAN, the URI of req.ID (for a DNS request, exactly
+// req.DNSNames, each once), in a critical extension; not be
 // a CA; carry exactly the key usages and extended key usages of
 // req.Usages, and no extension a workload certificate must not carry
 // (name constraints, policy mappings, policy constraints,
@@ -142,7 +146,7 @@ func CheckIssued(backend string, req *Request, leaf *x509.Certificate, lt Lifeti
 // are seen too. With an empty subject the extension must be critical
 // (RFC 5280, 4.2.1.6).
 func checkSAN(leaf *x509.Certificate, req *Request) error {
-	want := req.ID.String()
+	want := req.Names()
 	var (
 		sans  []asn1.RawValue
 		found int
@@ -159,15 +163,47 @@ func checkSAN(leaf *x509.Certificate, req *Request) error {
 			return fmt.Errorf("issued certificate's subjectAltName is not critical, though its subject is empty")
 		}
 	}
+	if found != 1 {
+		return fmt.Errorf("issued certificate has %d subjectAltName extensions, want one holding exactly %s", found, wantNames(req))
+	}
+	if req.DNS() {
+		if !sameDNSNames(sans, req.DNSNames) {
+			return fmt.Errorf("issued certificate names %s, want exactly the DNS names %s", describeNames(sans), want)
+		}
+		return nil
+	}
 	switch {
-	case found != 1:
-		return fmt.Errorf("issued certificate has %d subjectAltName extensions, want one holding exactly the URI %s", found, want)
 	case len(sans) != 1:
 		return fmt.Errorf("issued certificate names %d subject alternative names (%s), want exactly the URI %s", len(sans), describeNames(sans), want)
 	case !isURI(sans[0]) || string(sans[0].Bytes) != want:
 		return fmt.Errorf("issued certificate names %s, want exactly the URI %s", describeNames(sans), want)
 	}
 	return nil
+}
+
+// wantNames describes the SANs req asks for.
+func wantNames(req *Request) string {
+	if req.DNS() {
+		return "the DNS names " + req.Names()
+	}
+	return "the URI " + req.Names()
+}
+
+// sameDNSNames reports whether sans are exactly the DNS names want, each
+// once, in any order, and no other name.
+func sameDNSNames(sans []asn1.RawValue, want []string) bool {
+	if len(sans) != len(want) {
+		return false
+	}
+	seen := make(map[string]bool, len(sans))
+	for _, n := range sans {
+		name := string(n.Bytes)
+		if n.Class != asn1.ClassContextSpecific || n.Tag != tagDNS || n.IsCompound || seen[name] || !slices.Contains(want, name) {
+			return false
+		}
+		seen[name] = true
+	}
+	return true
 }
 
 // forbiddenExtension names the first extension of leaf that
@@ -224,7 +260,7 @@ func describeNames(names []asn1.RawValue) string {
 		switch {
 		case n.Class != asn1.ClassContextSpecific:
 			b.WriteString("a malformed name")
-		case n.Tag == tagURI, n.Tag == 2, n.Tag == 1:
+		case n.Tag == tagURI, n.Tag == tagDNS, n.Tag == 1:
 			fmt.Fprintf(&b, "%q", n.Bytes)
 		default:
 			fmt.Fprintf(&b, "a general name with tag %d", n.Tag)

@@ -11,13 +11,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/meshca/meshca/csr"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// Signer signs workload certificates.
+// Signer signs workload certificates, and the DNS serving certificates of
+// the control plane meshca keeps (istiod's).
 type Signer interface {
 	// Sign issues a certificate for req. It honours ctx's deadline.
 	Sign(ctx context.Context, req *Request) (*Response, error)
@@ -28,15 +30,23 @@ type Signer interface {
 // What a backend issues for it is fixed by meshca, never by the CSR or the
 // backend's own configuration: an empty subject (a workload's identity is
 // its URI SAN, whatever subject the CSR carries), the URI of ID as the only
-// SAN, exactly Usages, and NotAfter at most TTL from now. CheckIssued
+// SAN (or exactly DNSNames, for a DNS request), exactly Usages, and
+// NotAfter at most TTL from now. CheckIssued
 // holds every backend's answer to these rules.
 type Request struct {
 	// CSR is the parsed request; its signature and policy are already
 	// checked. Only its public key is used by the built-in CA; remote
 	// backends forward CSR.Raw.
 	CSR *x509.CertificateRequest
-	// ID is the identity to certify: the certificate's only SAN.
+	// ID is the identity to certify: the certificate's only SAN. Zero
+	// for a DNS request.
 	ID spiffeid.ID
+	// DNSNames, for a DNS request, are the certificate's only SANs, in
+	// place of ID: the serving certificate of a control-plane component
+	// (istiod's, for its xDS port), never a workload's. A backend issues
+	// it under the role or profile its operator set aside for it, apart
+	// from the workloads' own.
+	DNSNames []string
 	// TTL is the requested lifetime; NotAfter is also capped at the issuer's.
 	TTL time.Duration
 	// Lifetime, when set, is the validity the caller needs, NotAfter less
@@ -54,6 +64,19 @@ type Request struct {
 	// Usages are exactly the key usages the certificate carries; the
 	// caller derives them from the key (csr.WorkloadUsages).
 	Usages csr.Usages
+}
+
+// DNS reports whether r is a DNS request (DNSNames) rather than a
+// workload's.
+func (r *Request) DNS() bool { return len(r.DNSNames) > 0 }
+
+// Names renders what the request certifies, for messages: the SPIFFE ID,
+// or the DNS names joined by commas.
+func (r *Request) Names() string {
+	if len(r.DNSNames) > 0 {
+		return strings.Join(r.DNSNames, ",")
+	}
+	return r.ID.String()
 }
 
 // Response is an issued certificate and the intermediates between it and a

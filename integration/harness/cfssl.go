@@ -46,6 +46,11 @@ func (c *Cfssl) Stop() {
 // cfssl.RemoteConfig.KeyEnciphermentProfile names.
 const CfsslRSAProfile = "rsa"
 
+// CfsslIstiodProfile is the profile for istiod's DNS certificate
+// (cfssl.RemoteConfig.DNSProfile): workload usages, and only
+// IstiodDNSNames (a name whitelist).
+const CfsslIstiodProfile = "istiod"
+
 // CfsslOptions shape the server's signing policy: a default profile and
 // CfsslRSAProfile, both taking only the key from a CSR (docs/signers/cfssl.md).
 type CfsslOptions struct {
@@ -94,9 +99,14 @@ func StartCfssl(tb testing.TB, bin string, a *keymgr.Authority, o CfsslOptions) 
 		}
 		return p
 	}
+	istiod := profile([]string{"digital signature", "server auth", "client auth"})
+	istiod["name_whitelist"] = `^istiod(-[a-z0-9-]+)?\.istio-system\.svc$`
 	cfg := map[string]any{"signing": map[string]any{
-		"default":  profile(o.Usages),
-		"profiles": map[string]any{CfsslRSAProfile: profile([]string{"digital signature", "key encipherment", "server auth", "client auth"})},
+		"default": profile(o.Usages),
+		"profiles": map[string]any{
+			CfsslRSAProfile:    profile([]string{"digital signature", "key encipherment", "server auth", "client auth"}),
+			CfsslIstiodProfile: istiod,
+		},
 	}}
 	if o.AuthKey != "" {
 		cfg["auth_keys"] = map[string]any{"meshca": map[string]string{"type": "standard", "key": o.AuthKey}}

@@ -169,10 +169,40 @@ func Problems(chain, roots []*x509.Certificate, key crypto.Signer) []string {
 			out = append(out, f.String())
 		}
 	}
+	if len(chain[0].URIs) == 0 && len(chain[0].DNSNames) > 0 {
+		if err := checkDNS(chain, roots); err != nil {
+			out = append(out, fmt.Sprintf("harness: DNS leaf %q does not verify to the bundle: %v", describe(chain[0]), err))
+		}
+		return out
+	}
 	if err := checkSVID(chain, roots, key); err != nil {
 		out = append(out, fmt.Sprintf("harness: leaf %q is not an X509-SVID of the reply's bundle: %v", describe(chain[0]), err))
 	}
 	return out
+}
+
+// checkDNS verifies a DNS leaf (istiod's) to roots for each of its names,
+// as a server and as a client.
+func checkDNS(chain, roots []*x509.Certificate) error {
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	for _, name := range chain[0].DNSNames {
+		// One usage at a time: Verify accepts a chain that allows any of
+		// the usages it is given.
+		for _, use := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+			_, err := chain[0].Verify(x509.VerifyOptions{DNSName: name, Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{use}})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func checkSVID(chain, roots []*x509.Certificate, key crypto.Signer) error {

@@ -161,11 +161,17 @@ func (v *Vault) Stop() {
 }
 
 // The roles ConfigurePKI creates: VaultMainRole for EC and Ed25519 keys,
-// VaultRSARole for RSA keys (vault.Config.Role and KeyEnciphermentRole).
+// VaultRSARole for RSA keys (vault.Config.Role and KeyEnciphermentRole),
+// VaultIstiodRole for istiod's DNS certificate (vault.Config.DNSRole).
 const (
-	VaultMainRole = "mesh"
-	VaultRSARole  = "mesh-rsa"
+	VaultMainRole   = "mesh"
+	VaultRSARole    = "mesh-rsa"
+	VaultIstiodRole = "istiod"
 )
+
+// IstiodDNSNames are the names VaultIstiodRole allows and StartCfssl's
+// CfsslIstiodProfile is used for: istiod's, and a revision's.
+var IstiodDNSNames = []string{"istiod.istio-system.svc", "istiod-canary.istio-system.svc"}
 
 // VaultRole holds the role settings a test varies.
 type VaultRole struct {
@@ -233,6 +239,18 @@ func (v *Vault) ConfigureRoles(tb testing.TB, mount string, r VaultRole) {
 		if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/roles/"+role, settings); err != nil {
 			tb.Fatalf("role %s: %v", role, err)
 		}
+	}
+	// istiod's role, as docs/signers/vault.md gives it: exactly its DNS
+	// names, nothing from the CSR, no URI SAN.
+	istiod := map[string]any{
+		"allowed_domains": strings.Join(IstiodDNSNames, ","), "allow_bare_domains": true, "allow_subdomains": false,
+		"allow_glob_domains": false, "allow_any_name": false, "allow_localhost": false, "allow_ip_sans": false,
+		"allowed_uri_sans": "", "require_cn": false, "use_csr_sans": false, "use_csr_common_name": false,
+		"key_type": "any", "key_usage": "DigitalSignature", "ext_key_usage": "ServerAuth,ClientAuth",
+		"basic_constraints_valid_for_non_ca": true, "no_store": true, "ttl": "24h", "max_ttl": "24h", "not_before_duration": r.NotBefore,
+	}
+	if _, err := v.Client.Logical().WriteWithContext(ctx, mount+"/roles/"+VaultIstiodRole, istiod); err != nil {
+		tb.Fatalf("role %s: %v", VaultIstiodRole, err)
 	}
 }
 

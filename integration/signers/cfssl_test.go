@@ -37,9 +37,11 @@ func TestCfsslRemoteContract(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			signertest.Run(t, signertest.Backend{
 				FixedLifetime: 24 * time.Hour,
+				DNS:           true,
 				New: func(tb testing.TB, a *keymgr.Authority) signer.Signer {
 					srv := harness.StartCfssl(tb, cfsslBin, a, harness.CfsslOptions{AuthKey: key})
-					s, err := cfssl.NewRemote(cfssl.RemoteConfig{URL: srv.URL, AuthKey: key, KeyEnciphermentProfile: harness.CfsslRSAProfile, Chain: a.Chain})
+					s, err := cfssl.NewRemote(cfssl.RemoteConfig{URL: srv.URL, AuthKey: key, KeyEnciphermentProfile: harness.CfsslRSAProfile,
+						DNSProfile: harness.CfsslIstiodProfile, Chain: a.Chain})
 					if err != nil {
 						tb.Fatal(err)
 					}

@@ -42,7 +42,7 @@ func newVaultSigner(tb testing.TB, v *harness.Vault, a *keymgr.Authority, role h
 		tb.Fatal(err)
 	}
 	s, err := vault.New(vault.Config{
-		Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole,
+		Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole, DNSRole: harness.VaultIstiodRole,
 		Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second, ReloginBackoff: 2 * time.Second,
 	})
 	if err != nil {
@@ -57,6 +57,7 @@ func newVaultSigner(tb testing.TB, v *harness.Vault, a *keymgr.Authority, role h
 func TestVaultContract(t *testing.T) {
 	v := harness.StartVault(t, vaultBin)
 	signertest.Run(t, signertest.Backend{
+		DNS: true,
 		New: func(tb testing.TB, a *keymgr.Authority) signer.Signer {
 			s, _, _ := newVaultSigner(tb, v, a, harness.VaultRole{}, harness.VaultRootToken)
 			return harness.LintedSigner(tb, a, s)

@@ -52,9 +52,12 @@ type Signer struct {
 	// keProfile, when set, replaces profile for requests whose usages hold
 	// key encipherment (RSA keys).
 	keProfile string
-	label     string
-	backdate  time.Duration
-	now       func() time.Time
+	// dnsProfile signs DNS requests (istiod's certificate); empty: they
+	// are refused.
+	dnsProfile string
+	label      string
+	backdate   time.Duration
+	now        func() time.Time
 }
 
 var _ signer.Signer = (*Signer)(nil)
@@ -64,6 +67,10 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
 	}
+	profile, err := s.profileFor(req)
+	if err != nil {
+		return nil, err
+	}
 	issuer, err := s.backend.issuer(ctx)
 	if err != nil {
 		return nil, err
@@ -72,9 +79,9 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	limit := keymgr.PathExpiry(issuer, s.chain...)
 	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
-		Hosts:     []string{req.ID.String()},
+		Hosts:     hosts(req),
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
-		Profile:   s.profileFor(req.Usages),
+		Profile:   profile,
 		Label:     s.label,
 		NotBefore: notBefore.UTC().Truncate(time.Second),
 		NotAfter:  notAfter.UTC().Truncate(time.Second),
@@ -100,12 +107,29 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	return &signer.Response{Leaf: leaf, Intermediates: s.intermediates(issuer)}, nil
 }
 
-// profileFor names the profile for a request with usages u.
-func (s *Signer) profileFor(u csr.Usages) string {
-	if s.keProfile != "" && u.Key&x509.KeyUsageKeyEncipherment != 0 {
-		return s.keProfile
+// profileFor names the profile for req: the DNS profile for a DNS
+// request, which is refused without one; for a workload, the key
+// encipherment profile when its usages hold key encipherment and one is
+// set, else the profile.
+func (s *Signer) profileFor(req *signer.Request) (string, error) {
+	switch {
+	case req.DNS() && s.dnsProfile == "":
+		return "", signer.Errorf(name, signer.KindRefused, "no cfssl profile is set aside for DNS certificates (istiod's): name one with --cfssl-istiod-profile")
+	case req.DNS():
+		return s.dnsProfile, nil
+	case s.keProfile != "" && req.Usages.Key&x509.KeyUsageKeyEncipherment != 0:
+		return s.keProfile, nil
 	}
-	return s.profile
+	return s.profile, nil
+}
+
+// hosts are what cfssl puts in the SAN: a spiffe:// entry becomes a URI
+// SAN, a name a DNS SAN.
+func hosts(req *signer.Request) []string {
+	if req.DNS() {
+		return req.DNSNames
+	}
+	return []string{req.ID.String()}
 }
 
 // subjectWhitelist is the cfssl profile setting that keeps a CSR's

@@ -36,8 +36,9 @@ var testID = spiffeid.RequireFromString("spiffe://cluster.local/ns/a/sa/b")
 
 func TestContractLocal(t *testing.T) {
 	signertest.Run(t, signertest.Backend{
+		DNS: true,
 		New: func(t testing.TB, a *keymgr.Authority) signer.Signer {
-			s, err := cfssl.NewLocal(cfssl.LocalConfig{CACert: a.Cert, CAKey: a.Key, Chain: a.Chain})
+			s, err := cfssl.NewLocal(cfssl.LocalConfig{CACert: a.Cert, CAKey: a.Key, Chain: a.Chain, DNSProfile: cfssl.DefaultIstiodProfile})
 			if err != nil {
 				t.Fatal(err)
 			}

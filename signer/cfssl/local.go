@@ -38,14 +38,24 @@ type LocalConfig struct {
 	// taken from a CSR: never its subject, names or extensions.
 	Policy  *config.Signing
 	Profile string
+	// DNSProfile names the profile of Policy that signs DNS requests
+	// (istiod's serving certificate); "default" names Policy's default.
+	// Empty: DNS requests are refused.
+	DNSProfile string
 	// Backdate is how far before now leaves start, as in
 	// keymgr.WindowOptions: zero means keymgr.Backdate.
 	Backdate time.Duration
 	Now      func() time.Time
 }
 
+// DefaultIstiodProfile is the profile of DefaultPolicy set aside for DNS
+// requests (istiod's serving certificate).
+const DefaultIstiodProfile = "istiod"
+
 // DefaultPolicy allows workloads digital signature, key encipherment (only
-// RSA keys get it), server auth and client auth, for at most 90 days.
+// RSA keys get it), server auth and client auth, for at most 90 days; its
+// profile DefaultIstiodProfile allows the same to istiod's DNS
+// certificate.
 func DefaultPolicy() *config.Signing {
 	allowed := csr.Usages{
 		Key: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
@@ -56,7 +66,8 @@ func DefaultPolicy() *config.Signing {
 		Expiry:       90 * 24 * time.Hour,
 		ExpiryString: "2160h",
 	}
-	return &config.Signing{Default: p, Profiles: map[string]*config.SigningProfile{}}
+	istiod := *p
+	return &config.Signing{Default: p, Profiles: map[string]*config.SigningProfile{DefaultIstiodProfile: &istiod}}
 }
 
 // NewLocal returns an in-process cfssl signer.
@@ -70,6 +81,9 @@ func NewLocal(c LocalConfig) (*Signer, error) {
 	}
 	if !c.Policy.Valid() {
 		return nil, errors.New("cfssl: invalid signing policy")
+	}
+	if _, ok := c.Policy.Profiles[c.DNSProfile]; c.DNSProfile != "" && !ok {
+		return nil, fmt.Errorf("cfssl: the signing policy has no profile %q for DNS certificates", c.DNSProfile)
 	}
 	b := &localBackend{cert: c.CACert, allowed: map[*config.SigningProfile]csr.Usages{}}
 	policy := &config.Signing{Profiles: map[string]*config.SigningProfile{}}
@@ -89,7 +103,7 @@ func NewLocal(c LocalConfig) (*Signer, error) {
 	if !keymgr.IsSelfSigned(c.CACert) {
 		chain = append([]*x509.Certificate{c.CACert}, c.Chain...)
 	}
-	return &Signer{backend: b, chain: chain, profile: c.Profile, backdate: c.Backdate, now: nowOr(c.Now)}, nil
+	return &Signer{backend: b, chain: chain, profile: c.Profile, dnsProfile: c.DNSProfile, backdate: c.Backdate, now: nowOr(c.Now)}, nil
 }
 
 // localBackend signs with cfssl's own signer in process.

@@ -47,7 +47,11 @@ type RemoteConfig struct {
 	// auth. When empty, Profile serves every request and an RSA request is
 	// refused unless Profile grants exactly what RSA keys get.
 	KeyEnciphermentProfile string
-	Label                  string
+	// DNSProfile is the profile for DNS requests (istiod's serving
+	// certificate): digital signature, server auth and client auth, and
+	// the DNS names it may name. Empty: DNS requests are refused.
+	DNSProfile string
+	Label      string
 	// Issuer is the certificate the server signs with. When nil it is read
 	// from the server's info endpoint at the first request. Either way it
 	// only shapes the chain: trust comes from meshca's pinned trust anchors.
@@ -83,7 +87,7 @@ func NewRemote(c RemoteConfig) (*Signer, error) {
 	b.issuers = &issuerCache{cert: c.Issuer, timeout: c.Timeout, fetch: func(ctx context.Context) (*x509.Certificate, error) {
 		return b.info(ctx, c.Label, c.Profile)
 	}}
-	return &Signer{backend: b, chain: c.Chain, profile: c.Profile, keProfile: c.KeyEnciphermentProfile, label: c.Label, backdate: c.Backdate, now: nowOr(c.Now)}, nil
+	return &Signer{backend: b, chain: c.Chain, profile: c.Profile, keProfile: c.KeyEnciphermentProfile, dnsProfile: c.DNSProfile, label: c.Label, backdate: c.Backdate, now: nowOr(c.Now)}, nil
 }
 
 // serverURL checks a server URL and returns it without a trailing slash.

@@ -42,7 +42,8 @@ func serverConfig(whitelist, auth bool) string {
 	}
 	return `{"signing": {
 	  "default": {"usages": ["digital signature", "server auth", "client auth"], "expiry": "24h", "backdate": "2m"` + wl + ak + `},
-	  "profiles": {"rsa": {"usages": ["digital signature", "key encipherment", "server auth", "client auth"], "expiry": "24h", "backdate": "2m"` + wl + ak + `}}
+	  "profiles": {"rsa": {"usages": ["digital signature", "key encipherment", "server auth", "client auth"], "expiry": "24h", "backdate": "2m"` + wl + ak + `},
+	    "istiod": {"usages": ["digital signature", "server auth", "client auth"], "expiry": "24h", "backdate": "2m"` + wl + ak + `}}
 	}` + keys + `}`
 }
 
@@ -82,9 +83,10 @@ func TestContractRemote(t *testing.T) {
 		t.Run(fmt.Sprintf("auth=%v", auth), func(t *testing.T) {
 			signertest.Run(t, signertest.Backend{
 				FixedLifetime: 24 * time.Hour,
+				DNS:           true,
 				New: func(tb testing.TB, a *keymgr.Authority) signer.Signer {
 					srv := startCfssl(tb, a, serverConfig(true, auth))
-					c := cfssl.RemoteConfig{URL: srv.URL, KeyEnciphermentProfile: "rsa", Chain: a.Chain}
+					c := cfssl.RemoteConfig{URL: srv.URL, KeyEnciphermentProfile: "rsa", DNSProfile: "istiod", Chain: a.Chain}
 					if auth {
 						c.AuthKey = testAuthKey
 					}

@@ -140,6 +140,14 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 
 // object is the CertificateSigningRequest for req.
 func (s *Signer) object(req *signer.Request) (*certv1.CertificateSigningRequest, error) {
+	if req.DNS() {
+		// The signer of a CertificateSigningRequest decides what it
+		// certifies; meshca names the SPIFFE ID in an annotation, and has
+		// no equal for istiod's DNS names that a signer could be told to
+		// honour apart from a workload's.
+		return nil, signer.Errorf(name, signer.KindRefused,
+			"CertificateSigningRequests do not issue DNS certificates (istiod's): sign them with the local, cfssl or vault signer")
+	}
 	if req.TTL < MinTTL {
 		return nil, signer.Errorf(name, signer.KindRefused,
 			"requested lifetime %v is under %v, the least a CertificateSigningRequest takes (spec.expirationSeconds)", req.TTL, MinTTL)

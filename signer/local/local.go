@@ -55,7 +55,9 @@ func New(c Config) *Signer {
 	return &Signer{src: c.Authorities, record: c.Record, backdate: c.Backdate, now: c.Now}
 }
 
-// Sign issues a certificate whose only SAN is req.ID, valid from the
+// Sign issues a certificate whose only SAN is req.ID (or whose SANs are
+// req.DNSNames: the built-in CA issues istiod's certificate as it issues
+// workloads'), valid from the
 // configured backdate before now for req.TTL but never past the signing
 // path's expiry, with a random 128-bit serial and the key identifier of the
 // CSR's key.
@@ -81,11 +83,15 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		SerialNumber:          serial,
 		NotBefore:             notBefore,
 		NotAfter:              notAfter,
-		URIs:                  []*url.URL{req.ID.URL()},
 		KeyUsage:              req.Usages.Key,
 		ExtKeyUsage:           req.Usages.Ext,
 		BasicConstraintsValid: true,
 		SubjectKeyId:          skid,
+	}
+	if req.DNS() {
+		tmpl.DNSNames = req.DNSNames
+	} else {
+		tmpl.URIs = []*url.URL{req.ID.URL()}
 	}
 	// With an empty subject, crypto/x509 marks the SAN extension critical,
 	// as RFC 5280 requires.

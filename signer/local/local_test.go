@@ -18,6 +18,7 @@ import (
 
 func TestContract(t *testing.T) {
 	signertest.Run(t, signertest.Backend{
+		DNS: true,
 		New: func(t testing.TB, ca *keymgr.Authority) signer.Signer {
 			return local.New(local.Config{Authorities: keymgr.NewManager(spiffeid.RequireTrustDomainFromString("cluster.local"), ca)})
 		},

@@ -42,6 +42,10 @@ type Backend struct {
 	// a certificate's validity (k8scsr): the suite does not ask it for an
 	// exact signer.Request.Lifetime.
 	InexactLifetime bool
+	// DNS is set for a backend that issues DNS requests (istiod's
+	// serving certificate): New configures its role or profile for them.
+	// Without it the suite checks that DNS requests are refused.
+	DNS bool
 }
 
 // fixedTTL asks every request for one TTL.
@@ -95,6 +99,7 @@ func Run(t *testing.T, b Backend) {
 			}
 			t.Run("SerialAndKeyID", func(t *testing.T) { testSerialAndKeyID(t, s, c.ca) })
 			t.Run("Canceled", func(t *testing.T) { testCanceled(t, s) })
+			t.Run("DNS", func(t *testing.T) { testDNS(t, s, c.ca, b.DNS, ttls[0]) })
 		})
 	}
 	t.Run("NotAfterCappedAtIssuer", func(t *testing.T) {

@@ -22,11 +22,11 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
@@ -50,6 +50,12 @@ type Config struct {
 	// every request, and an RSA request is refused (FailedPrecondition)
 	// because its certificate lacks key encipherment.
 	KeyEnciphermentRole string
+	// DNSRole signs DNS requests (istiod's serving certificate): a role of
+	// its own, whose allowed_domains name exactly the DNS names meshca
+	// asks for (allow_bare_domains=true), with require_cn=false,
+	// use_csr_sans=false, key_usage=DigitalSignature, server_flag and
+	// client_flag. Empty: DNS requests are refused.
+	DNSRole string
 	// Auth logs in. Its token is renewed while it can be, and a fresh
 	// login replaces it when it can no longer be renewed or is refused.
 	Auth api.AuthMethod
@@ -170,7 +176,10 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
-	role := s.roleFor(req.Usages)
+	role, err := s.roleFor(req)
+	if err != nil {
+		return nil, err
+	}
 	if req.Lifetime <= 0 {
 		return s.signOnce(ctx, used, req, role, req.TTL)
 	}
@@ -202,10 +211,14 @@ func (s *Signer) signOnce(ctx context.Context, used *api.Secret, req *signer.Req
 	ttl = ttl.Truncate(time.Second)
 	data := map[string]any{
 		"csr":                  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
-		"uri_sans":             req.ID.String(),
 		"ttl":                  fmt.Sprintf("%ds", int64(ttl/time.Second)),
 		"format":               "pem",
 		"exclude_cn_from_sans": true,
+	}
+	if req.DNS() {
+		data["alt_names"] = strings.Join(req.DNSNames, ",")
+	} else {
+		data["uri_sans"] = req.ID.String()
 	}
 	path := s.c.Mount + "/sign/" + role
 	start := s.c.Now()
@@ -225,12 +238,19 @@ func (s *Signer) signOnce(ctx context.Context, used *api.Secret, req *signer.Req
 	return s.response(req, secret, role, start, ttl)
 }
 
-// roleFor names the role that signs a request for usages u.
-func (s *Signer) roleFor(u csr.Usages) string {
-	if s.c.KeyEnciphermentRole != "" && u.Key&x509.KeyUsageKeyEncipherment != 0 {
-		return s.c.KeyEnciphermentRole
+// roleFor names the role that signs req: the DNS role for a DNS request,
+// which is refused without one; for a workload, the key encipherment
+// role when its usages hold key encipherment and one is set, else Role.
+func (s *Signer) roleFor(req *signer.Request) (string, error) {
+	switch {
+	case req.DNS() && s.c.DNSRole == "":
+		return "", signer.Errorf(name, signer.KindRefused, "no Vault role is set aside for DNS certificates (istiod's): name one with --vault-istiod-role")
+	case req.DNS():
+		return s.c.DNSRole, nil
+	case s.c.KeyEnciphermentRole != "" && req.Usages.Key&x509.KeyUsageKeyEncipherment != 0:
+		return s.c.KeyEnciphermentRole, nil
 	}
-	return s.c.Role
+	return s.c.Role, nil
 }
 
 // response assembles and checks what role issued for a request sent at
@@ -303,7 +323,9 @@ func (s *Signer) withRoleHint(err error, req *signer.Request, leaf *x509.Certifi
 	switch {
 	case errors.As(err, &le):
 		hint = fmt.Sprintf("role %s/roles/%s must leave the lifetime to the ttl meshca sends: unset its not_after (or Vault's clock is more than %s ahead of meshca's)", s.c.Mount, role, signer.LifetimeSlack)
-	case len(leaf.URIs) == 0 && !slices.ContainsFunc(req.CSR.URIs, func(u *url.URL) bool { return u.String() == req.ID.String() }):
+	case req.DNS() && !slices.Equal(slices.Sorted(slices.Values(leaf.DNSNames)), slices.Sorted(slices.Values(req.DNSNames))):
+		hint = fmt.Sprintf("set use_csr_sans=false on role %s/roles/%s, and allowed_domains to the names meshca asks for (%s) with allow_bare_domains=true", s.c.Mount, role, req.Names())
+	case !req.DNS() && len(leaf.URIs) == 0 && !slices.ContainsFunc(req.CSR.URIs, func(u *url.URL) bool { return u.String() == req.ID.String() }):
 		hint = fmt.Sprintf("set use_csr_sans=false on role %s/roles/%s: meshca sends the identity it authorized as uri_sans, and this CSR does not name it (a kubelet's stub CSR for a pod certificate names nothing)", s.c.Mount, role)
 	case leaf.KeyUsage == req.Usages.Key:
 		return err
