@@ -26,6 +26,11 @@ type AutoRotator struct {
 	// Generate makes the next root; NextRoot's when nil (the active
 	// root's key type, organisation and lifetime).
 	Generate func(active *AuthorityRecord) (*AuthorityRecord, error)
+	// Dependents, when set, reads the certificates outside the workload
+	// path each step must keep trusted and trusting (Guards.Dependents) at
+	// every look; a dependent it cannot read holds activate and retire
+	// back (its Err), not prepare.
+	Dependents func(ctx context.Context) []Dependent
 	// Interval between looks; DefaultAutoRotateInterval when zero.
 	Interval time.Duration
 	// Now is the clock; time.Now when nil.
@@ -46,12 +51,16 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 	if err != nil {
 		return Step{}, false, err
 	}
-	if _, due := s.Due(now, r.Guards, r.Policy); !due {
+	g := r.Guards
+	if r.Dependents != nil {
+		g.Dependents = r.Dependents(ctx)
+	}
+	if _, due := s.Due(now, g, r.Policy); !due {
 		return Step{}, false, nil
 	}
 	var taken Step
 	_, err = Update(ctx, r.Store, func(s *State) error {
-		step, due := s.Due(now, r.Guards, r.Policy)
+		step, due := s.Due(now, g, r.Policy)
 		if !due {
 			return errNotDue
 		}
@@ -70,9 +79,9 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 			taken.ID = rec.ID()
 			return s.Prepare(rec, now, reason+": "+step.Why)
 		case VerbActivate:
-			return s.Activate(step.ID, now, r.Guards, false, reason+": "+step.Why)
+			return s.Activate(step.ID, now, g, false, reason+": "+step.Why)
 		case VerbRetire:
-			return s.Retire(step.ID, now, r.Guards, false, reason+": "+step.Why)
+			return s.Retire(step.ID, now, g, false, reason+": "+step.Why)
 		}
 		return fmt.Errorf("keymgr: unknown rotation step %q", step.Verb)
 	})

@@ -32,6 +32,11 @@ type Guards struct {
 	// expiry of the last leaf issued under a previous authority before
 	// it may be retired. A negative Margin counts as zero.
 	Margin time.Duration
+	// Dependents are the certificates outside the workload path a step
+	// must keep trusted and trusting (istiod's): activate waits until
+	// each trusts the new root, retire until none chains only to the
+	// root it drops.
+	Dependents []Dependent
 }
 
 func (g Guards) margin() time.Duration { return max(g.Margin, 0) }
@@ -47,11 +52,17 @@ type GuardError struct {
 	ID     string
 	Reason string
 	SafeAt time.Time
+	// Until, when SafeAt is zero, says what makes the step safe: a
+	// condition no clock decides (a dependent's keeper catching up).
+	Until string
 	// Now is when the guard refused; the message counts the wait from it.
 	Now time.Time
 }
 
 func (e *GuardError) Error() string {
+	if e.SafeAt.IsZero() && e.Until != "" {
+		return fmt.Sprintf("keymgr: %s %.16s refused: %s; safe once %s", e.Verb, e.ID, e.Reason, e.Until)
+	}
 	msg := fmt.Sprintf("keymgr: %s %.16s refused: %s; safe at %s", e.Verb, e.ID, e.Reason, ceilSecond(e.SafeAt).UTC().Format(time.RFC3339))
 	if e.Now.IsZero() {
 		return msg
@@ -156,6 +167,9 @@ func (s *State) Activate(id string, now time.Time, g Guards, force bool, reason 
 	if safeAt := s.activationSafeAt(rec, g); !force && now.Before(safeAt) {
 		return &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.activationWhy(rec, g)}
 	}
+	if d, why := g.dependentsHold(s, VerbActivate, rec, now); !force && d != nil {
+		return dependentError(VerbActivate, rec, d, why, now)
+	}
 	if old := s.Active(); old != nil {
 		old.enter(PhasePrevious, now, supersededReason(rec, reason), force)
 	}
@@ -189,6 +203,9 @@ func (s *State) Retire(id string, now time.Time, g Guards, force bool, reason st
 	}
 	if safeAt := retireSafeAt(rec, g); !force && now.Before(safeAt) {
 		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.retireWhy(rec, g)}
+	}
+	if d, why := g.dependentsHold(s, VerbRetire, rec, now); !force && d != nil {
+		return dependentError(VerbRetire, rec, d, why, now)
 	}
 	rec.enter(PhaseRetired, now, reason, force)
 	rec.Key = nil

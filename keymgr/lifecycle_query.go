@@ -205,10 +205,10 @@ func (s *State) RecordPrior(id string, ttl time.Duration, now time.Time) bool {
 // rotation would (DefaultPrepareAt of the active one's lifetime left).
 func (s *State) NextStep(now time.Time, g Guards) Step {
 	if a := s.first(PhasePrepared); a != nil {
-		return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}
+		return s.heldBy(Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, a, now, g)
 	}
 	if a := s.first(PhasePrevious); a != nil {
-		return s.retireStep(a, now, g)
+		return s.heldBy(s.retireStep(a, now, g), a, now, g)
 	}
 	a := s.Active()
 	if a == nil {
@@ -224,19 +224,38 @@ func (s *State) NextStep(now time.Time, g Guards) Step {
 	return st
 }
 
+// heldBy is st, a step on rec whose time has come at now, as a
+// dependent of g holds it back: its SafeAt and Why are the dependent's.
+// A step whose time has not come, or that no dependent holds, is st.
+func (s *State) heldBy(st Step, rec *AuthorityRecord, now time.Time, g Guards) Step {
+	if now.Before(st.SafeAt) {
+		return st
+	}
+	d, why := g.dependentsHold(s, st.Verb, rec, now)
+	if d == nil {
+		return st
+	}
+	e := dependentError(st.Verb, rec, d, why, now)
+	st.SafeAt, st.Why = e.SafeAt, e.Reason
+	if e.Until != "" {
+		st.Why += "; safe once " + e.Until
+	}
+	return st
+}
+
 // Due returns the step automatic rotation takes at now, if any: it drives
 // only authorities meshca generated. Activate a generated prepared
-// authority as soon as its guard allows; retire a generated previous one
-// as soon as its guard allows; prepare a new one when the active one is
+// authority as soon as its guard allows (its dependents included);
+// retire a generated previous one as soon as its guard allows; prepare a new one when the active one is
 // generated, nothing is prepared, and no more than p.PrepareAt of its
 // lifetime is left.
 func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 	prepared := false
 	for _, a := range s.Authorities {
 		switch {
-		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)):
+		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)) && s.unheld(VerbActivate, a, now, g):
 			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, true
-		case a.Phase == PhasePrevious && a.Generated && !now.Before(retireSafeAt(a, g)):
+		case a.Phase == PhasePrevious && a.Generated && !now.Before(retireSafeAt(a, g)) && s.unheld(VerbRetire, a, now, g):
 			return s.retireStep(a, now, g), true
 		case a.Phase == PhasePrepared:
 			prepared = true
@@ -255,6 +274,12 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 		return st, true
 	}
 	return Step{}, false
+}
+
+// unheld reports whether no dependent of g holds verb on a back.
+func (s *State) unheld(verb string, a *AuthorityRecord, now time.Time, g Guards) bool {
+	d, _ := g.dependentsHold(s, verb, a, now)
+	return d == nil
 }
 
 func (s *State) first(phase Phase) *AuthorityRecord {
