@@ -2,6 +2,7 @@ package ca
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"time"
@@ -54,6 +55,13 @@ type Outcome struct {
 	Detail string // logged, never sent
 	// SignErr is Istio's citadel_server_csr_sign_err_count label, or "".
 	SignErr string
+	// ParseErr and IDErr mark the CSR refusals Istio counts apart:
+	// citadel_server_csr_parsing_err_count, a CSR that does not parse,
+	// and citadel_server_id_extraction_err_count, a CSR that names no
+	// identity (istiod's old HandleCSR incremented them when
+	// ParsePemEncodedCSR, then ExtractIDs of the CSR's extensions,
+	// failed; its CreateCertificate never does). At most one is set.
+	ParseErr, IDErr bool
 	// RetryAfter is when the client may retry a refusal of a limit; 0
 	// gives no hint.
 	RetryAfter time.Duration
@@ -110,7 +118,12 @@ func classify(err error) Outcome {
 		}
 		return Outcome{Code: codes.Unauthenticated, Reason: ke.Reason, Msg: ke.Msg, Detail: err.Error()}
 	case errors.As(err, &re):
-		return Outcome{Code: codes.InvalidArgument, Reason: "csr_" + string(re.Reason), Msg: "invalid CSR: " + re.Detail, Detail: err.Error(), SignErr: signErrCSR}
+		o := Outcome{Code: codes.InvalidArgument, Reason: "csr_" + string(re.Reason), Msg: "invalid CSR: " + re.Detail, Detail: err.Error(), SignErr: signErrCSR}
+		// Too large is refused unparsed; malformed covers the PEM, the
+		// PKCS#10 structure and the extensions the policy reads.
+		o.ParseErr = re.Reason == csr.ReasonMalformed || re.Reason == csr.ReasonTooLarge
+		o.IDErr = !o.ParseErr && errors.As(err, new(noIdentity))
+		return o
 	case errors.As(err, &se):
 		return classifySigner(se, err)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -140,4 +153,21 @@ func classifySigner(se *signer.Error, err error) Outcome {
 		o.SignErr = signErrNotReady
 	}
 	return o
+}
+
+// noIdentity marks the policy's refusal of a CSR that names no URI, from
+// which no SPIFFE ID can be extracted: Istio's ID extraction error,
+// whichever rule of the policy refused it first.
+type noIdentity struct{ error }
+
+func (e noIdentity) Unwrap() error { return e.error }
+
+// policyRefusal is err, the policy's refusal of req, marked noIdentity
+// when req names no URI (no subjectAltName, an empty one, or other kinds
+// of names only).
+func policyRefusal(req *x509.CertificateRequest, err error) error {
+	if err != nil && len(req.URIs) == 0 {
+		return noIdentity{err}
+	}
+	return err
 }

@@ -21,6 +21,8 @@ type Metrics struct {
 	authnFailures  prometheus.Counter
 	issued         prometheus.Counter
 	signErrors     *prometheus.CounterVec
+	csrParseErrors prometheus.Counter
+	idErrors       prometheus.Counter
 	requests       *prometheus.CounterVec
 	duration       *prometheus.HistogramVec
 	signDuration   *prometheus.HistogramVec
@@ -70,6 +72,16 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 		signErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "citadel_server_csr_sign_err_count", Help: "Signing failures by Istio error class.",
 		}, []string{"error"}),
+		// Istio declares these two and its CreateCertificate never moves
+		// them; meshca counts what their help texts describe.
+		csrParseErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "citadel_server_csr_parsing_err_count",
+			Help: "CSRs refused because they do not parse (csr_malformed, csr_too_large).",
+		}),
+		idErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "citadel_server_id_extraction_err_count",
+			Help: "CSRs refused because no identity can be extracted from them: no URI subjectAltName.",
+		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_requests_total", Help: "CreateCertificate outcomes by gRPC code and precise reason.",
 		}, []string{"code", "reason"}),
@@ -120,7 +132,7 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 	for _, r := range rateLimitReasons {
 		m.rateLimited.WithLabelValues(r)
 	}
-	reg.MustRegister(m.csrCount, m.authnFailures, m.issued, m.signErrors, m.requests, m.duration,
+	reg.MustRegister(m.csrCount, m.authnFailures, m.issued, m.signErrors, m.csrParseErrors, m.idErrors, m.requests, m.duration,
 		m.signDuration, m.backendErrors, m.rateLimited, m.inFlight, m.grpc,
 		m.rootExpiry, m.rootExpirySecs, m.chainExpiry, m.chainExpirySec)
 	return m
@@ -140,6 +152,12 @@ func (m *Metrics) observe(o Outcome, elapsed time.Duration) {
 	}
 	if o.SignErr != "" {
 		m.signErrors.WithLabelValues(o.SignErr).Inc()
+	}
+	switch {
+	case o.ParseErr:
+		m.csrParseErrors.Inc()
+	case o.IDErr:
+		m.idErrors.Inc()
 	}
 }
 

@@ -2,7 +2,16 @@ package ca_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/pem"
 	"math"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,5 +219,92 @@ func TestLeaderMetrics(t *testing.T) {
 				t.Errorf("step %d: meshca_leader{lease=%q} = %v (exported: %v), want %v", i, lease, got, ok, want)
 			}
 		}
+	}
+}
+
+// TestIstioCSRErrorMetrics: Istio's citadel_server_csr_parsing_err_count
+// moves on a CSR that does not parse, and
+// citadel_server_id_extraction_err_count on one that parses but names no
+// URI to take a SPIFFE ID from; neither moves on any other refusal (a
+// CSR for another identity names one), nor on an issuance.
+func TestIstioCSRErrorMetrics(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	weak, _ := ecdsa.GenerateKey(elliptic.P224(), rand.Reader)
+	san := func(names ...asn1.RawValue) pkix.Extension {
+		if names == nil {
+			names = []asn1.RawValue{}
+		}
+		der, _ := asn1.Marshal(names)
+		return pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Critical: true, Value: der}
+	}
+	uri := func(s string) asn1.RawValue {
+		return asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 6, Bytes: []byte(s)}
+	}
+	dns := func(s string) asn1.RawValue {
+		return asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 2, Bytes: []byte(s)}
+	}
+	der := func(tmpl *x509.CertificateRequest, k any) []byte {
+		d, err := x509.CreateCertificateRequest(rand.Reader, tmpl, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	pemOf := func(d []byte) string {
+		return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: d}))
+	}
+	with := func(exts ...pkix.Extension) string {
+		return pemOf(der(&x509.CertificateRequest{ExtraExtensions: exts}, key))
+	}
+	badSig := der(&x509.CertificateRequest{URIs: []*url.URL{frontend.URL()}}, key)
+	badSig[len(badSig)-1] ^= 0xff
+	tests := []struct {
+		name       string
+		csr        string
+		token      string
+		ttl        int64
+		reason     string
+		parse, ids float64
+	}{
+		{name: "issued", csr: frontendCSR(t), reason: "ok"},
+		{name: "not PEM", csr: "hello", reason: "csr_malformed", parse: 1},
+		{name: "PEM of no PKCS#10", csr: pemOf([]byte("garbage")), reason: "csr_malformed", parse: 1},
+		{name: "over the size limit", csr: strings.Repeat("A", 17<<10), reason: "csr_too_large", parse: 1},
+		{name: "a subjectAltName that does not parse", csr: with(pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 17}, Value: []byte{0x30, 0x03, 0x86}}),
+			reason: "csr_malformed", parse: 1},
+		{name: "no subjectAltName", csr: with(), reason: "csr_identity_mismatch", ids: 1},
+		{name: "an empty subjectAltName", csr: with(san()), reason: "csr_identity_mismatch", ids: 1},
+		{name: "a DNS name only", csr: with(san(dns("frontend.prod.svc"))), reason: "csr_extra_name", ids: 1},
+		{name: "a common name and no subjectAltName", csr: pemOf(der(&x509.CertificateRequest{Subject: pkix.Name{CommonName: "frontend"}}, key)),
+			reason: "csr_extra_name", ids: 1},
+		{name: "another SPIFFE ID", csr: with(san(uri("spiffe://cluster.local/ns/prod/sa/backend"))), reason: "csr_identity_mismatch"},
+		{name: "the URI and a DNS name", csr: with(san(uri(frontend.String()), dns("frontend.prod.svc"))), reason: "csr_extra_name"},
+		{name: "a bad signature", csr: pemOf(badSig), reason: "csr_bad_signature"},
+		{name: "a key the policy refuses", csr: pemOf(der(&x509.CertificateRequest{URIs: []*url.URL{frontend.URL()}}, weak)), reason: "csr_key_policy"},
+		{name: "a bad token", csr: "hello", token: "who-knows", reason: "test_bad_token"},
+		{name: "a TTL above the maximum", csr: frontendCSR(t), ttl: 100 * 24 * 3600, reason: "ttl_too_long"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, root.Authority(), options{})
+			token := tt.token
+			if token == "" {
+				token = "frontend-token"
+			}
+			in := &authpb.IstioCertificateRequest{Csr: tt.csr, ValidityDuration: tt.ttl}
+			_, _ = f.srv.CreateCertificate(inProcess(context.Background(), "192.0.2.1:5000", token), in)
+			for _, m := range []struct {
+				name   string
+				labels map[string]string
+				want   float64
+			}{
+				{"meshca_requests_total", map[string]string{"reason": tt.reason}, 1},
+				{"citadel_server_csr_parsing_err_count", nil, tt.parse},
+				{"citadel_server_id_extraction_err_count", nil, tt.ids},
+			} {
+				wantSample(t, f.reg, m.name, m.labels, m.want)
+			}
+		})
 	}
 }

@@ -87,6 +87,9 @@ type Config struct {
 	MaxTokenBytes int
 	// MaxHeaderBytes bounds a request's header list at the transport.
 	MaxHeaderBytes int
+	// CertSigners are the CertSigner names the one backend answers for;
+	// a request naming another is refused (certsigner.go).
+	CertSigners []string
 	// CertRenewalTTL caps the lifetime of a certificate issued to a caller
 	// authenticated by its client certificate: a renewal never gets more
 	// than this (DefaultTTL when zero).
@@ -238,6 +241,9 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.requested, err = requestedIdentity(in); err != nil {
 		return nil, err
 	}
+	if err := checkCertSigner(in, s.c.CertSigners); err != nil {
+		return nil, err
+	}
 	if r.identity, err = cluster.Authorizer.Authorize(ctx, r.caller, r.requested); err != nil {
 		return nil, err
 	}
@@ -246,7 +252,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 		return nil, err
 	}
 	if err := s.c.Policy.Check(req, r.identity); err != nil {
-		return nil, err
+		return nil, policyRefusal(req, err)
 	}
 	ttl, err := s.ttl(in.GetValidityDuration(), r.caller)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/meshca/meshca/signer/local"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -66,6 +67,9 @@ type options struct {
 	authn ca.Authenticator
 	// config, when set, changes the server's configuration.
 	config func(*ca.Config)
+	// register, when set, adds services to the gRPC server before it
+	// serves.
+	register func(*grpc.Server)
 }
 
 func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
@@ -107,6 +111,9 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 		t.Fatal(err)
 	}
 	g := ca.NewGRPCServer(srv, ca.TLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil }, td, mgr))
+	if o.register != nil {
+		o.register(g)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,11 +1,13 @@
 package ca
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
@@ -15,6 +17,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // MaxRequestBytes bounds a CreateCertificate message: a CSR is a few KiB.
@@ -102,4 +106,84 @@ func AdminHandler(g prometheus.Gatherer, ready func() error) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// Health serves grpc.health.v1.Health on the CA's gRPC server, so that a
+// gRPC probe asks the port clients use. For the whole server ("") and
+// for IstioCertificateService its status follows the readiness the admin
+// /readyz reports: SERVING while ready returns nil, NOT_SERVING before,
+// while it returns an error and from Shutdown on. A health RPC takes
+// none of the CA's steps: no credentials, no authentication budget, no
+// audit event, no CA metric (grpc_server_* count it under its own
+// service).
+type Health struct {
+	srv   *health.Server
+	ready func() error
+
+	mu   sync.Mutex
+	last healthpb.HealthCheckResponse_ServingStatus
+	shut bool
+}
+
+// healthPoll is how often Run asks ready: grpc-go's health server is told
+// of a change, it does not ask. A second is well under a probe's period.
+const healthPoll = time.Second
+
+// healthServices are the service names whose status Health sets: the
+// server as a whole, and the CA service by its full name.
+var healthServices = []string{"", authpb.IstioCertificateService_ServiceDesc.ServiceName}
+
+// RegisterHealth serves the health service on g, NOT_SERVING until Run
+// first asks ready.
+func RegisterHealth(g *grpc.Server, ready func() error) *Health {
+	h := &Health{srv: health.NewServer(), ready: ready, last: healthpb.HealthCheckResponse_NOT_SERVING}
+	for _, name := range healthServices {
+		h.srv.SetServingStatus(name, h.last)
+	}
+	healthpb.RegisterHealthServer(g, h.srv)
+	return h
+}
+
+// Run keeps the status in step with ready until ctx ends. It leaves the
+// status as it is then: Shutdown, called as the server stops, turns it
+// NOT_SERVING.
+func (h *Health) Run(ctx context.Context) error {
+	t := time.NewTicker(healthPoll)
+	defer t.Stop()
+	for {
+		h.update()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (h *Health) update() {
+	st := healthpb.HealthCheckResponse_SERVING
+	if h.ready() != nil {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// After Shutdown grpc-go ignores a change and logs that it did.
+	if h.shut || st == h.last {
+		return
+	}
+	h.last = st
+	for _, name := range healthServices {
+		h.srv.SetServingStatus(name, st)
+	}
+}
+
+// Shutdown turns every status NOT_SERVING for good. Call it before the
+// server's GracefulStop, so that a probe on a connection still open
+// while requests drain is told the server is going. A Watch stream
+// still open keeps GracefulStop waiting, as any open RPC does.
+func (h *Health) Shutdown() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.shut = true
+	h.srv.Shutdown()
 }

@@ -4,17 +4,25 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/internal/testca"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // hugeHeaderRequest speaks HTTP/2 to addr as an attacker would: it
@@ -174,4 +182,121 @@ func (a anyToken) Authenticate(ctx context.Context, c *ca.Credentials) (*ca.Call
 	case <-ctx.Done():
 	}
 	return nil, ca.ErrNoCredentials
+}
+
+// TestHealth: grpc.health.v1.Health answers on the CA's TLS port without
+// credentials, for the server ("") and for IstioCertificateService, as
+// the ready func says: NOT_SERVING until Run first asks it and while it
+// fails, SERVING while it passes, NOT_SERVING for good from Shutdown on.
+// A probe is no CA request: not audited, not counted, and probes spend
+// none of their address's authentication failures (a budget of one here).
+func TestHealth(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	rec := &recorder{}
+	var (
+		ready atomic.Bool
+		h     *ca.Health
+	)
+	f := newFixture(t, root.Authority(), options{
+		register: func(g *grpc.Server) {
+			h = ca.RegisterHealth(g, func() error {
+				if !ready.Load() {
+					return errors.New("the Pod cache has not synced")
+				}
+				return nil
+			})
+		},
+		config: func(c *ca.Config) {
+			c.Audit, c.Limits = rec, ca.Limits{PeerFailureRate: 0.001, PeerFailureBurst: 1}
+		},
+	})
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{RootCAs: f.roots, ServerName: "istiod.istio-system.svc", MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	check := func(service string) (healthpb.HealthCheckResponse_ServingStatus, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		return r.GetStatus(), err
+	}
+	// await waits for both names to report want: Run asks ready once a
+	// second.
+	await := func(step string, want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		for _, service := range []string{"", "istio.v1.auth.IstioCertificateService"} {
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				got, err := check(service)
+				if err == nil && got == want {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: service %q is %v (%v), want %v", step, service, got, err, want)
+				}
+			}
+		}
+	}
+
+	await("registered, Run not started", healthpb.HealthCheckResponse_NOT_SERVING)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = h.Run(ctx) }()
+	for _, step := range []struct {
+		name  string
+		ready bool
+		want  healthpb.HealthCheckResponse_ServingStatus
+	}{
+		{"not ready", false, healthpb.HealthCheckResponse_NOT_SERVING},
+		{"ready", true, healthpb.HealthCheckResponse_SERVING},
+		{"no longer ready", false, healthpb.HealthCheckResponse_NOT_SERVING},
+		{"ready again", true, healthpb.HealthCheckResponse_SERVING},
+	} {
+		ready.Store(step.ready)
+		await(step.name, step.want)
+	}
+	for range 50 {
+		if got, err := check(""); err != nil || got != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("probe: %v %v, want SERVING", got, err)
+		}
+	}
+	if _, err := check("istio.v1.auth.IstioCertificateServiceX"); status.Code(err) != codes.NotFound {
+		t.Errorf("unknown service: %v, want NotFound", err)
+	}
+
+	// One CA request after the probes, from the same address: served, and
+	// the only request counted and audited.
+	if _, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{}); err != nil {
+		t.Fatalf("a CA request after the probes: %v", err)
+	}
+	for _, m := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"citadel_server_csr_count", nil, 1},
+		{"citadel_server_authentication_failure_count", nil, 0},
+		{"meshca_rate_limited_total", map[string]string{"reason": "peer_authn_failures"}, 0},
+		{"grpc_server_started_total", map[string]string{"grpc_service": "istio.v1.auth.IstioCertificateService"}, 1},
+	} {
+		wantSample(t, f.reg, m.name, m.labels, m.want)
+	}
+	rec.mu.Lock()
+	events := len(rec.events)
+	rec.mu.Unlock()
+	if events != 1 {
+		t.Errorf("%d audit events, want the CA request's alone", events)
+	}
+
+	// Shutdown holds however ready the server still is, and whatever Run
+	// sees after it.
+	h.Shutdown()
+	await("shut down", healthpb.HealthCheckResponse_NOT_SERVING)
+	for _, r := range []bool{false, true} {
+		ready.Store(r)
+		time.Sleep(1200 * time.Millisecond) // Run asks ready again
+	}
+	await("shut down, after Run saw ready change", healthpb.HealthCheckResponse_NOT_SERVING)
 }

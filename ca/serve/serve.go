@@ -50,6 +50,9 @@ type Config struct {
 	KeyPolicy csr.KeyPolicy
 	// CertRenewal lets a workload renew with its still-valid SVID.
 	CertRenewal bool
+	// CertSigners are the CertSigner names of istio-agent's requests the
+	// backend answers for (ca.Config.CertSigners).
+	CertSigners []string
 	Clusters    Clusters
 	Backend     Backend
 	Trust       Trust
@@ -72,6 +75,7 @@ type Config struct {
 type Parts struct {
 	log      *slog.Logger
 	grpc     *grpc.Server
+	health   *ca.Health
 	lis      net.Listener
 	admin    *http.Server
 	adminLis net.Listener
@@ -123,13 +127,16 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		Signer: be.signer, SignerName: be.name, Bundles: be.bundles, Policy: csr.Policy{Keys: c.KeyPolicy},
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, CertRenewalTTL: c.CertRenewalTTL,
 		MaxInFlight: c.MaxInFlight, MaxAuthnPerPeer: c.MaxAuthnPerPeer, RequestTimeout: c.RequestTimeout,
-		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes, Limits: c.Limits, Conn: c.Conn,
+		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes, Limits: c.Limits, Conn: c.Conn, CertSigners: c.CertSigners,
 		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger, Audit: c.Audit,
 	})
 	if err != nil {
 		return nil, err
 	}
 	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles), grpcOptions()...)}
+	// gRPC probes of the CA's port see the readiness /readyz reports.
+	p.health = ca.RegisterHealth(p.grpc, cl.set.Ready)
+	p.runners = append(p.runners, p.health.Run)
 	if p.lis, err = net.Listen("tcp", c.Listen); err != nil {
 		return nil, &FieldError{Field: "listen", Err: err}
 	}
@@ -198,7 +205,8 @@ func (p *Parts) Addresses() addrfile.Addresses {
 }
 
 // Run serves until ctx ends or a part fails, then stops every part: the
-// gRPC server gracefully, within 10 s.
+// gRPC server gracefully, within 10 s, its health NOT_SERVING from the
+// start of the drain.
 func (p *Parts) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for _, run := range p.runners {
@@ -215,6 +223,7 @@ func (p *Parts) Run(ctx context.Context) error {
 	}
 	g.Go(func() error {
 		<-ctx.Done()
+		p.health.Shutdown()
 		stopped := make(chan struct{})
 		go func() { p.grpc.GracefulStop(); close(stopped) }()
 		select {

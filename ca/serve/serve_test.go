@@ -2,6 +2,10 @@ package serve_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
@@ -14,8 +18,13 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +39,7 @@ import (
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
 
 var (
@@ -191,6 +201,46 @@ func TestAssembleServes(t *testing.T) {
 	_, err = client(t, p2, c2, "", svid).Fetch(context.Background(), web, caclient.Options{})
 	if st := status.Convert(err); st.Code() != codes.Unauthenticated || !strings.Contains(st.Message(), "no credentials") {
 		t.Fatalf("renewal by certificate when turned off: %v", err)
+	}
+}
+
+// TestAssembleHealthAndCertSigners: the CA's own port answers gRPC health checks
+// without credentials, SERVING for the server and the CA service once
+// /readyz is ready, and the CA's refusal of a CertSigner name not listed
+// reaches the assembled server while a listed one is served.
+func TestAssembleHealthAndCertSigners(t *testing.T) {
+	c := config(t)
+	c.CertSigners = []string{"clusterA"}
+	p := start(t, c)
+	conn, err := grpc.NewClient(p.Addresses().GRPC, grpc.WithTransportCredentials(credentials.NewTLS(
+		// A kubelet's TLS probe verifies nothing either.
+		&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, service := range []string{"", "istio.v1.auth.IstioCertificateService"} {
+		var got healthpb.HealthCheckResponse_ServingStatus
+		for deadline := time.Now().Add(5 * time.Second); got != healthpb.HealthCheckResponse_SERVING; time.Sleep(50 * time.Millisecond) {
+			r, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+			got = r.GetStatus()
+			if time.Now().After(deadline) {
+				t.Fatalf("health of %q: %v %v, want SERVING", service, got, err)
+			}
+		}
+	}
+	for signer, want := range map[string]codes.Code{"clusterA": codes.OK, "clusterB": codes.InvalidArgument} {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		pemCSR, err := csr.Build(key, web)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+		_, err = authpb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &authpb.IstioCertificateRequest{Csr: string(pemCSR),
+			Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"CertSigner": structpb.NewStringValue(signer)}}})
+		if status.Code(err) != want {
+			t.Errorf("CertSigner %q: %v, want %v", signer, err, want)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,6 +49,7 @@ type serveFlags struct {
 	maxTokenBytes  int
 	maxAuthnPeer   int
 	certRenewal    bool
+	certSigners    []string
 	renewalTTL     time.Duration
 	negativeTTL    time.Duration
 	configFile     string
@@ -138,6 +140,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.IntVar(&f.maxAuthnPeer, "max-authn-per-peer", ca.DefaultMaxAuthnPerPeer, "authentications one peer IP may have in progress; more wait their turn, before any issuance slot is taken")
 	fl.BoolVar(&f.certRenewal, "cert-renewal", true, "let a workload renew with its still-valid SVID as client certificate, without a token")
 	fl.DurationVar(&f.renewalTTL, "cert-renewal-max-ttl", 0, "longest certificate issued to a renewal by client certificate; 0 means --default-ttl")
+	fl.StringSliceVar(&f.certSigners, "cert-signers", nil, "CertSigner names (a proxy's ISTIO_META_CERT_SIGNER) answered by this CA's one signer; a request naming another is refused (InvalidArgument, unknown_cert_signer); an empty CertSigner is always served")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
 	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", kube.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
 	fl.IntVar(&f.cacheSize, "token-cache-size", kube.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
@@ -192,6 +195,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, fmt.Errorf("--backdate %v must be between 0 and %v", f.backdate, maxBackdate)
 	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
 		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
+	case slices.Contains(f.certSigners, ""):
+		return c, errors.New("--cert-signers: a name is empty (an empty CertSigner is always served)")
 	}
 	podCert, err := f.podCert.config(&f.ctb)
 	if err != nil {
@@ -234,7 +239,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		TrustDomain: td, Listen: f.listen, AdminListen: f.adminListen, ServingNames: f.servingNames,
 		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
 		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
-		Limits: limits, Conn: conn, KeyPolicy: kp, CertRenewal: f.certRenewal,
+		Limits: limits, Conn: conn, KeyPolicy: kp, CertRenewal: f.certRenewal, CertSigners: f.certSigners,
 		Clusters: serve.Clusters{
 			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
 			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -203,5 +204,44 @@ func TestServePodCertificateBundle(t *testing.T) {
 		if !c.Trust.ClusterTrustBundle || c.Trust.ClusterTrustBundleSigner != "meshca.io/svid" {
 			t.Errorf("--publish-cluster-trust-bundle=%v: published %v, signer %q; want the pod-certificate signer's", publish, c.Trust.ClusterTrustBundle, c.Trust.ClusterTrustBundleSigner)
 		}
+	}
+}
+
+// TestServeCertSigners: --cert-signers comes from the command line, the
+// config file (certSigners) or MESHCA_CERT_SIGNERS like every setting,
+// reaches the assembly's configuration, and an empty name is refused (an
+// empty CertSigner is always served).
+func TestServeCertSigners(t *testing.T) {
+	file := writeFile(t, "meshca.yaml", "certSigners: [config-a, config-b]\n")
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want []string
+		err  string
+	}{
+		{name: "default: none"},
+		{name: "flag", args: []string{"--cert-signers", "clusterA,clusterB"}, want: []string{"clusterA", "clusterB"}},
+		{name: "config file", args: []string{"--config", file}, want: []string{"config-a", "config-b"}},
+		{name: "environment", env: []string{"MESHCA_CERT_SIGNERS=env-a, env-b"}, want: []string{"env-a", "env-b"}},
+		{name: "an empty name", args: []string{"--cert-signers", "clusterA,"}, err: "--cert-signers: a name is empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, _, err := resolveServe(t, append([]string{"--state-dir", "/tmp/x"}, tt.args...), tt.env...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := f.validate()
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(c.CertSigners, tt.want) {
+				t.Fatalf("CertSigners %q, err %v; want %q", c.CertSigners, err, tt.want)
+			}
+		})
 	}
 }

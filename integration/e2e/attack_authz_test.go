@@ -155,6 +155,14 @@ func (a *arena) metadataAttacks(t *testing.T) []attack {
 		lookalike("lower-case key", "impersonatedidentity"),
 		lookalike("key with a trailing space", authpb.MetaImpersonatedIdentity+" "),
 		lookalike("key with a zero-width space", "Impersonated\u200bIdentity"),
+		// A CertSigner naming a signer meshca was not told it serves is
+		// refused, never answered silently by the one backend.
+		{name: "metadata/CertSigner naming another signer", code: codes.InvalidArgument,
+			do:  with(a.web.Token, meta("CertSigner", structpb.NewStringValue("kubernetes.io/kube-apiserver-client"))),
+			msg: "names a signer this CA does not serve", reason: "unknown_cert_signer"},
+		{name: "metadata/CertSigner not a string", code: codes.InvalidArgument,
+			do:  with(a.web.Token, meta("CertSigner", structpb.NewNumberValue(1))),
+			msg: "CertSigner must be a string", reason: "malformed_cert_signer"},
 		// An empty ImpersonatedIdentity asks for the caller's own identity,
 		// which the victim's CSR is not.
 		{name: "metadata/empty ImpersonatedIdentity", code: codes.InvalidArgument,
