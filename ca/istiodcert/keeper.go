@@ -1,0 +1,273 @@
+package istiodcert
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL = 24 * time.Hour
+	// DefaultResync is how often the keeper looks without being told: the
+	// Secret's informer and the CA state's changes tell it sooner.
+	DefaultResync = 30 * time.Second
+	// maxBackoff bounds the wait after a failed write.
+	maxBackoff = time.Minute
+)
+
+// Config assembles a Keeper. Client, Namespace, Name, Names, Issuer,
+// Bundle are required.
+type Config struct {
+	Client          kubernetes.Interface
+	Namespace, Name string
+	// Names are the DNS names of istiod's certificate.
+	Names []string
+	// TTL is its lifetime; DefaultTTL when zero. It is renewed at two
+	// thirds of it.
+	TTL    time.Duration
+	Issuer Issuer
+	// Bundle returns the trust bundle in service.
+	Bundle func() []*x509.Certificate
+	// Signing returns the certificate that signs for the CA now, or nil
+	// when it is not known.
+	Signing func() *x509.Certificate
+	// Observe, when set, hears of every write (its reason) and failure.
+	Observe Observer
+	Resync  time.Duration
+	Logger  *slog.Logger
+	Now     func() time.Time
+}
+
+// Observer hears what a Keeper does; metrics implement it.
+type Observer interface {
+	// Written: the Secret was written for reason, its leaf expiring at
+	// notAfter.
+	Written(reason string, notAfter time.Time)
+	// Failed: writing it for reason failed.
+	Failed(reason string)
+}
+
+// Keeper keeps the Secret. Only one replica should run it: see
+// trust.RunLeaderElected.
+type Keeper struct {
+	c     Config
+	poke  chan struct{}
+	fails int
+}
+
+// New returns a Keeper; it starts nothing.
+func New(c Config) (*Keeper, error) {
+	switch {
+	case c.Client == nil:
+		return nil, errors.New("istiodcert: a Kubernetes client is required")
+	case c.Namespace == "" || c.Name == "":
+		return nil, errors.New("istiodcert: the Secret's namespace and name are required")
+	case len(c.Names) == 0:
+		return nil, errors.New("istiodcert: at least one DNS name is required")
+	case c.Issuer == nil || c.Bundle == nil:
+		return nil, errors.New("istiodcert: an issuer and the trust bundle are required")
+	}
+	if c.TTL <= 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Resync <= 0 {
+		c.Resync = DefaultResync
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Keeper{c: c, poke: make(chan struct{}, 1)}, nil
+}
+
+// Secret is namespace/name.
+func (k *Keeper) Secret() string { return k.c.Namespace + "/" + k.c.Name }
+
+// Changed tells the keeper the CA state in service changed: it looks at
+// once. It never blocks.
+func (k *Keeper) Changed() {
+	select {
+	case k.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run watches the Secret and keeps it until ctx ends, then returns nil.
+func (k *Keeper) Run(ctx context.Context) error {
+	f := informers.NewSharedInformerFactoryWithOptions(k.c.Client, k.c.Resync, informers.WithNamespace(k.c.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", k.c.Name).String()
+		}))
+	inf := f.Core().V1().Secrets()
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { k.Changed() },
+		UpdateFunc: func(any, any) { k.Changed() },
+		DeleteFunc: func(any) { k.Changed() },
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return nil
+	}
+	lister := inf.Lister().Secrets(k.c.Namespace)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-k.poke:
+		case <-timer.C:
+		}
+		cur, err := lister.Get(k.c.Name)
+		if apierrors.IsNotFound(err) {
+			cur, err = nil, nil
+		}
+		wait := k.c.Resync
+		if err == nil {
+			wait = k.keep(ctx, cur)
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+	}
+}
+
+// keep writes the Secret when it must and returns how long until the
+// next look.
+func (k *Keeper) keep(ctx context.Context, cur *corev1.Secret) time.Duration {
+	now := k.now()
+	held := &Held{}
+	if cur != nil {
+		held = Parse(cur)
+	}
+	reason := decide(held, now)
+	if reason == "" {
+		k.fails = 0
+		return min(k.c.Resync, max(RenewAt(held.Leaf()).Sub(now.Time), time.Second))
+	}
+	leaf, err := k.write(ctx, cur, now, reason)
+	if err != nil {
+		if k.c.Observe != nil {
+			k.c.Observe.Failed(reason)
+		}
+		k.fails++
+		wait := min(time.Second<<min(k.fails, 6), maxBackoff)
+		level := slog.LevelWarn
+		if apierrors.IsConflict(err) {
+			// Another writer came between: look again at once.
+			level, wait = slog.LevelInfo, 0
+		}
+		k.c.Logger.Log(ctx, level, "istiod certificate not written", "secret", k.Secret(), "reason", reason, "retry_in", wait.String(), "error", err)
+		return wait
+	}
+	k.fails = 0
+	if k.c.Observe != nil {
+		k.c.Observe.Written(reason, leaf.NotAfter)
+	}
+	k.c.Logger.Info("istiod certificate written", "secret", k.Secret(), "reason", reason, "serial", leaf.SerialNumber.Text(16),
+		"not_after", leaf.NotAfter, "renew_at", RenewAt(leaf), "roots", len(now.Bundle))
+	return min(k.c.Resync, max(RenewAt(leaf).Sub(k.c.Now()), time.Second))
+}
+
+func (k *Keeper) now() Now {
+	n := Now{Time: k.c.Now(), Bundle: k.c.Bundle(), Names: k.c.Names}
+	if k.c.Signing != nil {
+		if c := k.c.Signing(); c != nil {
+			n.Signing = keymgr.Fingerprint(c)
+		}
+	}
+	return n
+}
+
+// write issues a certificate for a fresh key and writes it over cur (nil:
+// creates the Secret), compare-and-swap on cur's resourceVersion. The key
+// lives only in this process and in the Secret.
+func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason string) (*x509.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("istiodcert: generate key: %w", err)
+	}
+	req, err := csr.BuildDNS(key, k.c.Names)
+	if err != nil {
+		return nil, err
+	}
+	out, err := k.c.Issuer.IssueDNS(ctx, &IssueRequest{Secret: k.Secret(), CSR: req, DNSNames: k.c.Names, TTL: k.c.TTL})
+	if err != nil {
+		return nil, err
+	}
+	s, err := secretFor(cur, k.c.Namespace, k.c.Name, key, out, now.Signing)
+	if err != nil {
+		return nil, err
+	}
+	if cur == nil {
+		_, err = k.c.Client.CoreV1().Secrets(k.c.Namespace).Create(ctx, s, metav1.CreateOptions{})
+	} else {
+		_, err = k.c.Client.CoreV1().Secrets(k.c.Namespace).Update(ctx, s, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out.Leaf, nil
+}
+
+// secretFor is cur (or a new kubernetes.io/tls Secret) holding key and
+// out: exactly the three keys, whatever else cur held, and the
+// fingerprint of the certificate that signed for the CA at issuance.
+func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, out *Issued, signing string) (*corev1.Secret, error) {
+	keyPEM, err := pemutil.EncodePrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	var s *corev1.Secret
+	if cur == nil {
+		s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Type: corev1.SecretTypeTLS}
+	} else {
+		s = cur.DeepCopy()
+	}
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	s.Labels["app.kubernetes.io/managed-by"] = "meshca"
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	delete(s.Annotations, AnnotationIssuedUnder)
+	if signing != "" {
+		s.Annotations[AnnotationIssuedUnder] = signing
+	}
+	chain := append([]*x509.Certificate{out.Leaf}, out.Intermediates...)
+	s.Data = map[string][]byte{
+		KeyCert:  pemutil.EncodeCertificates(chain...),
+		KeyKey:   keyPEM,
+		KeyRoots: pemutil.EncodeCertificates(out.Roots...),
+	}
+	return s, nil
+}
