@@ -47,6 +47,17 @@ func (e *ExternalTrust) Use(s *State, _ time.Time) error {
 	return nil
 }
 
+// Signing is the signing certificate of the active authority of the
+// state in use, the one the backend should sign with now; nil before a
+// state is.
+func (e *ExternalTrust) Signing() *x509.Certificate {
+	c := e.cur.Load()
+	if c == nil {
+		return nil
+	}
+	return c.state.Active().Cert
+}
+
 // RetiredIssuer reports whether c signs for a retired authority of the
 // state in use (see State.RetiredIssuers).
 func (e *ExternalTrust) RetiredIssuer(c *x509.Certificate) bool {

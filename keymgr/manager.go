@@ -40,6 +40,15 @@ func NewManager(td spiffeid.TrustDomain, a *Authority) *Manager {
 // Authority returns the current signing authority.
 func (m *Manager) Authority() *Authority { return m.current.Load().a }
 
+// Signing is the certificate the current authority signs with; nil
+// without one.
+func (m *Manager) Signing() *x509.Certificate {
+	if a := m.Authority(); a != nil {
+		return a.Cert
+	}
+	return nil
+}
+
 // Set makes a the current signing authority.
 func (m *Manager) Set(a *Authority) { m.set(a, nil) }
 

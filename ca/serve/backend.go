@@ -88,6 +88,12 @@ type backend struct {
 	bundles x509bundle.Source
 	expiry  ca.ExpirySource
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// signing is the certificate that signs for the CA now; nil when
+	// meshca does not know it (a pinned bundle).
+	signing func() *x509.Certificate
+	// rotator is the automatic rotation, when on; its dependents are set
+	// once the keeper of istiod's certificate is assembled.
+	rotator *keymgr.AutoRotator
 	runners []func(context.Context) error
 	// onChange hear of every CA state put in service; set before Run.
 	onChange []func()
@@ -249,7 +255,8 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		"not_after", active.Cert.NotAfter, "roots", len(a.Roots), "sequence", st.Sequence)
 	mgr := keymgr.NewManager(td, a)
 	issued := &keymgr.IssuanceLog{Store: store}
-	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate}),
+		bundles: mgr, expiry: mgr, signing: mgr.Signing}
 	rot, err := be.serving(mgr, names, c.Backdate, log)
 	if err != nil {
 		return nil, err
@@ -277,6 +284,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 			OnError: func(err error) { log.Error("automatic rotation failed", "error", err) }}
 		// The state's compare-and-swap keeps replicas from taking one step
 		// twice; the Lease keeps them from racing for it at all.
+		be.rotator = r
 		be.runners = append(be.runners, electedOn(store, r.Run, leaders, log))
 	}
 	return be, nil
@@ -339,7 +347,8 @@ func newPlugged(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	}
 	log.Info("loaded plugged-in CA", "dir", c.CADir, "subject", a.Cert.Subject.String(), "not_after", a.NotAfter())
 	mgr := keymgr.NewManager(td, a)
-	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr}
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Backdate: c.Backdate}), bundles: mgr, expiry: mgr,
+		signing: mgr.Signing}
 	rot, err := be.serving(mgr, names, c.Backdate, log)
 	if err != nil {
 		return nil, err

@@ -33,7 +33,7 @@ func (be *backend) followExternal(ctx context.Context, c Backend, td spiffeid.Tr
 		}
 		return nil, &FieldError{Field: field, Err: err}
 	}
-	be.bundles, be.expiry = trust, trust
+	be.bundles, be.expiry, be.signing = trust, trust, trust.Signing
 	be.signer = &judgedSigner{inner: be.signer, name: be.name, trust: trust, issued: &keymgr.IssuanceLog{Store: store}, now: time.Now}
 	be.runners = append(be.runners, f.Run)
 	return trust, nil

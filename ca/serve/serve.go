@@ -59,7 +59,10 @@ type Config struct {
 	// PodCertificates signs PodCertificateRequests; off when its
 	// SignerName is empty.
 	PodCertificates PodCertificates
-	Logger          *slog.Logger
+	// IstiodCert keeps istiod's serving certificate; off when its Secret
+	// is empty.
+	IstiodCert IstiodCert
+	Logger     *slog.Logger
 	// Audit receives one event per decision: every request and every
 	// automatic rotation step. Nil writes them through Logger.
 	Audit ca.AuditSink
@@ -97,6 +100,9 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	c.Backend.audit = c.Audit
 	c.Backend.localKubeconfig = c.Clusters.LocalKubeconfig
 	if err := c.PodCertificates.linkTrust(&c.Trust); err != nil {
+		return nil, err
+	}
+	if err := c.IstiodCert.check(c.Backend); err != nil {
 		return nil, err
 	}
 	if c.Backend.MaxTTL <= 0 {
@@ -154,10 +160,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if c.Trust.enabled() {
 		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, leaders, c.Logger)
 		if err != nil {
-			p.lis.Close()
-			if p.adminLis != nil {
-				p.adminLis.Close()
-			}
+			p.closeListeners()
 			return nil, err
 		}
 		be.onChange = append(be.onChange, changed)
@@ -167,29 +170,39 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		run, err := newPodCertRunner(c.PodCertificates, c.TrustDomain, cl.localClient, srv,
 			c.Trust.LeaseNamespace, reg, leaders, c.Logger)
 		if err != nil {
-			p.lis.Close()
-			if p.adminLis != nil {
-				p.adminLis.Close()
-			}
+			p.closeListeners()
+			return nil, err
+		}
+		p.runners = append(p.runners, run)
+	}
+	if c.IstiodCert.Secret != "" {
+		run, err := newIstiodRunner(c.IstiodCert, c.TrustDomain, cl.localClient, be, srv, c.Trust.LeaseNamespace, reg, leaders, c.Logger)
+		if err != nil {
+			p.closeListeners()
 			return nil, err
 		}
 		p.runners = append(p.runners, run)
 	}
 	if bundlePlan != nil {
 		if err := p.addBundleEndpoint(bundlePlan, c.TrustDomain, be, c.Backend.Backdate, reg, c.Logger); err != nil {
-			p.lis.Close()
-			if p.adminLis != nil {
-				p.adminLis.Close()
-			}
+			p.closeListeners()
 			return nil, err
 		}
 	}
 	p.runners = append(append(p.runners, cl.runners...), be.runners...)
 	a := p.Addresses()
 	p.summary = []any{"grpc", a.GRPC, "admin", a.Admin, "trust_domain", c.TrustDomain.Name(),
-		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ","),
+		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ","), "istiod_cert_secret", c.IstiodCert.Secret,
 		"bundle_endpoint", a.BundleEndpoint}
 	return p, nil
+}
+
+// closeListeners closes what Assemble bound, when a later part fails.
+func (p *Parts) closeListeners() {
+	p.lis.Close()
+	if p.adminLis != nil {
+		p.adminLis.Close()
+	}
 }
 
 // Addresses reports what the listeners bound.

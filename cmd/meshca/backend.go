@@ -36,6 +36,7 @@ type backendFlags struct {
 	cfsslURL      string
 	cfsslProfile  string
 	cfsslKEProf   string
+	cfsslIstiod   string
 	cfsslLabel    string
 	cfsslAuthFile string
 	cfsslTLSCA    string
@@ -58,6 +59,7 @@ func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
 	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile; a remote profile grants exactly digital signature, server auth and client auth")
 	fl.StringVar(&b.cfsslKEProf, "cfssl-key-encipherment-profile", "", "remote cfssl: profile for RSA workload keys, granting digital signature, key encipherment, server auth and client auth; without it --cfssl-profile serves RSA keys too")
+	fl.StringVar(&b.cfsslIstiod, "cfssl-istiod-profile", "", "cfssl profile for istiod's DNS certificate (--istiod-cert-secret), granting digital signature, server auth and client auth to its names alone; in process without --cfssl-config: the default policy's \""+cfssl.DefaultIstiodProfile+"\"")
 	fl.StringVar(&b.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
 	fl.StringVar(&b.cfsslAuthFile, "cfssl-auth-key-file", "", "file holding the hex auth key for authsign (or set "+envCfsslAuthKey+")")
 	fl.StringVar(&b.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
@@ -175,7 +177,10 @@ func (b *backendFlags) cfsslLocalConfig(chain []*x509.Certificate) (cfssl.LocalC
 	if err != nil {
 		return cfssl.LocalConfig{}, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
 	}
-	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: b.cfsslProfile}
+	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: b.cfsslProfile, DNSProfile: b.cfsslIstiod}
+	if b.cfsslConfig == "" && lc.DNSProfile == "" {
+		lc.DNSProfile = cfssl.DefaultIstiodProfile
+	}
 	if b.cfsslConfig != "" {
 		cfg, err := cfconfig.LoadFile(b.cfsslConfig)
 		if err != nil {
@@ -193,7 +198,7 @@ func (b *backendFlags) cfsslLocalConfig(chain []*x509.Certificate) (cfssl.LocalC
 // flags, with chain above the server's signing CA.
 func (b *backendFlags) cfsslRemoteConfig(chain []*x509.Certificate) (cfssl.RemoteConfig, error) {
 	rc := cfssl.RemoteConfig{
-		URL: b.cfsslURL, Profile: b.cfsslProfile, KeyEnciphermentProfile: b.cfsslKEProf, Label: b.cfsslLabel, Chain: chain,
+		URL: b.cfsslURL, Profile: b.cfsslProfile, KeyEnciphermentProfile: b.cfsslKEProf, DNSProfile: b.cfsslIstiod, Label: b.cfsslLabel, Chain: chain,
 	}
 	var err error
 	if rc.AuthKey, err = secret(name("cfssl-auth-key-file"), b.cfsslAuthFile, envCfsslAuthKey); err != nil {

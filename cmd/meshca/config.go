@@ -29,11 +29,11 @@ import (
 var field = map[string]string{
 	"signer": "signer", "trust-anchors": "trustAnchors", "serving-cert-file": "servingCertFile", "serving-key-file": "servingKeyFile",
 	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-key-encipherment-profile": "cfssl.keyEnciphermentProfile",
-	"cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
+	"cfssl-istiod-profile": "cfssl.istiodProfile", "cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
 	"cfssl-tls-ca-file": "cfssl.tlsCAFile", "cfssl-ca-cert": "cfssl.caCert", "cfssl-ca-key": "cfssl.caKey", "cfssl-chain": "cfssl.chain",
 	"cfssl-config": "cfssl.config",
 	"vault-addr":   "vault.addr", "vault-ca-file": "vault.caFile", "vault-pki-mount": "vault.pkiMount", "vault-role": "vault.role",
-	"vault-rsa-role": "vault.rsaRole", "vault-relogin-backoff": "vault.reloginBackoff",
+	"vault-rsa-role": "vault.rsaRole", "vault-istiod-role": "vault.istiodRole", "vault-relogin-backoff": "vault.reloginBackoff",
 	"vault-token-file": "vault.tokenFile", "vault-approle-role-id": "vault.appRoleRoleID", "vault-approle-secret-id-file": "vault.appRoleSecretIDFile",
 	"vault-approle-mount": "vault.appRoleMount", "vault-kubernetes-role": "vault.kubernetesRole",
 	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",

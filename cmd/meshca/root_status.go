@@ -51,6 +51,8 @@ type statusView struct {
 	Sequence    uint64          `json:"sequence"`
 	Authorities []authorityView `json:"authorities"`
 	Next        nextView        `json:"next"`
+	// Istiod is istiod's certificate, with --istiod-cert-secret.
+	Istiod *istiodView `json:"istiod,omitempty"`
 }
 
 type nextView struct {
@@ -66,6 +68,7 @@ func newRootStatusCommand() *cobra.Command {
 		caDir  string
 		output string
 		margin time.Duration
+		istiod string
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -78,14 +81,22 @@ func newRootStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			v := viewOf(st, time.Now(), keymgr.Guards{Margin: margin})
+			deps, err := store.dependents(ctx, istiod)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			now := time.Now()
+			v := viewOf(st, now, keymgr.Guards{Margin: margin, Dependents: deps})
+			if istiod != "" {
+				v.Istiod = istiodViewOf(istiod, deps[0], st, now)
+			}
 			switch output {
 			case "json":
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(v)
 			case "table", "":
-				return printStatus(cmd.OutOrStdout(), v, time.Now())
+				return printStatus(cmd.OutOrStdout(), v, now)
 			}
 			return &exitError{code: exitUsage, err: fmt.Errorf("-o %q: want table or json", output)}
 		},
@@ -95,6 +106,7 @@ func newRootStatusCommand() *cobra.Command {
 		"what it would serve, before the files are swapped in")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultGuardMargin, "margin the guards add: to half the longest leaf lifetime before activate, to the last leaf's expiry before retire")
+	cmd.Flags().StringVar(&istiod, "istiod-cert-secret", "", "show istiod's certificate from this Secret, namespace/name (as meshca serve --istiod-cert-secret), and hold the next step to it as activate and retire do")
 	return cmd
 }
 
@@ -149,6 +161,9 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 		}
 	}
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
+	if v.Istiod != nil {
+		printIstiod(w, v.Istiod)
+	}
 	step := strings.TrimSpace(v.Next.Step + " " + v.Next.ID)
 	switch {
 	case v.Next.Step == "":

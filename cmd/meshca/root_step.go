@@ -18,24 +18,35 @@ type stepFlags struct {
 	reason string
 	margin time.Duration
 	audit  auditFlags
+	// istiod is --istiod-cert-secret; dependents what it holds, read
+	// once before the step.
+	istiod     string
+	dependents []keymgr.Dependent
+}
+
+// guards are the step's guards: the margin, and istiod's certificate.
+func (f *stepFlags) guards() keymgr.Guards {
+	return keymgr.Guards{Margin: f.margin, Dependents: f.dependents}
 }
 
 func newRootActivateCommand() *cobra.Command {
 	return newRootStepCommand("activate [ID]", "Make a prepared authority sign; the active one becomes previous",
 		"activate is refused until the prepared root has been in the served bundle for half the longest\n"+
 			"leaf lifetime issued under the active authority, plus --margin: by then every workload has renewed\n"+
-			"once and trusts the new root. The refusal says when it becomes safe.",
+			"once and trusts the new root; and, with --istiod-cert-secret, until istiod's ca.crt holds it. The\n"+
+			"refusal says when it becomes safe.",
 		keymgr.PhasePrepared, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
-			return s.Activate(id, now, keymgr.Guards{Margin: f.margin}, f.force, f.reasonOr("activated by meshca root activate"))
+			return s.Activate(id, now, f.guards(), f.force, f.reasonOr("activated by meshca root activate"))
 		}, rootBackend.activate)
 }
 
 func newRootRetireCommand() *cobra.Command {
 	return newRootStepCommand("retire [ID]", "Drop a previous authority from the bundle and destroy its key",
 		"retire is refused while leaves issued under the authority can still be valid, and for --margin\n"+
-			"after the last one expires (for clocks that disagree); the refusal says when it becomes safe.",
+			"after the last one expires (for clocks that disagree); and, with --istiod-cert-secret, while istiod's\n"+
+			"certificate chains only to its root. The refusal says when it becomes safe.",
 		keymgr.PhasePrevious, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
-			return s.Retire(id, now, keymgr.Guards{Margin: f.margin}, f.force, f.reasonOr("retired by meshca root retire"))
+			return s.Retire(id, now, f.guards(), f.force, f.reasonOr("retired by meshca root retire"))
 		}, rootBackend.retire)
 }
 
@@ -66,6 +77,9 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 			store, notice, err := f.store.openForStep(ctx)
 			if err != nil {
 				return err
+			}
+			if f.dependents, err = f.store.dependents(ctx, f.istiod); err != nil {
+				return &exitError{code: exitUsage, err: err}
 			}
 			if d, ok := store.(*keymgr.DirStore); ok {
 				// Finish a step a crash cut short after its commit (a
@@ -111,6 +125,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 	f.signer.register(cmd.Flags())
 	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
 	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
+	cmd.Flags().StringVar(&f.istiod, "istiod-cert-secret", "", "istiod's certificate Secret, namespace/name, as meshca serve --istiod-cert-secret: the step waits until istiod trusts the root it makes sign (activate) and its certificate chains to a root that stays (retire)")
 	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultGuardMargin, "margin the guard adds: activate waits half the longest leaf lifetime plus it, retire the last leaf's expiry plus it")
 	f.audit.register(cmd.Flags(), "standard error")
 	return cmd

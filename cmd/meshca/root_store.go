@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/istiodcert"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spf13/cobra"
@@ -74,7 +75,7 @@ type storeFlags struct {
 func (s *storeFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&s.stateDir, "state-dir", "", "the CA state directory (as meshca serve --state-dir)")
 	cmd.Flags().StringVar(&s.stateSecret, "state-secret", "", "the CA state Secret, namespace/name (as meshca serve --state-secret)")
-	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig for --state-secret; empty uses the in-cluster configuration")
+	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig for --state-secret and --istiod-cert-secret; empty uses the in-cluster configuration")
 	cmd.Flags().DurationVar(&s.maxTTL, "max-ttl", ca.DefaultMaxTTL, "a --state-dir still in the single-root layout of an earlier meshca: its server's --max-ttl; "+
 		"the guards assume leaves that long were issued under its roots")
 }
@@ -91,6 +92,15 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 		return nil, fmt.Errorf("--state-secret %q: want namespace/name", s.stateSecret)
 	}
+	client, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
+}
+
+// client is the Kubernetes client of --kubeconfig, or in-cluster.
+func (s *storeFlags) client() (kubernetes.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
@@ -99,7 +109,24 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
-	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
+	return client, nil
+}
+
+// dependents reads istiod's certificate from the Secret namespace/name
+// (--istiod-cert-secret) for the guards; none when secret is empty.
+func (s *storeFlags) dependents(ctx context.Context, secret string) ([]keymgr.Dependent, error) {
+	if secret == "" {
+		return nil, nil
+	}
+	ns, name, ok := strings.Cut(secret, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("--istiod-cert-secret %q: want namespace/name", secret)
+	}
+	client, err := s.client()
+	if err != nil {
+		return nil, err
+	}
+	return []keymgr.Dependent{istiodcert.Read(ctx, client, ns, name)}, nil
 }
 
 // openForStep returns the store the flags name, for a step that saves,

@@ -60,6 +60,7 @@ type serveFlags struct {
 	trustLeaseNS   string
 	ctb            ctbFlags
 	podCert        podCertFlags
+	istiod         istiodFlags
 	limits         limitFlags
 	autoRotate     bool
 	prepareAt      float64
@@ -116,6 +117,7 @@ func newServe() (*cobra.Command, *serveFlags) {
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
 	f.ctb.register(fl)
 	f.podCert.register(fl)
+	f.istiod.register(fl)
 	f.limits.register(fl)
 	f.memoryLimit.register(fl)
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
@@ -202,6 +204,10 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err != nil {
 		return c, err
 	}
+	istiod, err := f.istiod.config(f.maxTTL)
+	if err != nil {
+		return c, err
+	}
 	if podCert.SignerName != "" && f.ctb.signer == "" {
 		// The Pods mount the trust bundle of their signer: published,
 		// linked to the same name, also when --publish-cluster-trust-bundle
@@ -246,7 +252,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		},
 		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
 			ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer},
-		PodCertificates: podCert, BundleEndpoint: bundle, EnablePprof: f.enablePprof,
+		PodCertificates: podCert, IstiodCert: istiod, BundleEndpoint: bundle, EnablePprof: f.enablePprof,
 		Backend: serve.Backend{
 			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},

@@ -19,6 +19,7 @@ const defaultSATokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 type vaultFlags struct {
 	addr, caFile, mount, role string
 	rsaRole                   string
+	istiodRole                string
 	reloginBackoff            time.Duration
 	tokenFile                 string
 	approleRoleID             string
@@ -34,6 +35,7 @@ func (v *vaultFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&v.mount, "vault-pki-mount", "pki", "mount path of Vault's PKI secrets engine")
 	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with, key_usage=DigitalSignature (docs/signers/vault.md)")
 	fl.StringVar(&v.rsaRole, "vault-rsa-role", "", "PKI role for RSA workload keys, key_usage=DigitalSignature,KeyEncipherment; without it RSA requests are refused")
+	fl.StringVar(&v.istiodRole, "vault-istiod-role", "", "PKI role for istiod's DNS certificate (--istiod-cert-secret): allowed_domains its names, allow_bare_domains, key_usage=DigitalSignature (docs/signers/vault.md)")
 	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vault.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
 	fl.StringVar(&v.tokenFile, "vault-token-file", "", "log in with the Vault token in this file (re-read at every login)")
 	fl.StringVar(&v.approleRoleID, "vault-approle-role-id", "", "log in with AppRole: the role id (not a secret)")
@@ -53,6 +55,8 @@ func (b *backendFlags) validateVault() error {
 		return fmt.Errorf("%s is required with the vault signer", name("vault-addr"))
 	case v.role == "":
 		return fmt.Errorf("%s is required with the vault signer", name("vault-role"))
+	case v.istiodRole != "" && (v.istiodRole == v.role || v.istiodRole == v.rsaRole):
+		return fmt.Errorf("%s names a workload role: istiod's DNS certificate needs a role of its own, which allows its names and no SPIFFE ID", name("vault-istiod-role"))
 	case v.rsaRole != "" && v.rsaRole == v.role:
 		return fmt.Errorf("%s names the same role as %s: a Vault role fixes its key usages, and RSA keys need key encipherment that other keys must not have", name("vault-rsa-role"), name("vault-role"))
 	case v.reloginBackoff < 0:
@@ -120,7 +124,7 @@ func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 		return vault.Config{}, err
 	}
 	return vault.Config{
-		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole,
+		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole, DNSRole: v.istiodRole,
 		Auth: auth, ReloginBackoff: v.reloginBackoff,
 		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", logError, err) },
 	}, nil

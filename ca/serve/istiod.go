@@ -1,0 +1,148 @@
+package serve
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/istiodcert"
+	"github.com/meshca/meshca/keymgr"
+)
+
+// IstiodCertLease is the Lease the replicas elect the keeper of istiod's
+// certificate on.
+const IstiodCertLease = "meshca-istiod-cert"
+
+// IstiodCert configures the keeper of istiod's serving certificate
+// (ca/istiodcert); off when Secret is empty.
+type IstiodCert struct {
+	// Secret is namespace/name, in the local cluster: istiod-tls in
+	// istiod's namespace, which its chart mounts.
+	Secret string
+	// DNSNames are the certificate's names; required when Secret is set
+	// (cmd gives istiod.<namespace>.svc, and istiod-<revision>.<namespace>.svc
+	// for a revision).
+	DNSNames []string
+	// TTL is its lifetime; istiodcert.DefaultTTL when zero.
+	TTL time.Duration
+}
+
+// split returns Secret's namespace and name.
+func (c IstiodCert) split() (string, string, error) {
+	ns, name, ok := strings.Cut(c.Secret, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", &FieldError{Field: "istiod-cert-secret", Err: fmt.Errorf("%q: want namespace/name", c.Secret)}
+	}
+	return ns, name, nil
+}
+
+// check refuses a backend that cannot issue istiod's certificate, or is
+// not told how to: k8scsr never can; Vault and cfssl sign it under a role
+// or profile of its own.
+func (c IstiodCert) check(b Backend) error {
+	if c.Secret == "" {
+		return nil
+	}
+	if _, _, err := c.split(); err != nil {
+		return err
+	}
+	if len(c.DNSNames) == 0 {
+		return &FieldError{Field: "istiod-cert-dns-names", Err: errors.New("istiod's certificate needs at least one DNS name")}
+	}
+	switch {
+	case b.Kind == BackendK8sCSR:
+		return &FieldError{Field: "istiod-cert-secret", Err: errors.New("cannot be used with the k8scsr signer: a CertificateSigningRequest's " +
+			"signer decides what it certifies and cannot tell istiod's DNS request from a workload's; sign with the local, cfssl or vault signer")}
+	case b.Kind == BackendVault && b.Vault != nil && b.Vault.DNSRole == "":
+		return &FieldError{Field: "vault-istiod-role", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a Vault role of its own " +
+			"(docs/signers/vault.md, \"istiod's certificate\")")}
+	case b.Kind == BackendCfssl && b.CfsslRemote != nil && b.CfsslRemote.DNSProfile == "":
+		return &FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a cfssl profile of its own " +
+			"(docs/signers/cfssl.md, \"istiod's certificate\")")}
+	case b.Kind == BackendCfssl && b.CfsslLocal != nil && b.CfsslLocal.DNSProfile == "":
+		return &FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a profile of the cfssl " +
+			"signing policy of its own (the default policy's is \"istiod\")")}
+	}
+	return nil
+}
+
+// newIstiodRunner builds the keeper of istiod's certificate, issuing
+// through srv, and returns it elected on IstiodCertLease in leaseNS. The
+// keeper looks again whenever the CA state in service changes
+// (be.onChange), and automatic rotation reads the Secret before every
+// step it could break (keymgr.Dependent).
+func newIstiodRunner(c IstiodCert, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, srv *ca.Server,
+	leaseNS string, reg prometheus.Registerer, leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, error) {
+	ns, name, err := c.split()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case client == nil:
+		return nil, &FieldError{Field: "istiod-cert-secret", Err: errors.New("needs the local cluster")}
+	case leaseNS == "":
+		return nil, &FieldError{Field: "trust-lease-namespace", Err: errors.New("the keeper of istiod's certificate needs the namespace of its Lease")}
+	}
+	bundle := func() []*x509.Certificate {
+		b, err := be.bundles.GetX509BundleForTrustDomain(td)
+		if err != nil {
+			return nil
+		}
+		return b.X509Authorities()
+	}
+	k, err := istiodcert.New(istiodcert.Config{Client: client, Namespace: ns, Name: name, Names: c.DNSNames, TTL: c.TTL,
+		Issuer: ca.NewDNSIssuer(srv), Bundle: bundle, Signing: be.signing, Observe: newIstiodMetrics(reg), Logger: log.With("part", "istiod-cert")})
+	if err != nil {
+		return nil, &FieldError{Field: "istiod-cert-secret", Err: err}
+	}
+	be.onChange = append(be.onChange, k.Changed)
+	if be.rotator != nil {
+		be.rotator.Dependents = func(ctx context.Context) []keymgr.Dependent {
+			return []keymgr.Dependent{istiodcert.Read(ctx, client, ns, name)}
+		}
+	}
+	return func(ctx context.Context) error {
+		return campaign(ctx, client, leaseNS, IstiodCertLease, k.Run, leaders, log)
+	}, nil
+}
+
+// istiodMetrics counts the keeper's writes and shows its certificate's
+// expiry.
+type istiodMetrics struct {
+	writes   *prometheus.CounterVec
+	notAfter prometheus.Gauge
+}
+
+func newIstiodMetrics(reg prometheus.Registerer) *istiodMetrics {
+	m := &istiodMetrics{
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshca_istiod_certificate_writes_total",
+			Help: "Writes of istiod's certificate Secret by reason (missing, key_mismatch, names_changed, roots_changed, " +
+				"authority_changed, untrusted, renewal) and result (written, failed).",
+		}, []string{"reason", "result"}),
+		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshca_istiod_certificate_expiry_timestamp_seconds",
+			Help: "When the istiod certificate this replica last wrote expires (Unix seconds); 0 before it wrote one.",
+		}),
+	}
+	reg.MustRegister(m.writes, m.notAfter)
+	return m
+}
+
+// Written implements istiodcert.Observer.
+func (m *istiodMetrics) Written(reason string, notAfter time.Time) {
+	m.writes.WithLabelValues(reason, "written").Inc()
+	m.notAfter.Set(float64(notAfter.Unix()))
+}
+
+// Failed implements istiodcert.Observer.
+func (m *istiodMetrics) Failed(reason string) { m.writes.WithLabelValues(reason, "failed").Inc() }

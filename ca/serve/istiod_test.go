@@ -1,0 +1,55 @@
+package serve_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/meshca/meshca/ca/serve"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/signer/vault"
+)
+
+// TestAssembleIstiodCertRefusals: a keeper of istiod's certificate the
+// assembly cannot run names the setting at fault and says why.
+func TestAssembleIstiodCertRefusals(t *testing.T) {
+	issuer := testca.NewRoot(t, "external signer's root", testca.Options{})
+	serving := &tls.Certificate{Certificate: [][]byte{issuer.Cert.Raw}, PrivateKey: issuer.Key}
+	tests := []struct {
+		name   string
+		mutate func(*serve.Config)
+		field  string
+		msg    string
+	}{
+		{name: "k8scsr signer", mutate: func(c *serve.Config) {
+			c.Backend = serve.Backend{Kind: serve.BackendK8sCSR, TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving,
+				K8sCSR: &serve.K8sCSR{SignerName: "example.com/meshca"}}
+		}, field: "istiod-cert-secret", msg: "cannot be used with the k8scsr signer"},
+		{name: "Vault without a role of its own", mutate: func(c *serve.Config) {
+			c.Backend = serve.Backend{Kind: serve.BackendVault, TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving,
+				Vault: &vault.Config{Address: "https://127.0.0.1:8200", Role: "mesh"}}
+		}, field: "vault-istiod-role", msg: "needs a Vault role of its own"},
+		{name: "not namespace/name", mutate: func(c *serve.Config) { c.IstiodCert.Secret = "istiod-tls" },
+			field: "istiod-cert-secret", msg: `"istiod-tls": want namespace/name`},
+		{name: "no names", mutate: func(c *serve.Config) { c.IstiodCert.DNSNames = nil },
+			field: "istiod-cert-dns-names", msg: "at least one DNS name"},
+		{name: "no Lease namespace", mutate: func(c *serve.Config) { c.Trust.LeaseNamespace = "" },
+			field: "trust-lease-namespace", msg: "needs the namespace of its Lease"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := config(t)
+			c.IstiodCert = serve.IstiodCert{Secret: "istio-system/istiod-tls", DNSNames: []string{"istiod.istio-system.svc"}}
+			c.Trust.LeaseNamespace = "istio-system"
+			tt.mutate(&c)
+			_, err := serve.Assemble(context.Background(), c)
+			var fe *serve.FieldError
+			if !errors.As(err, &fe) || fe.Field != tt.field || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("err = %v, want a FieldError for %q saying %q", err, tt.field, tt.msg)
+			}
+		})
+	}
+}
