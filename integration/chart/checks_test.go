@@ -33,8 +33,11 @@ func checkDefaults(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	}
 	wantArgs(t, "serve", c.Args, []string{"serve", "--state-secret=" + ns + "/meshca-ca-state", "--trust-domain=cluster.local",
 		"--trusted-node-accounts=istio-system/ztunnel", "--token-audiences=istio-ca", "--default-ttl=24h", "--max-ttl=2160h",
-		"--serving-dns-names=istiod." + ns + ".svc,meshca." + ns + ".svc", "--publish-root-cert-configmaps", "--auto-rotate=true", "--remote-secret-namespace="},
-		[]string{"--state-dir", "--signer", "--publish-cluster-trust-bundle", "--remote-secret-namespace=" + ns})
+		"--serving-dns-names=istiod." + ns + ".svc,meshca." + ns + ".svc", "--auto-rotate=true", "--remote-secret-namespace="},
+		// Beside an istiod that runs its own CA, meshca writes nothing of
+		// Istio's: neither istio-ca-root-cert nor istiod's certificate.
+		[]string{"--state-dir", "--signer", "--publish-cluster-trust-bundle", "--remote-secret-namespace=" + ns,
+			"--publish-root-cert-configmaps", "--istiod-cert-secret"})
 	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http-monitoring") {
 			t.Errorf("probe %+v: want an HTTP probe on the monitoring port", p)
@@ -54,13 +57,10 @@ func checkDefaults(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	wantRules(t, "ClusterRole meshca", clusterRole(t, objs).Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"istio-ca-root-cert"}, Verbs: []string{"get", "list", "watch", "update"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
-		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}},
 	})
 	wantRules(t, "Role meshca", role(t, objs, "meshca").Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"meshca-trust-publisher", "meshca-root-rotator"}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"meshca-root-rotator"}, Verbs: []string{"get", "update"}},
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"meshca-ca-state"}, Verbs: []string{"get", "update"}},
 	})
 	wantRules(t, "Role meshca-root-rotation", role(t, objs, "meshca-root-rotation").Rules, []rbacv1.PolicyRule{
@@ -153,13 +153,9 @@ func checkCfssl(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 		[]string{"--state-secret", "--state-dir", "--auto-rotate"})
 	wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "meshca-serving",
 		"trust-anchors": "mesh-roots", "cfssl-auth": "meshca-cfssl-auth", "cfssl-tls-ca": "cfssl-ca"})
-	if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
-		t.Errorf("rendered kinds %v: a pinned trust bundle has no CA state to rotate or store", k)
+	if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 || k["Role"] != 0 {
+		t.Errorf("rendered kinds %v: a pinned trust bundle has no CA state to rotate or store, and nothing is elected", k)
 	}
-	wantRules(t, "Role meshca", role(t, objs, "meshca").Rules, []rbacv1.PolicyRule{
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"meshca-trust-publisher"}, Verbs: []string{"get", "update"}},
-	})
 }
 
 // wantSecretVolumes: the volumes are exactly these, name → Secret.

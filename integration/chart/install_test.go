@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
@@ -24,9 +26,9 @@ import (
 // the apiserver's authorizer answers yes for every request meshca and the
 // rotation Jobs make and no for a sample they must not; meshca, run with
 // the Deployment's own arguments under its ServiceAccount's token, stores
-// its root in the chart's Secret, issues an SVID, publishes the root
-// ConfigMap (and repairs it, while its account can read and write no
-// other ConfigMap) and holds its Leases; the CronJobs' commands, under theirs,
+// its root in the chart's Secret, issues an SVID and holds its Lease, and,
+// beside an istiod that runs its own CA, replaces no istio-ca-root-cert
+// (its account may not touch one); the CronJobs' commands, under theirs,
 // take their steps or say why not with the exit codes the Job's
 // podFailurePolicy reads.
 func TestChartDefaultInstall(t *testing.T) {
@@ -65,6 +67,12 @@ func TestChartDefaultInstall(t *testing.T) {
 	}
 
 	apps := cluster.Namespace(t, "chart-apps")
+	// istiod's own root, as its namespace controller publishes it.
+	istiodRoot := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: trust.ConfigMapName, Namespace: apps},
+		Data: map[string]string{trust.DataKey: "istiod's root"}}
+	if _, err := cluster.Client.CoreV1().ConfigMaps(apps).Create(ctx, istiodRoot, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	w := cluster.NewWorkload(t, apps, "frontend", "node-a")
 	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: keymgr.Pool(roots...),
 		ClusterID: "Kubernetes", TokenFile: harness.WriteToken(t, w.Token)})
@@ -76,16 +84,18 @@ func TestChartDefaultInstall(t *testing.T) {
 	if _, err := c.Fetch(ctx, id, caclient.Options{}); err != nil {
 		t.Fatalf("meshca under the chart's RBAC could not issue: %v\n%s", err, m.Logs())
 	}
-	waitFor(t, "istio-ca-root-cert in "+apps, func() bool {
-		cm, err := cluster.Client.CoreV1().ConfigMaps(apps).Get(ctx, "istio-ca-root-cert", metav1.GetOptions{})
-		return err == nil && cm.Data["root-cert.pem"] == string(out)
+	waitFor(t, "Lease meshca-root-rotator held", func() bool {
+		l, err := cluster.Client.CoordinationV1().Leases(ns).Get(ctx, "meshca-root-rotator", metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
 	})
-	t.Run("configmaps", func(t *testing.T) { checkConfigMapAccess(t, kubeconfig, apps, string(out)) })
-	for _, lease := range []string{"meshca-trust-publisher", "meshca-root-rotator"} {
-		waitFor(t, "Lease "+lease+" held", func() bool {
-			l, err := cluster.Client.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
-			return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
-		})
+	// A trust publisher would have written within a second of leading.
+	time.Sleep(2 * time.Second)
+	cm, err := cluster.Client.CoreV1().ConfigMaps(apps).Get(ctx, trust.ConfigMapName, metav1.GetOptions{})
+	if err != nil || cm.Data[trust.DataKey] != "istiod's root" || len(cm.Data) != 1 {
+		t.Errorf("istiod's istio-ca-root-cert after meshca started with the chart's defaults: %v %v, want it untouched", cm.Data, err)
+	}
+	if _, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(ctx, trust.ConfigMapName, metav1.GetOptions{}); err == nil {
+		t.Errorf("meshca created istio-ca-root-cert in %s with the chart's defaults", ns)
 	}
 	if logs := m.Logs(); strings.Contains(logs, "forbidden") || strings.Contains(logs, "not allowed") {
 		t.Errorf("meshca was refused a request:\n%s", logs)
@@ -111,23 +121,21 @@ func checkAccess(t *testing.T, ns string) {
 		{"meshca", harness.Access{Verb: "get", Resource: "pods", Namespace: "any-app"}, true},
 		{"meshca", harness.Access{Verb: "list", Resource: "pods"}, true},
 		{"meshca", harness.Access{Verb: "watch", Resource: "pods"}, true},
-		{"meshca", harness.Access{Verb: "list", Resource: "namespaces"}, true},
-		{"meshca", harness.Access{Verb: "watch", Resource: "namespaces"}, true},
-		// A list or watch with the field selector metadata.name=X is
-		// authorized as a request on X.
-		{"meshca", harness.Access{Verb: "list", Resource: "configmaps", Name: "istio-ca-root-cert"}, true},
-		{"meshca", harness.Access{Verb: "watch", Resource: "configmaps", Name: "istio-ca-root-cert"}, true},
-		{"meshca", harness.Access{Verb: "get", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, true},
-		{"meshca", harness.Access{Verb: "create", Resource: "configmaps", Namespace: "any-app"}, true},
-		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, true},
 		{"meshca", harness.Access{Verb: "create", Group: coord, Resource: "leases", Namespace: ns}, true},
-		{"meshca", harness.Access{Verb: "get", Group: coord, Resource: "leases", Namespace: ns, Name: "meshca-trust-publisher"}, true},
 		{"meshca", harness.Access{Verb: "update", Group: coord, Resource: "leases", Namespace: ns, Name: "meshca-root-rotator"}, true},
 		{"meshca", harness.Access{Verb: "get", Resource: "secrets", Namespace: ns, Name: "meshca-ca-state"}, true},
 		{"meshca", harness.Access{Verb: "update", Resource: "secrets", Namespace: ns, Name: "meshca-ca-state"}, true},
 		{"meshca-root-rotation", harness.Access{Verb: "get", Resource: "secrets", Namespace: ns, Name: "meshca-ca-state"}, true},
 		{"meshca-root-rotation", harness.Access{Verb: "update", Resource: "secrets", Namespace: ns, Name: "meshca-ca-state"}, true},
 
+		// The defaults publish nothing of Istio's: istiod's namespace
+		// controller owns istio-ca-root-cert (istio.enabled hands it over).
+		{"meshca", harness.Access{Verb: "list", Resource: "namespaces"}, false},
+		{"meshca", harness.Access{Verb: "list", Resource: "configmaps", Name: "istio-ca-root-cert"}, false},
+		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, false},
+		{"meshca", harness.Access{Verb: "create", Resource: "configmaps", Namespace: "any-app"}, false},
+		{"meshca", harness.Access{Verb: "get", Group: coord, Resource: "leases", Namespace: ns, Name: "meshca-trust-publisher"}, false},
+		{"meshca", harness.Access{Verb: "get", Resource: "secrets", Namespace: ns, Name: "istiod-tls"}, false},
 		{"meshca", harness.Access{Verb: "create", Resource: "secrets", Namespace: ns}, false},
 		{"meshca", harness.Access{Verb: "list", Resource: "secrets", Namespace: ns}, false},
 		{"meshca", harness.Access{Verb: "get", Resource: "secrets", Namespace: ns, Name: "cacerts"}, false},

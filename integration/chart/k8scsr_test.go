@@ -56,7 +56,7 @@ func checkK8sCSR(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 		}
 	}
 	r := clusterRole(t, objs)
-	checkClusterRole(t, r, []string{"tokenreviews", "pods", "configmaps", "configmaps", "namespaces", "certificatesigningrequests"})
+	checkClusterRole(t, r, []string{"tokenreviews", "pods", "certificatesigningrequests"})
 	wantRules(t, "ClusterRole meshca's last rule", r.Rules[len(r.Rules)-1:], []rbacv1.PolicyRule{csrRule})
 
 	file := filepath.Join(harness.ChartDir(), "ci", "k8scsr-values.yaml")

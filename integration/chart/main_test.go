@@ -53,6 +53,7 @@ var scenarios = []scenario{
 	{"k8scsr", "k8scsr-values.yaml"},
 	{"scheduling", "scheduling-values.yaml"},
 	{"monitoring", "monitoring-values.yaml"},
+	{"istio", "istio-values.yaml"},
 }
 
 // render runs helm template for release meshca in namespace ns.

@@ -53,6 +53,7 @@ func TestChartScenarios(t *testing.T) {
 		"k8scsr":     checkK8sCSR,
 		"scheduling": checkScheduling,
 		"monitoring": checkMonitoring,
+		"istio":      checkIstio,
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {

@@ -29,8 +29,8 @@ func TestChartVariants(t *testing.T) {
 			}
 			wantClaim(t, "Deployment", d.Spec.Template.Spec.Volumes)
 			wantClaim(t, "CronJob", cronJob(t, objs, "activate").Spec.JobTemplate.Spec.Template.Spec.Volumes)
-			if k := kinds(objs); k["PersistentVolumeClaim"] != 1 || k["Secret"] != 0 || k["Role"] != 1 {
-				t.Errorf("rendered kinds %v: want the claim, no state Secret, no rotation Role (a directory needs no Secret access)", k)
+			if k := kinds(objs); k["PersistentVolumeClaim"] != 1 || k["Secret"] != 0 || k["Role"] != 0 {
+				t.Errorf("rendered kinds %v: want the claim, no state Secret, no Role (a directory needs no Secret access, and one replica no Lease)", k)
 			}
 		}},
 		{"plugged-in cacerts", "replicaCount: 3\nstate: {type: cacerts, cacerts: {secretName: cacerts}}", func(t *testing.T, objs []*unstructured.Unstructured) {
@@ -100,7 +100,7 @@ func TestChartVariants(t *testing.T) {
 				wantSecretVolumes(t, "Deployment", d.Spec.Template.Spec.Volumes, map[string]string{"serving": "serving",
 					"trust-anchors": "mesh-roots", "k8scsr-kubeconfig": "signer-cluster"})
 				// The requests go to the other cluster: nothing on them here.
-				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "configmaps", "namespaces"})
+				checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods"})
 				if k := kinds(objs); k["CronJob"] != 0 || k["Secret"] != 0 {
 					t.Errorf("rendered kinds %v: a pinned trust bundle has no CA state to rotate or store", k)
 				}

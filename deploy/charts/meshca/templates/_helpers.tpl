@@ -140,3 +140,23 @@ syntax; JSON schema cannot compare two values, so the templates do.
 {{- end -}}
 {{- $total -}}
 {{- end -}}
+
+{{/* Whether meshca keeps istiod's certificate (Istio mode): "true" or "". */}}
+{{- define "meshca.istiodCert" -}}
+{{- if .Values.istio.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* The namespace of istiod and its certificate Secret. */}}
+{{- define "meshca.istiodNamespace" -}}
+{{- default .Release.Namespace .Values.istio.namespace -}}
+{{- end -}}
+
+{{/* --istiod-cert-secret's value: namespace/name. */}}
+{{- define "meshca.istiodCertSecret" -}}
+{{- include "meshca.istiodNamespace" . }}/{{ .Values.istio.istiodCertificate.secretName -}}
+{{- end -}}
+
+{{/* Whether meshca writes istio-ca-root-cert: Istio mode, or asked alone. */}}
+{{- define "meshca.rootCertConfigMaps" -}}
+{{- if or .Values.istio.enabled .Values.trust.rootCertConfigMaps.enabled }}true{{ end -}}
+{{- end -}}

@@ -36,6 +36,9 @@ has no k8scsr side: its steps are then the CA state's alone (its default
 {{- with $c.keyEnciphermentProfile }}
 - --cfssl-key-encipherment-profile={{ . }}
 {{- end }}
+{{- if include "meshca.istiodCert" .ctx }}
+- --cfssl-istiod-profile={{ $c.istiodProfile }}
+{{- end }}
 {{- if $c.authKey.secretName }}
 - --cfssl-auth-key-file=/etc/meshca/cfssl-auth/{{ $c.authKey.key }}
 {{- end }}
@@ -47,6 +50,9 @@ has no k8scsr side: its steps are then the CA state's alone (its default
 - --vault-role={{ $vt.role }}
 {{- with $vt.rsaRole }}
 - --vault-rsa-role={{ . }}
+{{- end }}
+{{- if and (not .root) (include "meshca.istiodCert" .ctx) }}
+- --vault-istiod-role={{ $vt.istiodRole }}
 {{- end }}
 {{- if $vt.tlsCA.secretName }}
 - --vault-ca-file=/etc/meshca/vault-tls-ca/{{ $vt.tlsCA.key }}

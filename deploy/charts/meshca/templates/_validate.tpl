@@ -43,6 +43,17 @@ across two keys. Each message names the keys and what to do.
 {{- if eq $s.type "vault" -}}
 {{- include "meshca.validateVault" $s.vault -}}
 {{- end -}}
+{{- if $v.istio.enabled -}}
+{{- if eq $s.type "k8scsr" -}}
+{{- fail "istio.enabled needs signer.type local, cfssl or vault: a CertificateSigningRequest's signer cannot tell istiod's DNS certificate from a workload's" -}}
+{{- end -}}
+{{- if and (eq $s.type "vault") (not $s.vault.istiodRole) -}}
+{{- fail "signer.vault.istiodRole is required with istio.enabled: istiod's DNS certificate needs a Vault role of its own (docs/signers/vault.md)" -}}
+{{- end -}}
+{{- if and (eq $s.type "cfssl") (not $s.cfssl.istiodProfile) -}}
+{{- fail "signer.cfssl.istiodProfile is required with istio.enabled: istiod's DNS certificate needs a cfssl profile of its own (docs/signers/cfssl.md)" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "meshca.validateVault" -}}
@@ -51,6 +62,9 @@ across two keys. Each message names the keys and what to do.
 {{- end -}}
 {{- if not .role -}}
 {{- fail "signer.vault.role is required with signer.type vault" -}}
+{{- end -}}
+{{- if and .istiodRole (or (eq .istiodRole .role) (eq .istiodRole .rsaRole)) -}}
+{{- fail "signer.vault.istiodRole names a workload role: istiod's DNS certificate needs a role of its own" -}}
 {{- end -}}
 {{- if and .rsaRole (eq .rsaRole .role) -}}
 {{- fail "signer.vault.rsaRole names the same role as signer.vault.role: RSA keys need key encipherment that other keys must not have" -}}

@@ -1,0 +1,140 @@
+package chart
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/meshca/meshca/ca/istiodcert"
+	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// checkIstio: Istio mode turns on istiod's certificate and the root
+// ConfigMaps together: the flags, the empty Secret the keeper fills, its
+// Role (that Secret alone), the Lease, and the rotation Jobs' guard.
+func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
+	c := deployment(t, objs).Spec.Template.Spec.Containers[0]
+	wantArgs(t, "serve", c.Args, []string{"--istiod-cert-secret=" + ns + "/istiod-tls", "--istiod-revision=canary", "--istiod-cert-ttl=24h",
+		"--publish-root-cert-configmaps"}, []string{"--istiod-cert-dns-names"})
+	s := find(t, objs, "Secret", "istiod-tls")
+	if s.Object["type"] != string(corev1.SecretTypeOpaque) || s.Object["data"] != nil || s.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("istiod-tls %v: want an empty Secret, kept on uninstall", s.Object)
+	}
+	wantRules(t, "Role meshca-istiod-cert", role(t, objs, "meshca-istiod-cert").Rules, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"istiod-tls"}, Verbs: []string{"get", "list", "watch", "update"}},
+	})
+	wantRules(t, "Role meshca-root-rotation-istiod-cert", role(t, objs, "meshca-root-rotation-istiod-cert").Rules, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"istiod-tls"}, Verbs: []string{"get"}},
+	})
+	if r := role(t, objs, "meshca").Rules; len(r) < 2 || !slices.Contains(r[1].ResourceNames, "meshca-istiod-cert") || !slices.Contains(r[1].ResourceNames, "meshca-trust-publisher") {
+		t.Errorf("Role meshca %+v: want the Leases meshca-istiod-cert and meshca-trust-publisher", r)
+	}
+	checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "configmaps", "namespaces"})
+	for _, step := range []string{"retire", "activate"} {
+		wantArgs(t, step, cronJob(t, objs, step).Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args,
+			[]string{"--istiod-cert-secret=" + ns + "/istiod-tls"}, nil)
+	}
+}
+
+// TestChartIstioInstall applies the Istio mode's rendering for real and
+// runs meshca with the Deployment's arguments under its ServiceAccount:
+// it fills istiod's Secret, whose certificate verifies against the roots
+// it publishes in istio-ca-root-cert, under an account that can read no
+// other Secret of istiod's namespace; the rotation Jobs' commands, under
+// theirs, read it for their guards.
+func TestChartIstioInstall(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "meshca-istio")
+	objs := render(t, ns, "--values", harness.ChartDir()+"/ci/istio-values.yaml")
+	apply(t, objs, false)
+	ctr := deployment(t, objs).Spec.Template.Spec.Containers[0]
+	kubeconfig := cluster.ServiceAccountKubeconfig(t, ns, "meshca")
+	m := harness.StartMeshca(t, bin, append(containerArgs(t, ctr, ns), "--kubeconfig", kubeconfig)...)
+
+	var held *istiodcert.Held
+	waitFor(t, "istiod-tls filled", func() bool {
+		s, err := cluster.Client.CoreV1().Secrets(ns).Get(ctx, "istiod-tls", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		held = istiodcert.Parse(s)
+		return held.Leaf() != nil
+	})
+	wantNames := []string{"istiod." + ns + ".svc", "istiod-canary." + ns + ".svc"}
+	if leaf := held.Leaf(); !slices.Equal(slices.Sorted(slices.Values(leaf.DNSNames)), slices.Sorted(slices.Values(wantNames))) || !held.KeyMatches {
+		t.Fatalf("istiod's certificate names %v (key matches: %v), want %v", leaf.DNSNames, held.KeyMatches, wantNames)
+	}
+	var roots []*x509.Certificate
+	waitFor(t, "istio-ca-root-cert in "+ns, func() bool {
+		cm, err := cluster.Client.CoreV1().ConfigMaps(ns).Get(ctx, trust.ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		roots, err = pemutil.ParseCertificates([]byte(cm.Data[trust.DataKey]))
+		return err == nil
+	})
+	t.Run("configmaps", func(t *testing.T) {
+		checkConfigMapAccess(t, kubeconfig, ns, string(pemutil.EncodeCertificates(roots...)))
+	})
+	for _, name := range wantNames {
+		if _, err := held.Leaf().Verify(x509.VerifyOptions{DNSName: name, Roots: keymgr.Pool(roots...), Intermediates: keymgr.Pool(held.Chain[1:]...)}); err != nil {
+			t.Errorf("istiod's certificate does not verify for %s against istio-ca-root-cert: %v", name, err)
+		}
+	}
+
+	sa := harness.ClientOf(t, kubeconfig)
+	if _, err := sa.CoreV1().Secrets(ns).Get(ctx, "meshca-ca-state", metav1.GetOptions{}); err != nil {
+		t.Errorf("meshca cannot read its CA state: %v", err)
+	}
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "istio-ca-secret", Namespace: ns}}
+	if _, err := cluster.Client.CoreV1().Secrets(ns).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, denied := range []func() error{
+		func() error {
+			_, err := sa.CoreV1().Secrets(ns).Get(ctx, "istio-ca-secret", metav1.GetOptions{})
+			return err
+		},
+		func() error { _, err := sa.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); return err },
+		func() error {
+			_, err := sa.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+			return err
+		},
+		func() error { return sa.CoreV1().Secrets(ns).Delete(ctx, "istiod-tls", metav1.DeleteOptions{}) },
+	} {
+		if err := denied(); err == nil || !strings.Contains(err.Error(), "forbidden") {
+			t.Errorf("meshca's account reached another Secret, or deleted istiod's: %v", err)
+		}
+	}
+
+	// The rotation Jobs read istiod's certificate for their guards.
+	jobKubeconfig := cluster.ServiceAccountKubeconfig(t, ns, "meshca-root-rotation")
+	args := append(slices.Clone(cronJob(t, objs, "activate").Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args), "--kubeconfig", jobKubeconfig)
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "root", "status", "--state-secret", ns+"/meshca-ca-state", "--istiod-cert-secret", ns+"/istiod-tls", "--kubeconfig", jobKubeconfig)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "istiod's certificate ("+ns+"/istiod-tls): istiod") ||
+		!strings.Contains(out.String(), "verifies against the bundle") {
+		t.Errorf("meshca root status as the rotation Job: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	cmd = exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err == nil || !strings.Contains(out.String(), "no prepared authority") || strings.Contains(out.String(), "forbidden") {
+		t.Errorf("the activate Job's command: %v\n%s", err, out.String())
+	}
+	if logs := m.Logs(); strings.Contains(logs, "forbidden") || strings.Contains(logs, "not written") {
+		t.Errorf("meshca was refused a request:\n%s", logs)
+	}
+}
