@@ -61,7 +61,12 @@ func (d *Dependent) retireHold(s *State, rec *AuthorityRecord, now time.Time) st
 			after = append(after, r)
 		}
 	}
-	_, err := d.Chain[0].Verify(x509.VerifyOptions{Roots: Pool(after...), Intermediates: Pool(d.Chain[1:]...),
+	leaf := d.Chain[0]
+	if !now.Before(leaf.NotAfter) {
+		return fmt.Sprintf("%s expired at %s under root %.16s and was not renewed under a root that stays", d.Name,
+			leaf.NotAfter.UTC().Format(time.RFC3339), rec.RootID())
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: Pool(after...), Intermediates: Pool(d.Chain[1:]...),
 		CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	if err == nil {
 		return ""

@@ -128,3 +128,14 @@ func TestDependentRootKept(t *testing.T) {
 		t.Fatalf("Retire: %v", err)
 	}
 }
+
+// TestDependentRetireExpired: a certificate left to expire under the
+// retiring root holds retire back, and says it was not renewed.
+func TestDependentRetireExpired(t *testing.T) {
+	s, a, _ := lcRotated(t)
+	at := lcT0.Add(49 * time.Hour) // istiodLeaf ends at lcT0+48h
+	g := keymgr.Guards{Dependents: []keymgr.Dependent{{Name: istiodName, Chain: []*x509.Certificate{istiodLeaf(t, a)}, RenewAt: lcT0.Add(32 * time.Hour)}}}
+	lcCheckErr(t, s.Retire(a.ID(), at, g, false, "retire"), true,
+		"expired at 2030-01-03T00:00:00Z under root "+a.RootID()[:16]+" and was not renewed under a root that stays; "+
+			"meshca serve --istiod-cert-secret rewrites it within seconds as it follows the CA state; safe once its keeper has rewritten it")
+}

@@ -42,8 +42,8 @@ func (f *istiodFlags) config(maxTTL time.Duration) (serve.IstiodCert, error) {
 	switch {
 	case !ok || ns == "" || name == "" || strings.Contains(name, "/"):
 		return c, fmt.Errorf("--istiod-cert-secret %q: want namespace/name", f.secret)
-	case f.ttl < 10*time.Minute || f.ttl > maxTTL:
-		return c, fmt.Errorf("--istiod-cert-ttl %v must be between 10m and --max-ttl %v", f.ttl, maxTTL)
+	case f.ttl <= 0 || f.ttl > maxTTL:
+		return c, fmt.Errorf("--istiod-cert-ttl %v must be positive and at most --max-ttl %v", f.ttl, maxTTL)
 	case f.revision != "" && len(f.names) > 0:
 		return c, errors.New("give --istiod-cert-dns-names or --istiod-revision, not both: the names are then yours to list")
 	}

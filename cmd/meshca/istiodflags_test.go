@@ -24,7 +24,7 @@ func TestIstiodFlags(t *testing.T) {
 			want: []string{"istiod.example.internal"}},
 		{name: "names without a Secret", f: istiodFlags{names: []string{"istiod.istio-system.svc"}}, err: "need --istiod-cert-secret"},
 		{name: "not namespace/name", f: istiodFlags{secret: "istiod-tls", ttl: time.Hour}, err: "want namespace/name"},
-		{name: "TTL over --max-ttl", f: istiodFlags{secret: "a/b", ttl: 48 * time.Hour}, err: "--istiod-cert-ttl 48h0m0s must be between 10m and --max-ttl 24h0m0s"},
+		{name: "TTL over --max-ttl", f: istiodFlags{secret: "a/b", ttl: 48 * time.Hour}, err: "--istiod-cert-ttl 48h0m0s must be positive and at most --max-ttl 24h0m0s"},
 		{name: "not a DNS name", f: istiodFlags{secret: "a/b", names: []string{"Istiod_1"}, ttl: time.Hour}, err: `"Istiod_1" is not a DNS name`},
 		{name: "names and a revision", f: istiodFlags{secret: "a/b", names: []string{"x.y"}, revision: "r", ttl: time.Hour}, err: "not both"},
 	}
