@@ -3,6 +3,7 @@ package keymgr
 import (
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -28,6 +29,17 @@ type Dependent struct {
 	// Err, when set, is why it could not be read: every step it could
 	// break waits.
 	Err error
+	// Restarter, when set, names what restarts the dependent's processes
+	// ("Deployment istio-system/istiod"): istiod reads the roots it
+	// verifies proxies' client certificates with only when it starts, so
+	// a root in Roots is trusted once they restarted with it. Empty: Roots
+	// stand for what it trusts.
+	Restarter string
+	// Loaded are the fingerprints of the roots its processes started
+	// with, and Restarting says a restart is under way (then Loaded is
+	// what the new ones load); both only with a Restarter.
+	Loaded     []string
+	Restarting bool
 }
 
 // activateHold is why activating rec would break d, or "": once rec
@@ -41,6 +53,11 @@ func (d *Dependent) activateHold(rec *AuthorityRecord) string {
 		return fmt.Sprintf("%s holds no certificate yet, so whether it trusts root %.16s cannot be checked", d.Name, rec.RootID())
 	case !containsCert(d.Roots, rec.Root):
 		return fmt.Sprintf("%s does not trust root %.16s yet (its ca.crt lacks it), and would refuse the proxies' certificates it signs", d.Name, rec.RootID())
+	case d.Restarter != "" && d.Restarting:
+		return fmt.Sprintf("istiod is restarting (%s) to load root %.16s, which it reads only when it starts", d.Restarter, rec.RootID())
+	case d.Restarter != "" && !slices.Contains(d.Loaded, rec.RootID()):
+		return fmt.Sprintf("istiod (%s) has not restarted since its ca.crt gained root %.16s: it reads it only when it starts, "+
+			"and would refuse the proxies' certificates that root signs", d.Restarter, rec.RootID())
 	}
 	return ""
 }
@@ -108,8 +125,11 @@ func (g Guards) dependentsHold(s *State, verb string, rec *AuthorityRecord, now 
 // Its keeper catches up as soon as it follows the state; at the latest at
 // d.RenewAt, which SafeAt names when it is still ahead.
 func dependentError(verb string, rec *AuthorityRecord, d *Dependent, why string, now time.Time) *GuardError {
-	e := &GuardError{Verb: verb, ID: rec.ID(), Now: now,
-		Reason: why + "; meshca serve --istiod-cert-secret rewrites it within seconds as it follows the CA state"}
+	remedy := "; meshca serve --istiod-cert-secret rewrites it within seconds as it follows the CA state"
+	if d.Restarter != "" {
+		remedy += fmt.Sprintf(", and restarts istiod (%s) when its roots grow", d.Restarter)
+	}
+	e := &GuardError{Verb: verb, ID: rec.ID(), Now: now, Reason: why + remedy}
 	switch {
 	case d.RenewAt.After(now):
 		e.SafeAt = d.RenewAt

@@ -139,3 +139,36 @@ func TestDependentRetireExpired(t *testing.T) {
 		"expired at 2030-01-03T00:00:00Z under root "+a.RootID()[:16]+" and was not renewed under a root that stays; "+
 			"meshca serve --istiod-cert-secret rewrites it within seconds as it follows the CA state; safe once its keeper has rewritten it")
 }
+
+// TestDependentRestart: with a Restarter, activate waits until istiod's
+// processes restarted with the new root, not only until its ca.crt has
+// it: istiod reads its client roots only when it starts.
+func TestDependentRestart(t *testing.T) {
+	s, a, b := lcRotating(t)
+	at := lcT0.Add(14 * time.Hour)
+	leaf := istiodLeaf(t, a)
+	both := []*x509.Certificate{a.Root, b.Root}
+	dep := func(loaded []string, restarting bool) keymgr.Dependent {
+		return keymgr.Dependent{Name: istiodName, Chain: []*x509.Certificate{leaf}, Roots: both, Restarter: "Deployment istio-system/istiod",
+			Loaded: loaded, Restarting: restarting, RenewAt: at.Add(time.Hour)}
+	}
+	tests := []struct {
+		name string
+		dep  keymgr.Dependent
+		want string
+	}{
+		{"restarted with both roots", dep([]string{a.RootID(), b.RootID()}, false), ""},
+		{"started before the new root", dep([]string{a.RootID()}, false),
+			"istiod (Deployment istio-system/istiod) has not restarted since its ca.crt gained root " + b.RootID()[:16]},
+		{"restarting", dep([]string{a.RootID(), b.RootID()}, true), "istiod is restarting (Deployment istio-system/istiod) to load root"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := s.Clone().Activate(b.ID(), at, keymgr.Guards{Margin: keymgr.DefaultGuardMargin, Dependents: []keymgr.Dependent{tt.dep}}, false, "rotate")
+			lcCheckErr(t, err, true, tt.want)
+			if err != nil && !strings.Contains(err.Error(), "and restarts istiod (Deployment istio-system/istiod) when its roots grow") {
+				t.Errorf("err %q does not say what restarts istiod", err)
+			}
+		})
+	}
+}

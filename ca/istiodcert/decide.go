@@ -10,13 +10,14 @@ import (
 
 // Reasons the keeper writes the Secret: a metric label and a log field.
 const (
-	ReasonMissing          = "missing"           // no Secret, or no certificate in it
-	ReasonKeyMismatch      = "key_mismatch"      // tls.key is not the leaf's key
-	ReasonNamesChanged     = "names_changed"     // the leaf names other DNS names than configured
-	ReasonRootsChanged     = "roots_changed"     // ca.crt is not the trust bundle (prepare, retire)
-	ReasonAuthorityChanged = "authority_changed" // another certificate signs for the CA now (activate)
-	ReasonUntrusted        = "untrusted"         // the chain does not verify to the trust bundle
-	ReasonRenewal          = "renewal"           // two thirds of its life are past
+	ReasonMissing          = "missing"            // no Secret, or no certificate in it
+	ReasonKeyMismatch      = "key_mismatch"       // tls.key is not the leaf's key
+	ReasonNamesChanged     = "names_changed"      // the leaf names other DNS names than configured
+	ReasonRootsChanged     = "roots_changed"      // ca.crt is not the trust bundle (prepare, retire)
+	ReasonAuthorityChanged = "authority_changed"  // another certificate signs for the CA now (activate)
+	ReasonUntrusted        = "untrusted"          // the chain does not verify to the trust bundle
+	ReasonRenewal          = "renewal"            // two thirds of its life are past
+	ReasonRestarter        = "deployment_changed" // the Deployment restarted for new roots is another
 )
 
 // Now is the state of the CA the Secret must match.
@@ -30,6 +31,9 @@ type Now struct {
 	Signing string
 	// Names are the DNS names the leaf must carry.
 	Names []string
+	// Deployment is the Deployment restarted for new roots, recorded on
+	// the Secret for the guards; empty: none.
+	Deployment string
 }
 
 // decide says why h must be written anew at now, or "" when it serves
@@ -51,6 +55,8 @@ func decide(h *Held, now Now) string {
 		return ReasonUntrusted
 	case !now.Time.Before(RenewAt(leaf)):
 		return ReasonRenewal
+	case h.Deployment != now.Deployment:
+		return ReasonRestarter
 	}
 	return ""
 }

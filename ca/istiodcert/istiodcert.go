@@ -76,8 +76,9 @@ type Held struct {
 	Roots []*x509.Certificate
 	// KeyMatches says tls.key is the private key of Chain[0].
 	KeyMatches bool
-	// IssuedUnder is AnnotationIssuedUnder.
-	IssuedUnder string
+	// IssuedUnder is AnnotationIssuedUnder; Deployment is
+	// AnnotationDeployment.
+	IssuedUnder, Deployment string
 }
 
 // Leaf is the certificate istiod serves; nil when there is none.
@@ -97,7 +98,7 @@ func RenewAt(leaf *x509.Certificate) time.Time {
 // Parse reads s; a Secret whose tls.crt or tls.key is missing or
 // unreadable holds no chain.
 func Parse(s *corev1.Secret) *Held {
-	h := &Held{IssuedUnder: s.Annotations[AnnotationIssuedUnder]}
+	h := &Held{IssuedUnder: s.Annotations[AnnotationIssuedUnder], Deployment: s.Annotations[AnnotationDeployment]}
 	h.Roots, _ = pemutil.ParseCertificates(s.Data[KeyRoots])
 	chain, err := pemutil.ParseCertificates(s.Data[KeyCert])
 	if err != nil || len(chain) == 0 {
@@ -126,7 +127,8 @@ func DependentName(secret string) string {
 
 // Read returns what the Secret namespace/name holds for the rotation
 // guards: no chain when it does not exist, the error in Err when it
-// cannot be read.
+// cannot be read; and, when the keeper restarts istiod's Deployment, the
+// roots its Pods started with.
 func Read(ctx context.Context, client kubernetes.Interface, namespace, name string) keymgr.Dependent {
 	dn := DependentName(namespace + "/" + name)
 	s, err := client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -136,5 +138,10 @@ func Read(ctx context.Context, client kubernetes.Interface, namespace, name stri
 	case err != nil:
 		return keymgr.Dependent{Name: dn, Err: err}
 	}
-	return Parse(s).Dependent(dn)
+	h := Parse(s)
+	d := h.Dependent(dn)
+	if h.Deployment != "" {
+		readRestart(ctx, client, namespace, h.Deployment, &d)
+	}
+	return d
 }

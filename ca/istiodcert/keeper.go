@@ -50,6 +50,10 @@ type Config struct {
 	// Signing returns the certificate that signs for the CA now, or nil
 	// when it is not known.
 	Signing func() *x509.Certificate
+	// Deployment, when set, is istiod's Deployment in Namespace, which the
+	// keeper restarts when the roots grow: istiod reads the roots it
+	// verifies clients with only when it starts.
+	Deployment string
 	// Observe, when set, hears of every write (its reason) and failure.
 	Observe Observer
 	Resync  time.Duration
@@ -64,6 +68,8 @@ type Observer interface {
 	Written(reason string, notAfter time.Time)
 	// Failed: writing it for reason failed.
 	Failed(reason string)
+	// Restarted: istiod's Deployment was restarted to load new roots.
+	Restarted()
 }
 
 // Keeper keeps the Secret. Only one replica should run it: see
@@ -171,7 +177,7 @@ func (k *Keeper) keep(ctx context.Context, cur *corev1.Secret) time.Duration {
 	reason := decide(held, now)
 	if reason == "" {
 		k.fails = 0
-		return min(k.c.Resync, max(RenewAt(held.Leaf()).Sub(now.Time), time.Second))
+		return min(k.c.Resync, max(RenewAt(held.Leaf()).Sub(now.Time), time.Second), k.restartIstiod(ctx, now.Bundle))
 	}
 	leaf, err := k.write(ctx, cur, now, reason)
 	if err != nil {
@@ -194,11 +200,36 @@ func (k *Keeper) keep(ctx context.Context, cur *corev1.Secret) time.Duration {
 	}
 	k.c.Logger.Info("istiod certificate written", "secret", k.Secret(), "reason", reason, "serial", leaf.SerialNumber.Text(16),
 		"not_after", leaf.NotAfter, "renew_at", RenewAt(leaf), "roots", len(now.Bundle))
-	return min(k.c.Resync, max(RenewAt(leaf).Sub(k.c.Now()), time.Second))
+	return min(k.c.Resync, max(RenewAt(leaf).Sub(k.c.Now()), time.Second), k.restartIstiod(ctx, now.Bundle))
+}
+
+// restartIstiod restarts istiod's Deployment, when there is one and its
+// Pods started without a root of bundle, and returns how soon to look
+// again: at once when it waits for what istiod will read to catch up, the
+// resync period otherwise.
+func (k *Keeper) restartIstiod(ctx context.Context, bundle []*x509.Certificate) time.Duration {
+	if k.c.Deployment == "" {
+		return k.c.Resync
+	}
+	restarted, waiting, err := k.restart(ctx, bundle)
+	switch {
+	case err != nil:
+		k.c.Logger.Warn("istiod not restarted to load its new roots", "deployment", k.c.Namespace+"/"+k.c.Deployment, "error", err)
+		return min(k.c.Resync, 5*time.Second)
+	case waiting != "":
+		return time.Second
+	case restarted:
+		if k.c.Observe != nil {
+			k.c.Observe.Restarted()
+		}
+		k.c.Logger.Info("istiod restarted to load its new roots: it reads the roots it verifies clients with only when it starts",
+			"deployment", k.c.Namespace+"/"+k.c.Deployment, "roots", len(bundle))
+	}
+	return k.c.Resync
 }
 
 func (k *Keeper) now() Now {
-	n := Now{Time: k.c.Now(), Bundle: k.c.Bundle(), Names: k.c.Names}
+	n := Now{Time: k.c.Now(), Bundle: k.c.Bundle(), Names: k.c.Names, Deployment: k.c.Deployment}
 	if k.c.Signing != nil {
 		if c := k.c.Signing(); c != nil {
 			n.Signing = keymgr.Fingerprint(c)
@@ -223,7 +254,7 @@ func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason 
 	if err != nil {
 		return nil, err
 	}
-	s, err := secretFor(cur, k.c.Namespace, k.c.Name, key, out, now.Signing)
+	s, err := secretFor(cur, k.c.Namespace, k.c.Name, key, out, now)
 	if err != nil {
 		return nil, err
 	}
@@ -239,9 +270,10 @@ func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason 
 }
 
 // secretFor is cur (or a new kubernetes.io/tls Secret) holding key and
-// out: exactly the three keys, whatever else cur held, and the
-// fingerprint of the certificate that signed for the CA at issuance.
-func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, out *Issued, signing string) (*corev1.Secret, error) {
+// out: exactly the three keys, whatever else cur held, the fingerprint of
+// the certificate that signed for the CA at issuance, and the Deployment
+// restarted for new roots.
+func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, out *Issued, now Now) (*corev1.Secret, error) {
 	keyPEM, err := pemutil.EncodePrivateKey(key)
 	if err != nil {
 		return nil, err
@@ -259,9 +291,11 @@ func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, ou
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
-	delete(s.Annotations, AnnotationIssuedUnder)
-	if signing != "" {
-		s.Annotations[AnnotationIssuedUnder] = signing
+	for k, v := range map[string]string{AnnotationIssuedUnder: now.Signing, AnnotationDeployment: now.Deployment} {
+		delete(s.Annotations, k)
+		if v != "" {
+			s.Annotations[k] = v
+		}
 	}
 	chain := append([]*x509.Certificate{out.Leaf}, out.Intermediates...)
 	s.Data = map[string][]byte{

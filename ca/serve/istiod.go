@@ -34,6 +34,9 @@ type IstiodCert struct {
 	DNSNames []string
 	// TTL is its lifetime; istiodcert.DefaultTTL when zero.
 	TTL time.Duration
+	// Deployment, when set, is istiod's Deployment in the Secret's
+	// namespace, restarted when the roots grow (istiodcert.Config).
+	Deployment string
 }
 
 // split returns Secret's namespace and name.
@@ -99,7 +102,7 @@ func newIstiodRunner(c IstiodCert, td spiffeid.TrustDomain, client kubernetes.In
 		}
 		return b.X509Authorities()
 	}
-	k, err := istiodcert.New(istiodcert.Config{Client: client, Namespace: ns, Name: name, Names: c.DNSNames, TTL: c.TTL,
+	k, err := istiodcert.New(istiodcert.Config{Client: client, Namespace: ns, Name: name, Names: c.DNSNames, TTL: c.TTL, Deployment: c.Deployment,
 		Issuer: ca.NewDNSIssuer(srv), Bundle: bundle, Signing: be.signing, Observe: newIstiodMetrics(reg), Logger: log.With("part", "istiod-cert")})
 	if err != nil {
 		return nil, &FieldError{Field: "istiod-cert-secret", Err: err}
@@ -120,6 +123,7 @@ func newIstiodRunner(c IstiodCert, td spiffeid.TrustDomain, client kubernetes.In
 type istiodMetrics struct {
 	writes   *prometheus.CounterVec
 	notAfter prometheus.Gauge
+	restarts prometheus.Counter
 }
 
 func newIstiodMetrics(reg prometheus.Registerer) *istiodMetrics {
@@ -133,8 +137,12 @@ func newIstiodMetrics(reg prometheus.Registerer) *istiodMetrics {
 			Name: "meshca_istiod_certificate_expiry_timestamp_seconds",
 			Help: "When the istiod certificate this replica last wrote expires (Unix seconds); 0 before it wrote one.",
 		}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "meshca_istiod_restarts_total",
+			Help: "Restarts of istiod's Deployment (--istiod-deployment) to load roots its ca.crt gained, which istiod reads only when it starts.",
+		}),
 	}
-	reg.MustRegister(m.writes, m.notAfter)
+	reg.MustRegister(m.writes, m.notAfter, m.restarts)
 	return m
 }
 
@@ -143,6 +151,9 @@ func (m *istiodMetrics) Written(reason string, notAfter time.Time) {
 	m.writes.WithLabelValues(reason, "written").Inc()
 	m.notAfter.Set(float64(notAfter.Unix()))
 }
+
+// Restarted implements istiodcert.Observer.
+func (m *istiodMetrics) Restarted() { m.restarts.Inc() }
 
 // Failed implements istiodcert.Observer.
 func (m *istiodMetrics) Failed(reason string) { m.writes.WithLabelValues(reason, "failed").Inc() }

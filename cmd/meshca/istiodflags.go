@@ -15,10 +15,11 @@ import (
 
 // istiodFlags are the flags of istiod's serving certificate.
 type istiodFlags struct {
-	secret   string
-	names    []string
-	revision string
-	ttl      time.Duration
+	secret     string
+	names      []string
+	revision   string
+	ttl        time.Duration
+	deployment string
 }
 
 func (f *istiodFlags) register(fl *pflag.FlagSet) {
@@ -26,15 +27,17 @@ func (f *istiodFlags) register(fl *pflag.FlagSet) {
 		"issued by the signer and rewritten through every root rotation step; one replica writes, elected on the Lease "+serve.IstiodCertLease+" in --trust-lease-namespace; empty: off")
 	fl.StringSliceVar(&f.names, "istiod-cert-dns-names", nil, "DNS names of istiod's certificate; empty: istiod.<namespace>.svc, and istiod-<revision>.<namespace>.svc with --istiod-revision")
 	fl.StringVar(&f.revision, "istiod-revision", "", "istiod's revision (its chart's revision value), whose Service name joins the default DNS names")
+	fl.StringVar(&f.deployment, "istiod-deployment", "", "istiod's Deployment, in --istiod-cert-secret's namespace, restarted (as kubectl rollout restart) when the roots grow: "+
+		"istiod reads the roots it verifies proxies' client certificates with only when it starts, and the guards of activate wait for the restart; empty: restart istiod yourself after prepare")
 	fl.DurationVar(&f.ttl, "istiod-cert-ttl", istiodcert.DefaultTTL, "lifetime of istiod's certificate; it is renewed at two thirds of it")
 }
 
 // config checks the flags, without I/O; maxTTL is --max-ttl.
 func (f *istiodFlags) config(maxTTL time.Duration) (serve.IstiodCert, error) {
-	c := serve.IstiodCert{Secret: f.secret, TTL: f.ttl}
+	c := serve.IstiodCert{Secret: f.secret, TTL: f.ttl, Deployment: f.deployment}
 	if f.secret == "" {
-		if len(f.names) > 0 || f.revision != "" {
-			return c, errors.New("--istiod-cert-dns-names and --istiod-revision need --istiod-cert-secret")
+		if len(f.names) > 0 || f.revision != "" || f.deployment != "" {
+			return c, errors.New("--istiod-cert-dns-names, --istiod-revision and --istiod-deployment need --istiod-cert-secret")
 		}
 		return c, nil
 	}
@@ -53,6 +56,9 @@ func (f *istiodFlags) config(maxTTL time.Duration) (serve.IstiodCert, error) {
 		if f.revision != "" && f.revision != "default" {
 			c.DNSNames = append(c.DNSNames, "istiod-"+f.revision+"."+ns+".svc")
 		}
+	}
+	if errs := validation.IsDNS1123Subdomain(f.deployment); f.deployment != "" && len(errs) > 0 {
+		return c, fmt.Errorf("--istiod-deployment %q: %s", f.deployment, strings.Join(errs, "; "))
 	}
 	for _, n := range c.DNSNames {
 		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
