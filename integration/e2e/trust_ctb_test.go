@@ -254,12 +254,14 @@ func TestClusterTrustBundleOtherAPIVersions(t *testing.T) {
 }
 
 // TestClusterTrustBundleManifestsRBAC: meshca running as the
-// ServiceAccount of the Helm chart, installed with its ClusterTrustBundle
-// for meshca.io/svid on, publishes the ConfigMaps and the
+// ServiceAccount of the Helm chart, installed with its ConfigMaps (off by
+// default since istiod writes them) and its ClusterTrustBundle for
+// meshca.io/svid on, publishes the ConfigMaps and the
 // ClusterTrustBundle of its signer, elected on its Lease in istio-system;
 // the attest grant is for that signer alone.
 func TestClusterTrustBundleManifestsRBAC(t *testing.T) {
-	applyChart(t, "--set", "trust.clusterTrustBundle.enabled=true", "--set", "trust.clusterTrustBundle.signerName="+meshcaSigner)
+	applyChart(t, "--set", "trust.rootCertConfigMaps.enabled=true",
+		"--set", "trust.clusterTrustBundle.enabled=true", "--set", "trust.clusterTrustBundle.signerName="+meshcaSigner)
 	kubeconfig := cluster.ServiceAccountKubeconfig(t, "istio-system", "meshca")
 	td := ctbTrustDomain(t, "ctb-rbac")
 	lbls, sel := runLabel(t)
