@@ -31,6 +31,12 @@ type istiodView struct {
 	// Verifies says it chains to the state's bundle now, as proxies
 	// verify it.
 	Verifies bool `json:"verifies"`
+	// Restarter is what meshca restarts istiod with when the roots grow
+	// (--istiod-deployment), Loaded the roots its Pods start with, named
+	// as Roots, and Restarting whether a rollout is under way.
+	Restarter  string   `json:"restarter,omitempty"`
+	Loaded     []string `json:"loaded,omitempty"`
+	Restarting bool     `json:"restarting,omitempty"`
 }
 
 func istiodViewOf(secret string, d keymgr.Dependent, st *keymgr.State, now time.Time) *istiodView {
@@ -42,6 +48,10 @@ func istiodViewOf(secret string, d keymgr.Dependent, st *keymgr.State, now time.
 	case len(d.Chain) == 0:
 		v.Error = "no certificate: is meshca serve --istiod-cert-secret running?"
 		return v
+	}
+	v.Restarter, v.Restarting = d.Restarter, d.Restarting
+	for _, fp := range d.Loaded {
+		v.Loaded = append(v.Loaded, fingerprintName(st, fp))
 	}
 	leaf := d.Chain[0]
 	v.Issuer, v.NotAfter, v.RenewAt, v.DNSNames = leaf.Issuer.String(), leaf.NotAfter, d.RenewAt, leaf.DNSNames
@@ -70,6 +80,16 @@ func rootName(st *keymgr.State, root *x509.Certificate) string {
 	return short(keymgr.Fingerprint(root)) + " (not in the state)"
 }
 
+// fingerprintName is rootName for a root known by its fingerprint.
+func fingerprintName(st *keymgr.State, fp string) string {
+	for _, a := range st.Authorities {
+		if keymgr.Fingerprint(a.Root) == fp {
+			return short(a.ID())
+		}
+	}
+	return short(fp) + " (not in the state)"
+}
+
 func printIstiod(w io.Writer, v *istiodView) {
 	if v.Error != "" {
 		fmt.Fprintf(w, "istiod's certificate (%s): %s\n", v.Secret, v.Error)
@@ -86,4 +106,16 @@ func printIstiod(w io.Writer, v *istiodView) {
 	fmt.Fprintf(w, "istiod's certificate (%s): %s, issued by %q (%s), not after %s, renewed at %s; %s; ca.crt holds the roots of %s\n",
 		v.Secret, strings.Join(v.DNSNames, ","), v.Issuer, by, v.NotAfter.UTC().Format(time.RFC3339), v.RenewAt.UTC().Format(time.RFC3339),
 		trust, strings.Join(v.Roots, ", "))
+	if v.Restarter == "" {
+		return
+	}
+	rollout := "rolled out"
+	if v.Restarting {
+		rollout = "a rollout is under way"
+	}
+	loaded := strings.Join(v.Loaded, ", ")
+	if loaded == "" {
+		loaded = "no roots meshca marked yet"
+	}
+	fmt.Fprintf(w, "istiod (%s) starts with the roots of %s (%s); it reads them only when it starts\n", v.Restarter, loaded, rollout)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	appsv1 "k8s.io/api/apps/v1"
 	"os/exec"
 	"slices"
 	"strings"
@@ -26,16 +27,18 @@ import (
 func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	c := deployment(t, objs).Spec.Template.Spec.Containers[0]
 	wantArgs(t, "serve", c.Args, []string{"--istiod-cert-secret=" + ns + "/istiod-tls", "--istiod-revision=canary", "--istiod-cert-ttl=24h",
-		"--publish-root-cert-configmaps"}, []string{"--istiod-cert-dns-names"})
+		"--istiod-deployment=istiod-canary", "--publish-root-cert-configmaps"}, []string{"--istiod-cert-dns-names"})
 	s := find(t, objs, "Secret", "istiod-tls")
 	if s.Object["type"] != string(corev1.SecretTypeOpaque) || s.Object["data"] != nil || s.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
 		t.Errorf("istiod-tls %v: want an empty Secret, kept on uninstall", s.Object)
 	}
 	wantRules(t, "Role meshca-istiod-cert", role(t, objs, "meshca-istiod-cert").Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"istiod-tls"}, Verbs: []string{"get", "list", "watch", "update"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{"istiod-canary"}, Verbs: []string{"get", "patch"}},
 	})
 	wantRules(t, "Role meshca-root-rotation-istiod-cert", role(t, objs, "meshca-root-rotation-istiod-cert").Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"istiod-tls"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{"istiod-canary"}, Verbs: []string{"get"}},
 	})
 	if r := role(t, objs, "meshca").Rules; len(r) < 2 || !slices.Contains(r[1].ResourceNames, "meshca-istiod-cert") || !slices.Contains(r[1].ResourceNames, "meshca-trust-publisher") {
 		t.Errorf("Role meshca %+v: want the Leases meshca-istiod-cert and meshca-trust-publisher", r)
@@ -51,13 +54,15 @@ func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 // runs meshca with the Deployment's arguments under its ServiceAccount:
 // it fills istiod's Secret, whose certificate verifies against the roots
 // it publishes in istio-ca-root-cert, under an account that can read no
-// other Secret of istiod's namespace; the rotation Jobs' commands, under
-// theirs, read it for their guards.
+// other Secret of istiod's namespace, and marks istiod's Deployment with
+// the roots it must start with; the rotation Jobs' commands, under
+// theirs, read both for their guards.
 func TestChartIstioInstall(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "meshca-istio")
 	objs := render(t, ns, "--values", harness.ChartDir()+"/ci/istio-values.yaml")
 	apply(t, objs, false)
+	istiod := istiodDeployment(t, ns, "istiod-canary")
 	ctr := deployment(t, objs).Spec.Template.Spec.Containers[0]
 	kubeconfig := cluster.ServiceAccountKubeconfig(t, ns, "meshca")
 	m := harness.StartMeshca(t, bin, append(containerArgs(t, ctr, ns), "--kubeconfig", kubeconfig)...)
@@ -83,6 +88,11 @@ func TestChartIstioInstall(t *testing.T) {
 		}
 		roots, err = pemutil.ParseCertificates([]byte(cm.Data[trust.DataKey]))
 		return err == nil
+	})
+	want := keymgr.Fingerprint(roots[0])
+	waitFor(t, "istiod's Deployment marked with the root it must start with", func() bool {
+		d, err := cluster.Client.AppsV1().Deployments(ns).Get(ctx, istiod, metav1.GetOptions{})
+		return err == nil && d.Spec.Template.Annotations[istiodcert.AnnotationTrustedRoots] == want
 	})
 	t.Run("configmaps", func(t *testing.T) {
 		checkConfigMapAccess(t, kubeconfig, ns, string(pemutil.EncodeCertificates(roots...)))
@@ -125,7 +135,8 @@ func TestChartIstioInstall(t *testing.T) {
 	cmd := exec.Command(bin, "root", "status", "--state-secret", ns+"/meshca-ca-state", "--istiod-cert-secret", ns+"/istiod-tls", "--kubeconfig", jobKubeconfig)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "istiod's certificate ("+ns+"/istiod-tls): istiod") ||
-		!strings.Contains(out.String(), "verifies against the bundle") {
+		!strings.Contains(out.String(), "verifies against the bundle") ||
+		!strings.Contains(out.String(), "istiod (Deployment "+ns+"/istiod-canary) starts with the roots of ") {
 		t.Errorf("meshca root status as the rotation Job: %v\n%s", err, out.String())
 	}
 	out.Reset()
@@ -137,4 +148,26 @@ func TestChartIstioInstall(t *testing.T) {
 	if logs := m.Logs(); strings.Contains(logs, "forbidden") || strings.Contains(logs, "not written") {
 		t.Errorf("meshca was refused a request:\n%s", logs)
 	}
+}
+
+// istiodDeployment creates a Deployment standing for istiod's (no
+// controller runs here: only the object meshca patches) and returns its
+// name.
+func istiodDeployment(t *testing.T, ns, name string) string {
+	t.Helper()
+	labels := map[string]string{"app": "istiod"}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "discovery", Image: "istio/pilot"}}},
+			},
+		},
+	}
+	if _, err := cluster.Client.AppsV1().Deployments(ns).Create(context.Background(), d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }

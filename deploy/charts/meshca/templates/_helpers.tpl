@@ -151,6 +151,15 @@ syntax; JSON schema cannot compare two values, so the templates do.
 {{- default .Release.Namespace .Values.istio.namespace -}}
 {{- end -}}
 
+{{/* istiod's Deployment meshca restarts for new roots, or "". */}}
+{{- define "meshca.istiodDeployment" -}}
+{{- $d := .Values.istio.istiodDeployment }}
+{{- if and (include "meshca.istiodCert" .) $d.restart }}
+{{- $rev := .Values.istio.istiodCertificate.revision }}
+{{- default (ternary (printf "istiod-%s" $rev) "istiod" (ne $rev "")) $d.name -}}
+{{- end }}
+{{- end -}}
+
 {{/* --istiod-cert-secret's value: namespace/name. */}}
 {{- define "meshca.istiodCertSecret" -}}
 {{- include "meshca.istiodNamespace" . }}/{{ .Values.istio.istiodCertificate.secretName -}}
