@@ -6,7 +6,7 @@ GOTEST_FLAGS ?= -race -count=1
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build test test-unit test-integration test-istio tools k8s manifests proto proto-check bench demo check lint clean
+.PHONY: all build test test-unit test-integration test-istio tools k8s istio manifests proto proto-check bench demo check lint clean
 
 all: build
 
@@ -84,19 +84,26 @@ fuzz-smoke:
 test-image:
 	cd hack/image && $(GO) test -count=1 -timeout 10m ./...
 
-# Build (cached) the real etcd and kube-apiserver (k8s), and cfssl, Vault
-# and helm (tools), before go test starts, so that the first, long builds
+# Build (cached) the real etcd and kube-apiserver (k8s), and cfssl, Vault,
+# helm and Istio (tools), before go test starts, so that the first, long builds
 # show their progress and are not cut by a test timeout. The builds run at
 # once: their module downloads overlap the others' compiling.
 k8s:
 	hack/deps.sh
 	integration/scripts/k8s.sh build
 
+# istio: the real istiod (pilot-discovery) and istio-agent (pilot-agent)
+# from Istio's Go module at the version integration/istioclient requires.
+istio:
+	hack/deps.sh
+	integration/scripts/istio.sh build
+
 tools:
 	hack/deps.sh
 	@set -e; integration/scripts/k8s.sh build & k=$$!; integration/scripts/vault.sh build & v=$$!; \
 	integration/scripts/cfssl.sh build & c=$$!; integration/scripts/helm.sh build & h=$$!; \
-	wait $$k; wait $$v; wait $$c; wait $$h
+	integration/scripts/istio.sh build & i=$$!; \
+	wait $$k; wait $$v; wait $$c; wait $$h; wait $$i
 
 # deploy/manifests/meshca.yaml is the Helm chart's defaults rendered by the
 # real helm; integration/chart's TestManifestsUpToDate fails while it is stale.
@@ -113,8 +120,9 @@ test-integration: tools
 	(cd integration && MESHCA_TEST_REPORT=$$report $(GO) test $(GOTEST_FLAGS) -timeout 20m ./...) || rc=$$?; \
 	echo "== integration test figures (harness.Report) =="; sort $$report; exit $$rc
 
-test-istio: k8s
-	# Wire compatibility, not concurrency: no -race, which halves its cold build.
+test-istio: k8s istio
+	# Wire compatibility and the real istiod and istio-agent through root
+	# rotations, not concurrency: no -race, which halves its cold build.
 	cd integration/istioclient && $(GO) test -count=1 -timeout 20m ./...
 
 proto:

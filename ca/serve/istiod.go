@@ -131,7 +131,7 @@ func newIstiodMetrics(reg prometheus.Registerer) *istiodMetrics {
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_istiod_certificate_writes_total",
 			Help: "Writes of istiod's certificate Secret by reason (missing, key_mismatch, names_changed, roots_changed, " +
-				"authority_changed, untrusted, renewal) and result (written, failed).",
+				"authority_changed, untrusted, renewal, deployment_changed) and result (written, failed).",
 		}, []string{"reason", "result"}),
 		notAfter: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_istiod_certificate_expiry_timestamp_seconds",
