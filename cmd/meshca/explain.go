@@ -15,12 +15,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 type explainFlags struct {
-	kubeconfig     string
+	cluster        clusterFlags
 	trustDomain    string
 	audiences      []string
 	nodeAccounts   []string
@@ -47,7 +45,7 @@ a real request would get.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd.Context(), cmd.OutOrStdout()) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
+	f.cluster.register(fl, "the cluster whose TokenReview and Pods are asked")
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a token must carry (one of)")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "trusted node proxy accounts, as the server has them")
@@ -69,11 +67,7 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)
 	}
-	kcfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	kc, err := kubernetes.NewForConfig(kcfg)
+	kc, err := f.cluster.client()
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 )
 
 // authorityView is one authority as `meshca root status` shows it.
@@ -95,16 +96,23 @@ func newRootStatusCommand() *cobra.Command {
 				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(v)
+			case "yaml":
+				out, err := yaml.Marshal(v)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(out)
+				return err
 			case "table", "":
 				return printStatus(cmd.OutOrStdout(), v, now)
 			}
-			return &exitError{code: exitUsage, err: fmt.Errorf("-o %q: want table or json", output)}
+			return &exitError{code: exitUsage, err: fmt.Errorf("-o %q: want table, json or yaml", output)}
 		},
 	}
 	store.register(cmd)
 	cmd.Flags().StringVar(&caDir, "ca-dir", "", "instead of a CA state, a plugged-in CA directory (as meshca serve --ca-dir), checked as a server checks it: "+
 		"what it would serve, before the files are swapped in")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json or yaml")
 	cmd.Flags().DurationVar(&margin, "margin", keymgr.DefaultGuardMargin, "margin the guards add: to half the longest leaf lifetime before activate, to the last leaf's expiry before retire")
 	cmd.Flags().StringVar(&istiod, "istiod-cert-secret", "", "show istiod's certificate from this Secret, namespace/name (as meshca serve --istiod-cert-secret), and hold the next step to it as activate and retire do")
 	return cmd

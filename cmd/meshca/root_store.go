@@ -14,7 +14,6 @@ import (
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // Exit codes of `meshca root` steps.
@@ -68,14 +67,14 @@ func rootError(err error) error {
 type storeFlags struct {
 	stateDir    string
 	stateSecret string
-	kubeconfig  string
+	cluster     clusterFlags
 	maxTTL      time.Duration
 }
 
 func (s *storeFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&s.stateDir, "state-dir", "", "the CA state directory (as meshca serve --state-dir)")
 	cmd.Flags().StringVar(&s.stateSecret, "state-secret", "", "the CA state Secret, namespace/name (as meshca serve --state-secret)")
-	cmd.Flags().StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig for --state-secret and --istiod-cert-secret; empty uses the in-cluster configuration")
+	s.cluster.register(cmd.Flags(), "--state-secret and --istiod-cert-secret")
 	cmd.Flags().DurationVar(&s.maxTTL, "max-ttl", ca.DefaultMaxTTL, "a --state-dir still in the single-root layout of an earlier meshca: its server's --max-ttl; "+
 		"the guards assume leaves that long were issued under its roots")
 }
@@ -99,18 +98,8 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	return &secretstore.Store{Client: client, Namespace: ns, Name: name}, nil
 }
 
-// client is the Kubernetes client of --kubeconfig, or in-cluster.
-func (s *storeFlags) client() (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig: %w", err)
-	}
-	return client, nil
-}
+// client is the Kubernetes client of the cluster the flags find.
+func (s *storeFlags) client() (kubernetes.Interface, error) { return s.cluster.client() }
 
 // dependents reads istiod's certificate from the Secret namespace/name
 // (--istiod-cert-secret) for the guards; none when secret is empty.

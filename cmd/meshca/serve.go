@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"k8s.io/klog/v2"
 )
 
 type serveFlags struct {
@@ -283,6 +284,7 @@ func (f *serveFlags) run(ctx context.Context, fl *pflag.FlagSet, stdout io.Write
 	if err != nil {
 		return f.settings.explain(err)
 	}
+	klog.SetSlogLogger(log.With("part", "client-go"))
 	c, err := f.validate()
 	if err != nil {
 		return f.settings.explain(err)
