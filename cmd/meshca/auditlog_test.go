@@ -170,7 +170,7 @@ func TestAuditFileReopen(t *testing.T) {
 // redacted, the config file and the unknown MESHCA_ variables.
 func TestServeConfigEvent(t *testing.T) {
 	dir := t.TempDir()
-	file := writeFile(t, "meshca.yaml", "defaultTTL: 12h\nvault:\n  appRoleRoleID: 9f1e2d3c-role\n")
+	file := writeConfig(t, "defaultTTL: 12h\nvault:\n  appRoleRoleID: 9f1e2d3c-role\n")
 	t.Setenv("MESHCA_MAX_TTL", "720h")
 	t.Setenv("TRUST_DOMAIN", "example.org")
 	t.Setenv("CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel,kube-system/node-proxy")

@@ -81,7 +81,7 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 		return p
 	}
 	token := write("token", "s.token")
-	file := write("meshca.yaml", "cfssl:\n  url: http://cfssl:8888\n  profile: mesh\n  keyEnciphermentProfile: rsa\n"+
+	file := write("meshca.yaml", configHeader+"cfssl:\n  url: http://cfssl:8888\n  profile: mesh\n  keyEnciphermentProfile: rsa\n"+
 		"vault:\n  addr: http://vault:8200\n  role: mesh\n  rsaRole: mesh-rsa\n  reloginBackoff: 2m\n  tokenFile: "+token+"\n")
 	type want struct {
 		keProfile, rsaRole string
@@ -103,8 +103,8 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 		{name: "flags win over the file", file: file,
 			flags: []string{"--cfssl-key-encipherment-profile", "rsa4096", "--vault-rsa-role", "rsa-only", "--vault-relogin-backoff", "5s"},
 			want:  want{keProfile: "rsa4096", rsaRole: "rsa-only", backoff: 5 * time.Second}},
-		{name: "bad backoff in the file", file: write("bad.yaml", "vault:\n  reloginBackoff: soon\n"), err: "--vault-relogin-backoff (vault.reloginBackoff)"},
-		{name: "unknown key", file: write("typo.yaml", "vault:\n  rsa_role: x\n"), err: `unknown field "vault.rsa_role"`},
+		{name: "bad backoff in the file", file: write("bad.yaml", configHeader+"vault:\n  reloginBackoff: soon\n"), err: "--vault-relogin-backoff (vault.reloginBackoff)"},
+		{name: "unknown key", file: write("typo.yaml", configHeader+"vault:\n  rsa_role: x\n"), err: `unknown field "vault.rsa_role"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

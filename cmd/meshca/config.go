@@ -12,7 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The --config file of serve is a YAML map with one key per flag: the
+// The --config file of serve is a YAML map, apiVersion meshca.io/v1alpha1
+// and kind ServeConfig, then one key per flag: the
 // flag's name in camelCase (--trust-domain is trustDomain, --default-ttl
 // defaultTTL, --serving-dns-names servingDNSNames), and the backends'
 // flags in one section per backend (--cfssl-url is cfssl.url, --vault-role
@@ -92,12 +93,13 @@ func readConfigFile(path string, fl *pflag.FlagSet, skip map[string]bool) (map[s
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("--config %s: %w", path, err)
 	}
-	if doc == nil {
-		return map[string][]string{}, nil
-	}
 	top, ok := doc.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("--config %s: want a map of settings, not %s", path, jsonKind(doc))
+		return nil, fmt.Errorf("--config %s: want a map of settings beginning with apiVersion: %s and kind: %s, not %s",
+			path, ConfigAPIVersion, ConfigKind, jsonKind(doc))
+	}
+	if err := checkHeader(top); err != nil {
+		return nil, fmt.Errorf("--config %s: %w", path, err)
 	}
 	flags := map[string]string{} // config key -> flag
 	fl.VisitAll(func(f *pflag.Flag) {
@@ -110,6 +112,30 @@ func readConfigFile(path string, fl *pflag.FlagSet, skip map[string]bool) (map[s
 		return nil, fmt.Errorf("--config %s: %w", path, err)
 	}
 	return out, nil
+}
+
+// The config file's version and kind: a file without them, or of another
+// version, is refused, so that a later meshca can change a key's meaning
+// under a new version without reading an old file wrongly.
+const (
+	ConfigAPIVersion = "meshca.io/v1alpha1"
+	ConfigKind       = "ServeConfig"
+)
+
+// checkHeader checks the file's apiVersion and kind and removes them from
+// top, which then holds only settings.
+func checkHeader(top map[string]any) error {
+	for _, h := range []struct{ key, want string }{{"apiVersion", ConfigAPIVersion}, {"kind", ConfigKind}} {
+		v, ok := top[h.key]
+		switch {
+		case !ok:
+			return fmt.Errorf("no %s: a config file begins with \"apiVersion: %s\" and \"kind: %s\"", h.key, ConfigAPIVersion, ConfigKind)
+		case v != h.want:
+			return fmt.Errorf("%s %q is not one this meshca reads: want %q", h.key, fmt.Sprint(v), h.want)
+		}
+		delete(top, h.key)
+	}
+	return nil
 }
 
 // yamlError renders an error of the YAML library on one line: yaml.v2

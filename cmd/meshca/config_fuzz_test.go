@@ -11,8 +11,23 @@ import (
 )
 
 // fuzzConfigSeeds are --config files as operators write them: the
-// examples of the docs, every kind of value, and near misses.
-var fuzzConfigSeeds = []string{
+// examples of the docs, every kind of value, and near misses; each begins
+// with the header (configHeader), but for the near misses of the header.
+var fuzzConfigSeeds = append(headed(fuzzConfigBodies), "", "kind: ServeConfig\nmaxTTL: 1h\n",
+	"apiVersion: meshca.io/v1\nkind: ServeConfig\n", "apiVersion: meshca.io/v1alpha1\nkind: Config\n",
+	"{\"apiVersion\": \"meshca.io/v1alpha1\", \"kind\": \"ServeConfig\", \"stateDir\": \"/var/lib/meshca\", \"maxInFlight\": 1e3, \"vault\": null}")
+
+// headed is each body after the config file's header.
+func headed(bodies []string) []string {
+	out := make([]string, len(bodies))
+	for i, b := range bodies {
+		out[i] = configHeader + b
+	}
+	return out
+}
+
+// fuzzConfigBodies are the settings of the seeds.
+var fuzzConfigBodies = []string{
 	// docs/signers/vault.md
 	"signer: vault\ntrustAnchors: /etc/meshca/corp-root.pem\nservingCertFile: /etc/meshca/tls/tls.crt\nservingKeyFile: /etc/meshca/tls/tls.key\n" +
 		"vault:\n  addr: https://vault.vault.svc:8200\n  caFile: /etc/meshca/vault-ca.pem\n  pkiMount: pki\n  role: mesh\n  rsaRole: mesh-rsa\n  reloginBackoff: 30s\n  kubernetesRole: meshca\n",
@@ -69,7 +84,7 @@ func FuzzConfigFile(f *testing.F) {
 				t.Fatalf("--%s comes from %s, and the file sets it: %v", name, src, inFile)
 			}
 		}
-		doc := map[string]any{}
+		doc := map[string]any{"apiVersion": ConfigAPIVersion, "kind": ConfigKind}
 		for name, vals := range read {
 			var v any = vals
 			if !isList(fl.Lookup(name)) {

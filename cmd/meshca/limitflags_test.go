@@ -68,7 +68,7 @@ func TestLimitFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"--state-dir", "/tmp/x"}, tt.args...)
 			if tt.file != "" {
-				args = append(args, "--config", writeFile(t, "meshca.yaml", tt.file))
+				args = append(args, "--config", writeConfig(t, tt.file))
 			}
 			f, s, err := resolveServe(t, args, tt.env...)
 			if err == nil {

@@ -212,7 +212,7 @@ func TestServePodCertificateBundle(t *testing.T) {
 // reaches the assembly's configuration, and an empty name is refused (an
 // empty CertSigner is always served).
 func TestServeCertSigners(t *testing.T) {
-	file := writeFile(t, "meshca.yaml", "certSigners: [config-a, config-b]\n")
+	file := writeConfig(t, "certSigners: [config-a, config-b]\n")
 	tests := []struct {
 		name string
 		args []string
