@@ -138,10 +138,12 @@ func NewPublisher(c Config) (*Publisher, error) {
 		p.skip[ns] = true
 	}
 	p.nsFactory = informers.NewSharedInformerFactory(c.Client, c.Resync)
+	// The ConfigMaps are cached as summaries (summarize): tenants write
+	// them too, and may pad them.
 	p.cmFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, c.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
-		}))
+		}), informers.WithTransform(summarize))
 	p.nsInformer = p.nsFactory.Core().V1().Namespaces().Informer()
 	p.cmInformer = p.cmFactory.Core().V1().ConfigMaps().Informer()
 	p.namespaces = p.nsFactory.Core().V1().Namespaces().Lister()

@@ -10,11 +10,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-// WriteError is a create or update of one namespace's ConfigMap that
-// failed and will be retried.
+// WriteError is a create or update of one namespace's ConfigMap (or the
+// read before an update) that failed and will be retried.
 type WriteError struct {
 	Namespace string
-	Op        string // "create" or "update"
+	Op        string // "create", "get" or "update"
 	Err       error
 }
 
@@ -69,11 +69,10 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	case err != nil:
 		return err
 	}
-	want, changed := desired(cm, bundle)
-	if !changed {
+	if current(cm, bundle) {
 		return nil
 	}
-	return p.update(ctx, want)
+	return p.update(ctx, cm, bundle)
 }
 
 // guard asks the Mark whether bundle may be written (staleWarning.guard):
@@ -110,8 +109,28 @@ func (p *Publisher) create(ctx context.Context, ns string, bundle Bundle) error 
 	return &WriteError{Namespace: ns, Op: "create", Err: err}
 }
 
-func (p *Publisher) update(ctx context.Context, cm *corev1.ConfigMap) error {
-	_, err := p.cfg.Client.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+// update writes bundle over the ConfigMap s summarizes (see summarize
+// and written): from the summary itself, which holds all an update
+// keeps, unless others' metadata is to be kept (cacheForeignMeta): the
+// ConfigMap is then read first and its metadata written back (the read,
+// unlike the cache, holds a tenant's padding only until the write).
+func (p *Publisher) update(ctx context.Context, s *corev1.ConfigMap, bundle Bundle) error {
+	cms := p.cfg.Client.CoreV1().ConfigMaps(s.Namespace)
+	base := s
+	if s.Annotations[cacheForeignMeta] != "" {
+		live, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			return p.updateResult(s.Namespace, "get", err)
+		}
+		base = live
+	}
+	_, err := cms.Update(ctx, written(base, bundle), metav1.UpdateOptions{})
+	return p.updateResult(s.Namespace, "update", err)
+}
+
+// updateResult counts and logs the result of update's op (err may be nil)
+// and returns what reconcile does.
+func (p *Publisher) updateResult(ns, op string, err error) error {
 	switch {
 	case err == nil:
 		p.observe(ResultUpdated)
@@ -122,40 +141,19 @@ func (p *Publisher) update(ctx context.Context, cm *corev1.ConfigMap) error {
 	case apierrors.IsConflict(err):
 		// Our cached copy is stale; retry on the next one.
 		p.observe(ResultConflict)
-		return &WriteError{Namespace: cm.Namespace, Op: "update", Err: err}
+		return &WriteError{Namespace: ns, Op: op, Err: err}
 	case apierrors.IsForbidden(err):
 		p.observe(ResultForbidden)
-		p.cfg.Logger.Warn("not allowed to update the trust bundle ConfigMap",
-			logNamespace, cm.Namespace, logError, err.Error())
+		p.cfg.Logger.Warn("not allowed to "+op+" the trust bundle ConfigMap",
+			logNamespace, ns, logError, err.Error())
 		return nil
 	}
 	p.observe(ResultError)
-	return &WriteError{Namespace: cm.Namespace, Op: "update", Err: err}
+	return &WriteError{Namespace: ns, Op: op, Err: err}
 }
 
 func (p *Publisher) observe(result string) {
 	if p.cfg.Observer != nil {
 		p.cfg.Observer.ObserveWrite(result)
 	}
-}
-
-// desired returns a copy of cm carrying bundle under DataKey, its
-// version's annotations and the Istio label, and whether that differs
-// from cm. Other keys, labels and annotations are kept.
-func desired(cm *corev1.ConfigMap, bundle Bundle) (*corev1.ConfigMap, bool) {
-	got, ok := cm.Data[DataKey]
-	if ok && got == string(bundle.PEM) && cm.Labels[LabelKey] == LabelValue && bundle.Version.annotated(cm.Annotations) {
-		return cm, false
-	}
-	want := cm.DeepCopy()
-	if want.Data == nil {
-		want.Data = map[string]string{}
-	}
-	if want.Labels == nil {
-		want.Labels = map[string]string{}
-	}
-	want.Data[DataKey] = string(bundle.PEM)
-	want.Labels[LabelKey] = LabelValue
-	want.Annotations = bundle.Version.annotate(want.Annotations)
-	return want, true
 }
