@@ -32,7 +32,7 @@ func NewRotationMetrics(reg prometheus.Registerer) *RotationMetrics {
 			Name: "meshca_rotation_steps_total", Help: "Automatic rotation steps taken, by verb.",
 		}, []string{"verb"}),
 		unusable: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "meshca_ca_state_unusable_total", Help: "Stored CA states not put in service: they did not load or validate, or were older than the one in service; counted once per failure that differs from the one before.",
+			Name: "meshca_ca_state_unusable_total", Help: "Stored CA states not put in service: they did not load or validate, or would take back the one in service (an older sequence, a retired authority again, another lineage); counted once per failure that differs from the one before.",
 		}),
 	}
 	for _, p := range []keymgr.Phase{keymgr.PhasePrepared, keymgr.PhaseActive, keymgr.PhasePrevious, keymgr.PhaseRetired} {

@@ -77,8 +77,8 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	if err := s.Validate(); err != nil {
 		return false, fmt.Errorf("keymgr: CA state version %s is invalid, still serving the last good one: %w", v, err)
 	}
-	if err := notBehind(s, f.state); err != nil {
-		return false, fmt.Errorf("keymgr: CA state version %s is older than the one in service, still serving that one: %w", v, err)
+	if err := notBehind(s, f.state, anyLineage(f.Store)); err != nil {
+		return false, fmt.Errorf("keymgr: CA state version %s would take back the one in service, still serving that one: %w", v, err)
 	}
 	if err := f.Target.Use(s, f.now()); err != nil {
 		return false, fmt.Errorf("keymgr: CA state version %s cannot serve, still serving the last good one: %w", v, err)
@@ -90,16 +90,32 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// anyLineage reports whether store's states may change lineage in
+// service: a plugged-in directory's may, whose owner replaces its
+// authority at will. A state store's may not: a state of another lineage
+// was made anew (a lost store bootstrapped again), not from this one's
+// history, and serving it would drop the roots live leaves chain to.
+func anyLineage(store StateStore) bool {
+	l, ok := store.(interface{ AnyLineage() bool })
+	return ok && l.AnyLineage()
+}
+
 // notBehind refuses a state s that would take back what cur, the state
-// in service, has done: a bundle sequence that goes down, or an
-// authority cur has retired in service again. Such a state is an older
+// in service, has done: a bundle sequence that goes down, an authority
+// cur has retired in service again, or, unless anyLineage, another
+// lineage (whatever its sequence: a state bootstrapped anew starts at 1,
+// as an install that never rotated still is). Such a state is an older
 // one written back (a backup restored, a Secret re-applied, a store
 // deleted and bootstrapped anew by a restarting server): serving it
 // would drop the roots of live leaves from the bundle, or sign again with
 // a retired key.
-func notBehind(s, cur *State) error {
+func notBehind(s, cur *State, anyLineage bool) error {
 	if cur == nil {
 		return nil
+	}
+	if l := cur.Lineage(); !anyLineage && l != "" && s.Lineage() != l {
+		return fmt.Errorf("it is another CA state (lineage %.16s, the one in service %.16s), made anew rather than from this one's history; "+
+			"if it is meant, restart the servers on it", s.Lineage(), l)
 	}
 	if s.Sequence < cur.Sequence {
 		return fmt.Errorf("its bundle sequence %d is below %d; if it is meant, restart the servers on it", s.Sequence, cur.Sequence)

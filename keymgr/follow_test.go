@@ -73,6 +73,13 @@ func TestFollowerRefusesOlderState(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	further := bootstrapped.Clone()
+	for further.Sequence <= cur.Sequence {
+		if err := further.Prepare(lcGenerated(t), h(30*time.Hour), "ahead"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	tests := []struct {
 		name  string
 		state *keymgr.State
@@ -80,8 +87,9 @@ func TestFollowerRefusesOlderState(t *testing.T) {
 	}{
 		{name: "backup from before the retire", state: beforeRetire,
 			want: fmt.Sprintf("bundle sequence %d is below %d", beforeRetire.Sequence, cur.Sequence)},
-		{name: "deleted and bootstrapped anew", state: bootstrapped,
-			want: fmt.Sprintf("bundle sequence 1 is below %d", cur.Sequence)},
+		{name: "deleted and bootstrapped anew", state: bootstrapped, want: "it is another CA state"},
+		{name: "another lineage further along", state: further,
+			want: "it is another CA state (lineage " + fmt.Sprintf("%.16s", further.Lineage())},
 		{name: "retired authority back at the same sequence", state: unretired,
 			want: fmt.Sprintf("holds authority %.16s as previous, which was retired at 2030-01-02T00:00:00Z", a.ID())},
 		{name: "a leaf recorded", state: recorded},
@@ -108,3 +116,54 @@ func TestFollowerRefusesOlderState(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowerRefusesAnotherLineageAtOne: a server whose state never
+// rotated (sequence 1, as most installs) refuses a state bootstrapped
+// anew, also at sequence 1, unless it follows a plugged-in directory,
+// whose owner swaps its authority at will.
+func TestFollowerRefusesAnotherLineageAtOne(t *testing.T) {
+	h := func(d time.Duration) time.Time { return lcT0.Add(d) }
+	boot := func(reason string) *keymgr.State {
+		s := &keymgr.State{}
+		if err := s.Bootstrap(lcGenerated(t), h(time.Hour), reason); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	cur, anew := boot("first start"), boot("store lost")
+	for _, tt := range []struct {
+		name       string
+		anyLineage bool
+		want       string
+	}{
+		{name: "a built-in state", want: "it is another CA state"},
+		{name: "a plugged-in directory", anyLineage: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			mem, target := &memStore{}, &usedTarget{}
+			var store keymgr.StateStore = mem
+			if tt.anyLineage {
+				store = anyLineageStore{mem}
+			}
+			f := &keymgr.Follower{Store: store, Target: target, Now: func() time.Time { return h(2 * time.Hour) }}
+			mem.put(cur)
+			if _, err := f.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			mem.put(anew)
+			used, err := f.Sync(context.Background())
+			switch {
+			case tt.want == "" && (err != nil || !used):
+				t.Fatalf("Sync = %v, %v; want the state used", used, err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || used):
+				t.Fatalf("Sync = %v, %v; want refused with %q", used, err, tt.want)
+			}
+		})
+	}
+}
+
+// anyLineageStore is a store whose states may change lineage, as a
+// plugged-in directory's.
+type anyLineageStore struct{ *memStore }
+
+func (anyLineageStore) AnyLineage() bool { return true }

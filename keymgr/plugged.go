@@ -75,6 +75,10 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 	return s, v, nil
 }
 
+// AnyLineage says the directory's states may change lineage in service
+// (Follower): its owner replaces its authority at will.
+func (p *PluggedDir) AnyLineage() bool { return true }
+
 // Save implements StateStore: it never writes.
 func (p *PluggedDir) Save(context.Context, *State, Version) (Version, error) {
 	return "", ErrPluggedReadOnly
