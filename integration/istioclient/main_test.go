@@ -1,5 +1,7 @@
-// Package istioclient checks that Istio's own, unmodified istio-agent CA
-// client (the citadel provider) gets certificates from `meshca serve`.
+// Package istioclient checks meshca against Istio's own code: the
+// istio-agent CA client (the citadel provider) in process, and the real
+// istiod and istio-agent, built by integration/scripts/istio.sh, in a mesh
+// taken through root rotations (mesh_test.go).
 //
 // It is a separate module so Istio's dependency graph stays out of the
 // others. It must never import meshca's generated proto package: istio.io/api
