@@ -160,6 +160,7 @@ demo: k8s
 ## adds staticcheck.
 check:
 	@out=$$(gofmt -l . ) && [ -z "$$out" ] || { echo "gofmt needed:" $$out >&2; exit 1; }
+	hack/commitlint.sh
 	$(GO) run ./hack/budgets
 	$(GO) vet ./...
 	cd integration && $(GO) vet ./...
