@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
@@ -33,6 +34,9 @@ type Caller struct {
 	Node    string
 	// Method is MethodToken or MethodCertificate.
 	Method string
+	// CertLifetime, for MethodCertificate, is the presented leaf's
+	// validity, NotAfter less NotBefore: a renewal gets no longer.
+	CertLifetime time.Duration
 }
 
 // Authentication methods of a Caller.

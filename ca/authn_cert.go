@@ -12,8 +12,10 @@ import (
 
 // CertAuthenticator authenticates a renewal by the caller's still-valid
 // SVID, verified against the current trust bundle at request time. Such a
-// caller gets at most Config.CertRenewalTTL, and the cluster's authorizer
-// requires a live Pod of its service account.
+// caller gets at most Config.CertRenewalTTL and at most the validity of the
+// certificate it presents (Caller.CertLifetime), so that renewing never
+// lengthens a certificate; the cluster's authorizer requires a live Pod of
+// its service account.
 type CertAuthenticator struct {
 	TrustDomain spiffeid.TrustDomain
 	Bundles     x509bundle.Source
@@ -49,7 +51,9 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	if !ok {
 		return nil, refuse(codes.Unauthenticated, "cert_not_workload", "client certificate is not a workload SVID (spiffe://<td>/ns/<ns>/sa/<sa>)", nil)
 	}
-	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate}, nil
+	leaf := c.PeerCerts[0]
+	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate,
+		CertLifetime: leaf.NotAfter.Sub(leaf.NotBefore)}, nil
 }
 
 // issuedByLiveAuthority reports whether one of the verified chains (leaf

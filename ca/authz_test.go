@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +66,12 @@ func TestNodeAuthorizer(t *testing.T) {
 		"prod/drain-a":              {Namespace: "prod", Name: "drain-a", UID: "da", ServiceAccount: "drain", Node: "node-a", Deleting: true},
 		"istio-system/ztunnel-done": {Namespace: "istio-system", Name: "ztunnel-done", UID: "zd", ServiceAccount: "ztunnel", Node: "node-a", Terminated: true},
 		"istio-system/ztunnel-del":  {Namespace: "istio-system", Name: "ztunnel-del", UID: "zx", ServiceAccount: "ztunnel", Node: "node-a", Deleting: true},
+		"istio-system/istiod-a":     {Namespace: "istio-system", Name: "istiod-a", UID: "ia", ServiceAccount: "istiod", Node: "node-a"},
+		"istio-system/gateway-a":    {Namespace: "istio-system", Name: "gateway-a", UID: "ga", ServiceAccount: "gateway", Node: "node-a"},
+		"kube-system/kube-proxy-a":  {Namespace: "kube-system", Name: "kube-proxy-a", UID: "ka", ServiceAccount: "kube-proxy", Node: "node-a"},
 	}}
+	istiod := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/istiod"), Namespace: "istio-system",
+		ServiceAccount: "istiod", PodName: "istiod-a", PodUID: "ia", Method: "token"}
 	ztunnel := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/ztunnel"), Namespace: "istio-system",
 		ServiceAccount: "ztunnel", PodName: "ztunnel-a", PodUID: "za", Method: "token"}
 	web := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/prod/sa/web"), Namespace: "prod", ServiceAccount: "web",
@@ -117,6 +123,21 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "certificate renewal, workload gone", caller: renewing("prod", "gone"), kind: codes.Unauthenticated, reason: "cert_workload_gone"},
 		{name: "certificate renewal, only a terminated pod", caller: renewing("prod", "batch"), kind: codes.Unauthenticated, reason: "cert_workload_gone"},
 		{name: "certificate renewal, index not synced", caller: renewing("prod", "web"), pods: pods{err: kube.ErrNotSynced}, kind: codes.Unavailable, reason: "pod_index_not_synced"},
+		// Issue 22: a node proxy may not take the control plane's
+		// identities, although their Pods run on its node.
+		{name: "ztunnel for istiod on its node, a denied account", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/istiod",
+			kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "ztunnel for kube-system on its node, a denied namespace", caller: ztunnel, requested: "spiffe://cluster.local/ns/kube-system/sa/kube-proxy",
+			kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "ztunnel for a denied identity with no Pod anywhere: no lookup decides", caller: ztunnel, requested: "spiffe://cluster.local/ns/kube-system/sa/ghost",
+			pods: pods{err: kube.ErrNotSynced}, kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "ztunnel for another account of istio-system on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/gateway",
+			want: "spiffe://cluster.local/ns/istio-system/sa/gateway"},
+		{name: "ztunnel's own identity through ImpersonatedIdentity", caller: ztunnel, requested: ztunnel.ID.String(), want: ztunnel.ID.String()},
+		{name: "untrusted caller for a denied identity", caller: web, requested: "spiffe://cluster.local/ns/istio-system/sa/istiod",
+			kind: codes.PermissionDenied, reason: "untrusted_caller"},
+		{name: "istiod for itself, by its own token", caller: istiod, want: istiod.ID.String()},
+		{name: "istiod for itself through ImpersonatedIdentity", caller: istiod, requested: istiod.ID.String(), want: istiod.ID.String()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,7 +145,8 @@ func TestNodeAuthorizer(t *testing.T) {
 			if src == nil {
 				src = cluster
 			}
-			a := &NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}, Pods: src}
+			a := &NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}, Pods: src,
+				NodeProxyDeny: map[string]bool{"kube-system": true, "istio-system/istiod": true}}
 			c := tt.caller
 			got, err := a.Authorize(context.Background(), &c, tt.requested)
 			if tt.want != "" {
@@ -149,5 +171,35 @@ func TestParseNodeAccounts(t *testing.T) {
 		if _, err := ParseNodeAccounts([]string{bad}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+func TestParseNodeProxyDeny(t *testing.T) {
+	got, err := ParseNodeProxyDeny([]string{"kube-system", " istio-system/istiod ", "", "mesh/meshca.v2"})
+	if err != nil || len(got) != 3 || !got["kube-system"] || !got["istio-system/istiod"] || !got["mesh/meshca.v2"] {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	if got, err := ParseNodeProxyDeny(DefaultNodeProxyDeny()); err != nil || len(got) != 2 {
+		t.Fatalf("the default: %v, %v", got, err)
+	}
+	for _, bad := range []string{"/x", "ns/", "a/b/c", "Kube-System", "kube_system", "ns/Istiod", "*", "ns/*"} {
+		if _, err := ParseNodeProxyDeny([]string{bad}); err == nil || !strings.Contains(err.Error(), "neither a namespace nor namespace/serviceaccount") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+// TestNodeProxyDenyMessage: the refusal names the identity and the entry
+// that denies it, and says what the workload must do instead.
+func TestNodeProxyDenyMessage(t *testing.T) {
+	a := &NodeAuthorizer{NodeProxyDeny: map[string]bool{"kube-system": true}}
+	o := classify(a.denied(spiffeid.RequireFromString("spiffe://cluster.local/ns/kube-system/sa/coredns")))
+	for _, w := range []string{"node proxies may not request spiffe://cluster.local/ns/kube-system/sa/coredns", "--node-proxy-deny lists kube-system", "its own token"} {
+		if !strings.Contains(o.Msg, w) {
+			t.Errorf("message %q lacks %q", o.Msg, w)
+		}
+	}
+	if o.Code != codes.PermissionDenied || o.Reason != "impersonation_denied_identity" {
+		t.Errorf("outcome %+v", o)
 	}
 }

@@ -107,9 +107,9 @@ func (b *buckets) check(key string, now time.Time) time.Duration {
 
 // heldAgainst is how many of bk's held tokens count as spent: none while
 // the bucket is full (its key has not failed lately, and may have many
-// outcomes pending at once: a node's Pods starting together behind one
-// IPv6 /64), all of them once it has failed, so that its outcomes pending
-// never outnumber the tokens it has left.
+// outcomes pending at once: the Pods behind one NAT address starting
+// together), all of them once it has failed, so that its outcomes
+// pending never outnumber the tokens it has left.
 func (b *buckets) heldAgainst(bk *bucket, now time.Time) int {
 	if bk.lim.TokensAt(now) >= float64(b.burst) {
 		return 0
@@ -120,15 +120,19 @@ func (b *buckets) heldAgainst(bk *bucket, now time.Time) int {
 // reserve holds one token of key's bucket for an outcome not known yet,
 // so that concurrent requests cannot all count on the same token once
 // the key has failed (heldAgainst). When every token is spent or held it
-// holds nothing and returns how long until one is free. settle ends the hold: spend spends the token, the
-// bucket going into debt if need be (check then reports a longer wait);
-// otherwise it is given back untouched.
-func (b *buckets) reserve(key string, now time.Time) (settle func(spend bool, now time.Time), wait time.Duration, ok bool) {
+// holds one all the same, as a turn: wait is how long until the bucket
+// has refilled it, after the turns taken before, and its holder waits
+// that long before it goes on. A turn that would come later than most
+// holds nothing: ok is false and wait says when one would come. settle ends
+// the hold: spend spends the token, the bucket going into debt if need
+// be (later turns then wait longer); otherwise it is given back
+// untouched.
+func (b *buckets) reserve(key string, now time.Time, most time.Duration) (settle func(spend bool, now time.Time), wait time.Duration, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bk := b.getLocked(key, now)
-	if w := untilToken(bk.lim, b.heldAgainst(bk, now), now); w > 0 {
-		return nil, w, false
+	if wait = untilToken(bk.lim, b.heldAgainst(bk, now), now); wait > 0 && wait > most {
+		return nil, wait, false
 	}
 	bk.held++
 	return func(spend bool, now time.Time) {
@@ -140,7 +144,7 @@ func (b *buckets) reserve(key string, now time.Time) (settle func(spend bool, no
 		if spend {
 			bk.lim.ReserveN(now, 1)
 		}
-	}, 0, true
+	}, wait, true
 }
 
 // untilToken is how long until lim holds one token besides the held ones,

@@ -1,8 +1,9 @@
 package ca
 
 import (
+	"context"
+	"crypto/sha256"
 	"fmt"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -38,12 +39,18 @@ type Limits struct {
 	// the identities of every Pod on its node.
 	NodeProxy Budget
 	// PeerFailureRate and PeerFailureBurst are the token bucket of the
-	// failed authentications of one peer address (an IPv4 address, an
-	// IPv6 /64). A failure spends a token; with none left, the peer's
-	// requests are refused before they are authenticated until the bucket
-	// refills. A request that authenticates costs nothing, so a node
-	// whose ztunnel renews a burst of certificates is never held up by
-	// it. A negative rate turns it off.
+	// failed authentications of one peer address (its exact IP). A
+	// review that fails spends a token; one that succeeds costs nothing,
+	// so a node whose ztunnel renews a burst of certificates is never held
+	// up by it. With no token left, the address's reviews take turns:
+	// each waits, before it takes an authentication turn
+	// (Config.MaxAuthnPerPeer), until the bucket has refilled a token
+	// for it, and only a request whose turn would come too late for its
+	// deadline is refused. A request is never refused for the failures of others
+	// at its address, only made to wait; one that needs no review (a
+	// client certificate, a cached token) does not wait at all; requests
+	// that carry the same token share one turn, as they share one
+	// review (kube.CachedTokenReviewer). A negative rate turns it off.
 	PeerFailureRate  float64
 	PeerFailureBurst int
 	// MaxKeys bounds the buckets kept for each kind of key (identities,
@@ -56,7 +63,9 @@ type Limits struct {
 // of one service account start at once. A node proxy asks for up to
 // ~110 Pods when its node restarts (Kubernetes' default --max-pods; 250
 // is the recommended maximum). A peer that fails to authenticate 100
-// times in a row is not a misconfigured client that backs off.
+// times in a row is not a misconfigured client that backs off; after
+// that its reviews cost the apiserver 10 a second at most, and a good
+// token from its address waits for a turn, 100 ms once the failures stop.
 var (
 	DefaultCallerBudget    = Budget{Rate: 50, Burst: 500, MaxInFlight: 32}
 	DefaultNodeProxyBudget = Budget{Rate: 200, Burst: 1000, MaxInFlight: 256}
@@ -82,9 +91,11 @@ const (
 	reasonCallerInFlight         = "caller_in_flight"
 	reasonNodeProxyRate          = "node_proxy_rate"
 	reasonNodeProxyInFlight      = "node_proxy_in_flight"
-	reasonPeerAuthnFailures      = "peer_authn_failures"
 	reasonTooManyRequests        = "too_many_requests"
 	reasonTooManyAuthentications = "too_many_authentications"
+	// reasonPeerAuthnFailures: the address has spent its failures and
+	// the request's review turn would come too late for its deadline.
+	reasonPeerAuthnFailures = "peer_authn_failures"
 	// reasonNodePodLookups: a node proxy's requests for Pods the index
 	// does not hold have used its node's share of apiserver lookups
 	// (kube.LookupBudgetError).
@@ -123,12 +134,16 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// limiter enforces Limits on an injected clock.
+// limiter enforces Limits on an injected clock; sleep waits on it.
 type limiter struct {
 	now      func() time.Time
+	sleep    func(ctx context.Context, d time.Duration) error
 	caller   *callerBudget
 	node     *callerBudget
-	failures *buckets // by peer prefix; nil: off
+	failures *buckets // by peer address; nil: off
+
+	mu    sync.Mutex
+	turns map[string]*turn // by peer address and token hash, while in use
 }
 
 // callerBudget is one kind of caller's budget: a bucket and an in-flight
@@ -152,6 +167,8 @@ func newLimiter(l Limits, now func() time.Time) *limiter {
 	}
 	return &limiter{
 		now:      now,
+		sleep:    timerSleep,
+		turns:    map[string]*turn{},
 		caller:   budget(l.Caller, reasonCallerRate, reasonCallerInFlight, "this identity"),
 		node:     budget(l.NodeProxy, reasonNodeProxyRate, reasonNodeProxyInFlight, "this node proxy"),
 		failures: newBuckets(l.PeerFailureRate, l.PeerFailureBurst, l.MaxKeys),
@@ -222,62 +239,116 @@ func (b *callerBudget) enter(key, who string) (func(), error) {
 	}, nil
 }
 
-// peerAllowed refuses a peer that has spent its authentication failures,
-// before its request waits for an authentication turn. The failures held
-// by authentications in progress (peerReserve) count as spent.
-func (l *limiter) peerAllowed(addr string) error {
-	if l.failures == nil {
-		return nil
-	}
-	p := peerPrefix(addr)
-	if wait := l.failures.check(p, l.now()); wait > 0 {
-		return peerFailuresSpent(p, wait)
-	}
-	return nil
+// turn is a review of one token from one address, shared by the requests
+// that carry it: it holds one failure of the address's bucket from the
+// moment it is taken until its last request has settled.
+type turn struct {
+	start  time.Time // when its reviews may start, on the limiter's clock
+	users  int
+	failed bool
+	settle func(spend bool, now time.Time)
 }
 
-// peerReserve holds one of the peer's authentication failures for an
-// authentication about to cost a review, or refuses as peerAllowed does:
-// so the reviews an address has in progress never outnumber the failures
-// it has left, however many of its requests ran peerAllowed at once.
-// settle ends the hold: a failure spends it, anything else gives it back.
-func (l *limiter) peerReserve(addr string) (settle func(failed bool), err error) {
+// peerTurn holds, for a review of token for the peer at addr, one of the
+// address's failures, which a failure spends (settle(true)) and anything
+// else gives back. With none free the request waits for its turn, until
+// the bucket has refilled one for it after the turns before it, and is
+// refused at once when that would leave it less than reviewTime before
+// ctx's deadline. Requests with the same token share a turn. When lazy,
+// a request whose address has a failure free now holds nothing: settle
+// is nil, and it takes its turn when it comes to be reviewed (so that
+// requests do not hold failures, uncounted while the bucket is full,
+// before their authentication turns bound how many review at once).
+func (l *limiter) peerTurn(ctx context.Context, addr, token string, lazy bool) (settle func(failed bool), err error) {
 	if l.failures == nil {
 		return func(bool) {}, nil
 	}
-	p := peerPrefix(addr)
-	done, wait, ok := l.failures.reserve(p, l.now())
-	if !ok {
-		return nil, peerFailuresSpent(p, wait)
+	peer := peerKey(addr)
+	sum := sha256.Sum256([]byte(token))
+	key := peer + "\x00" + string(sum[:])
+	// A turn must leave the review time to run before the deadline.
+	most := untilDeadline(ctx) - reviewTime
+	now := l.now()
+	l.mu.Lock()
+	t := l.turns[key]
+	switch {
+	case t == nil && lazy && l.failures.check(peer, now) == 0:
+		l.mu.Unlock()
+		return nil, nil
+	case t == nil:
+		settle, wait, ok := l.failures.reserve(peer, now, most)
+		if !ok {
+			l.mu.Unlock()
+			return nil, peerFailuresSpent(peer, wait, most+reviewTime)
+		}
+		t = &turn{start: now.Add(wait), settle: settle}
+		l.turns[key] = t
+	case t.start.Sub(now) > 0 && t.start.Sub(now) > most:
+		l.mu.Unlock()
+		return nil, peerFailuresSpent(peer, t.start.Sub(now), most+reviewTime)
 	}
-	return func(failed bool) { done(failed, l.now()) }, nil
+	t.users++
+	l.mu.Unlock()
+	if wait := t.start.Sub(l.now()); wait > 0 {
+		if err := l.sleep(ctx, wait); err != nil {
+			l.leave(key, t, false)
+			return nil, err
+		}
+	}
+	return func(failed bool) { l.leave(key, t, failed) }, nil
 }
 
-// peerFailuresSpent is the refusal of a peer with no failures left.
-func peerFailuresSpent(prefix string, wait time.Duration) *Error {
+// leave ends one request's share of t; the last one settles it.
+func (l *limiter) leave(key string, t *turn, failed bool) {
+	l.mu.Lock()
+	t.users--
+	t.failed = t.failed || failed
+	last := t.users == 0
+	if last && l.turns[key] == t {
+		delete(l.turns, key)
+	}
+	l.mu.Unlock()
+	if last {
+		t.settle(t.failed, l.now())
+	}
+}
+
+// reviewTime is the time a review turn must leave before the request's
+// deadline: a TokenReview takes milliseconds, more when the apiserver is
+// busy, and a review the request cannot wait for is a review wasted.
+const reviewTime = 250 * time.Millisecond
+
+// untilDeadline is the time ctx has left; a day when it has no deadline.
+func untilDeadline(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return time.Until(d)
+	}
+	return 24 * time.Hour
+}
+
+// timerSleep waits d, or until ctx ends.
+func timerSleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// peerFailuresSpent is the refusal of a request whose address has spent
+// its failures and whose turn would come in wait, too late for its
+// deadline, in left.
+func peerFailuresSpent(peer string, wait, left time.Duration) *Error {
 	return exhausted(reasonPeerAuthnFailures,
-		fmt.Sprintf("too many failed authentications from this address, retry in %v", wait),
-		wait, fmt.Errorf("peer %s: bucket of authentication failures empty", prefix))
+		fmt.Sprintf("too many failed authentications from this address: its tokens are reviewed in turn, and this request's turn comes too late for its deadline, retry in %v", wait),
+		wait, fmt.Errorf("peer %s: bucket of authentication failures empty; the next review turn is in %v, the request's deadline in %v",
+			peer, wait, left.Round(time.Millisecond)))
 }
 
 // exhausted is a ResourceExhausted refusal that says when to retry.
 func exhausted(reason, msg string, retry time.Duration, err error) *Error {
 	return &Error{Code: codes.ResourceExhausted, Reason: reason, Msg: msg, RetryAfter: retry, Err: err}
-}
-
-// peerPrefix is the address a peer's failures are counted for: its IPv4
-// address, or the /64 of its IPv6 address (one host usually holds a whole
-// /64, so counting single IPv6 addresses would count nothing).
-func peerPrefix(addr string) string {
-	host := peerKey(addr)
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	ip = ip.Unmap().WithZone("")
-	if ip.Is4() {
-		return ip.String()
-	}
-	p, _ := ip.Prefix(64)
-	return p.String()
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"maps"
 	"strings"
 	"sync"
@@ -30,6 +31,11 @@ import (
 )
 
 var backend = spiffeid.RequireFromSegments(td, "ns", "prod", "sa", "backend")
+
+// spentMsg is the refusal of a request whose address has spent its
+// authentication failures and whose review turn comes too late for its
+// deadline.
+const spentMsg = "too many failed authentications from this address: its tokens are reviewed in turn, and this request's turn comes too late for its deadline, retry in "
 
 // rawCall sends one CreateCertificate for id with token over a real
 // gRPC connection and returns the trailer and the error. A refusal with
@@ -101,10 +107,11 @@ func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
 			burst: []string{"frontend-token", "frontend-token"}, refused: "frontend-token", reason: "caller_rate",
 			delay: 250 * time.Millisecond, pushback: "250", msg: "this identity is over its request rate (4 a second, bursts of 2), retry in 250ms",
 			other: "backend-token"},
-		{name: "authentication failures of a peer", limits: ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2},
+		// The address's review turns come 20 s apart, after the request's
+		// 10 s deadline.
+		{name: "authentication failures of a peer", limits: ca.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2},
 			burst: []string{"bad-token", "bad-token"}, code: codes.Unauthenticated, refused: "frontend-token", reason: "peer_authn_failures",
-			delay: 2 * time.Second, pushback: "2000", msg: "too many failed authentications from this address, retry in 2s",
-			otherPeer: true},
+			delay: 20 * time.Second, pushback: "20000", msg: spentMsg + "20s", otherPeer: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -198,46 +205,126 @@ type knownTokens struct {
 
 func (k knownTokens) Known(token string) bool { return k.known[token] }
 
-// TestPeerFailuresSpareOthers: the failures of an address, which many
-// workloads may share, never refuse a request that costs nothing to
-// authenticate (a token whose review is cached); refusals that cost
-// nothing (no credentials) spend none of the address's failures.
-func TestPeerFailuresSpareOthers(t *testing.T) {
+// countedReviews is a cluster's token reviewer as its cache serves it:
+// a token it knows costs nothing, any other one a review, counted.
+type countedReviews struct {
+	knownTokens
+	n atomic.Int64
+}
+
+func (r *countedReviews) Authenticate(ctx context.Context, c *ca.Credentials) (*ca.Caller, error) {
+	if c.Token != "" && !r.known[c.Token] {
+		r.n.Add(1)
+	}
+	return r.knownTokens.Authenticate(ctx, c)
+}
+
+// TestNeighbourFailuresNeverLockOut (issue 22): an address many
+// workloads share (a NAT, hostNetwork Pods) where one of them sends
+// forged tokens as fast as its failures refill: a good token from the
+// same address, never reviewed before, is authenticated after waiting
+// one refill for its review turn, not refused; a token whose review is
+// cached does not wait; refusals that cost nothing (no credentials)
+// spend nothing; other addresses are not touched.
+func TestNeighbourFailuresNeverLockOut(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
-	now := time.Now() // frozen: no token refills during the test
-	f := newFixture(t, root.Authority(), options{
-		authn: knownTokens{tokens: tokens{"backend-token": {ID: backend, Namespace: "prod", ServiceAccount: "backend", Method: "token"}},
-			known: map[string]bool{"backend-token": true}},
-		config: func(c *ca.Config) {
-			c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2}, func() time.Time { return now }
-		},
-	})
-	const peer = "198.51.100.7:4000"
-	call := func(token string, id spiffeid.ID) error {
-		in := &authpb.IstioCertificateRequest{Csr: csrFor(t, id)}
-		ctx := inProcess(context.Background(), peer, token)
-		_, err := f.srv.CreateCertificate(ctx, in)
+	const rate, burst, forged = 20, 5, 50
+	clk := struct {
+		sync.Mutex
+		now time.Time
+	}{now: time.Now()}
+	now := func() time.Time { clk.Lock(); defer clk.Unlock(); return clk.now }
+	reviews := &countedReviews{knownTokens: knownTokens{tokens: tokens{
+		"backend-token":  {ID: backend, Namespace: "prod", ServiceAccount: "backend", Method: "token"},
+		"frontend-token": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"},
+	}, known: map[string]bool{"backend-token": true}}}
+	f := newFixture(t, root.Authority(), options{authn: reviews, config: func(c *ca.Config) {
+		c.Limits, c.Now = ca.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, now
+	}})
+	call := func(addr, token string, id spiffeid.ID) error {
+		_, err := f.srv.CreateCertificate(inProcess(context.Background(), addr, token), &authpb.IstioCertificateRequest{Csr: csrFor(t, id)})
 		return err
 	}
-	steps := []struct {
-		name  string
-		token string
-		id    spiffeid.ID
-		code  codes.Code
-	}{
-		{"no credentials", "", frontend, codes.Unauthenticated},
-		{"no credentials again", "", frontend, codes.Unauthenticated},
-		{"no credentials a third time", "", frontend, codes.Unauthenticated},
-		{"a token to review, after free refusals", "frontend-token", frontend, codes.OK},
-		{"a bad token", "bad-token", frontend, codes.Unauthenticated},
-		{"another bad token: the address's failures are spent", "bad-token", frontend, codes.Unauthenticated},
-		{"a token to review is refused first", "frontend-token", frontend, codes.ResourceExhausted},
-		{"a token whose review is cached is served", "backend-token", backend, codes.OK},
-	}
-	for _, st := range steps {
-		if err := call(st.token, st.id); status.Code(err) != st.code {
-			t.Fatalf("%s: %v, want %v", st.name, err, st.code)
+	const shared = "198.51.100.7:4000"
+	for i := range 3 {
+		if err := call(shared, "", frontend); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("no credentials %d: %v, want Unauthenticated", i+1, err)
 		}
+	}
+	for i := range forged {
+		if i >= burst {
+			clk.Lock()
+			clk.now = clk.now.Add(time.Second / rate) // one failure refilled
+			clk.Unlock()
+		}
+		if err := call(shared, fmt.Sprintf("forged.token.%d", i), frontend); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("forged token %d: %v, want Unauthenticated", i+1, err)
+		}
+	}
+	if n := reviews.n.Load(); n != forged {
+		t.Fatalf("%d reviews for %d forged tokens", n, forged)
+	}
+	// The forged tokens spent the address's failures as they refilled.
+	start := time.Now()
+	if err := call(shared, "frontend-token", frontend); err != nil {
+		t.Fatalf("a good token from the address after its neighbour's %d forged ones: %v", forged, err)
+	}
+	if took := time.Since(start); took < time.Second/rate/2 {
+		t.Errorf("the good token took %v: it did not wait its review turn (%v)", took, time.Second/rate)
+	}
+	if err := call(shared, "backend-token", backend); err != nil {
+		t.Fatalf("a token whose review is cached, from the address: %v", err)
+	}
+	if err := call("198.51.100.8:4000", "frontend-token", frontend); err != nil {
+		t.Fatalf("from another address: %v", err)
+	}
+	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "peer_authn_failures"}, 0)
+}
+
+// TestFailureFloodCostsBoundedReviews (issue 22): forged tokens sent from
+// one address back to back, each waiting its review turn, cost at most
+// the address's burst of reviews, then its failure rate (on the injected
+// clock); a good token after them waits one refill at most.
+func TestFailureFloodCostsBoundedReviews(t *testing.T) {
+	root := testca.NewRoot(t, "root", testca.Options{})
+	const rate, burst, forged = 10, 20, 300
+	var mu sync.Mutex
+	start := time.Now() // the issued certificates verify at the injected clock
+	now := start
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	var waits []time.Duration
+	reviews := &slowReviews{}
+	f := newFixture(t, root.Authority(), options{authn: reviews, config: func(c *ca.Config) {
+		c.Limits, c.Now = ca.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, clock
+		c.Sleep = func(_ context.Context, d time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			now, waits = now.Add(d), append(waits, d)
+			return nil
+		}
+	}})
+	call := func(token string) error {
+		_, err := f.srv.CreateCertificate(inProcess(context.Background(), "198.51.100.7:4000", token), &authpb.IstioCertificateRequest{Csr: frontendCSR(t)})
+		return err
+	}
+	for i := range forged {
+		if err := call(fmt.Sprintf("forged.token.%d", i)); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("forged token %d: %v, want Unauthenticated", i+1, err)
+		}
+	}
+	elapsed, n := clock().Sub(start), reviews.reviews.Load()
+	if most := burst + int64(rate*elapsed.Seconds()); n > most {
+		t.Fatalf("%d forged tokens cost %d reviews in %v, want at most %d (%d, then %d a second)", forged, n, elapsed, most, burst, rate)
+	}
+	t.Logf("%d forged tokens: %d reviews in %v on the injected clock, %d waits", forged, n, elapsed, len(waits))
+	mu.Lock()
+	waits = nil
+	mu.Unlock()
+	if err := call("frontend-token"); err != nil {
+		t.Fatalf("a good token after the flood: %v", err)
+	}
+	if len(waits) != 1 || waits[0] > time.Second/rate {
+		t.Fatalf("the good token waited %v, want one turn of at most %v", waits, time.Second/rate)
 	}
 }
 
@@ -269,11 +356,12 @@ func withClientCert(ctx context.Context, leaf *x509.Certificate) context.Context
 
 // TestPeerFailuresBoundReviews: an address causes no more reviews than it
 // has failures left, however many of its requests come at once, and
-// whatever client certificate they carry: only a certificate the
-// CertAuthenticator accepts spares a request the address's failures.
+// whatever client certificate they carry (only a certificate the
+// CertAuthenticator accepts spares a request the address's failures),
+// but those whose review turn comes before their deadline.
 func TestPeerFailuresBoundReviews(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
-	const spent = "too many failed authentications from this address, retry in 2s"
+	const spent = spentMsg + "20s"
 	tests := []struct {
 		name     string
 		maxAuthn int // MaxAuthnPerPeer; 0 is the default
@@ -298,31 +386,33 @@ func TestPeerFailuresBoundReviews(t *testing.T) {
 			r := &slowReviews{delay: 20 * time.Millisecond}
 			now := time.Now() // frozen: no failures refill during the test
 			f := newFixture(t, root.Authority(), options{authn: r, config: func(c *ca.Config) {
-				c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.5, PeerFailureBurst: 2}, func() time.Time { return now }
+				c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2}, func() time.Time { return now }
 				c.MaxAuthnPerPeer = tt.maxAuthn
 			}})
 			in := &authpb.IstioCertificateRequest{Csr: frontendCSR(t)}
-			call := func(cert *x509.Certificate) error {
-				ctx := inProcess(context.Background(), "198.51.100.7:4000", "a.b.c")
+			// Each request has a token of its own and 10 s: a turn 20 s
+			// away comes after its deadline.
+			call := func(cert *x509.Certificate, token string) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				ctx = inProcess(ctx, "198.51.100.7:4000", token)
 				if cert != nil {
 					ctx = withClientCert(ctx, cert)
 				}
 				_, err := f.srv.CreateCertificate(ctx, in)
 				return err
 			}
-			{
-				for i := range tt.spend {
-					if err := call(nil); status.Code(err) != codes.Unauthenticated {
-						t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
-					}
+			for i := range tt.spend {
+				if err := call(nil, fmt.Sprintf("a.b.spent%d", i)); status.Code(err) != codes.Unauthenticated {
+					t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 				}
 			}
 			var mu sync.Mutex
 			got := map[codes.Code]int{}
 			var wg sync.WaitGroup
-			for range tt.requests {
+			for i := range tt.requests {
 				wg.Go(func() {
-					st := status.Convert(call(tt.cert))
+					st := status.Convert(call(tt.cert, fmt.Sprintf("a.b.c%d", i)))
 					if st.Code() == codes.ResourceExhausted && st.Message() != spent {
 						t.Errorf("refused with %q, want %q", st.Message(), spent)
 					}

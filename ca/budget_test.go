@@ -165,131 +165,16 @@ func TestCallerInFlight(t *testing.T) {
 // TestNoLimit: negative values turn each budget off.
 func TestNoLimit(t *testing.T) {
 	l := newLimiter(Limits{Caller: Budget{Rate: NoLimit, MaxInFlight: NoLimit}, PeerFailureRate: NoLimit}, time.Now)
-	for range 10_000 {
+	l.sleep = func(context.Context, time.Duration) error { t.Fatal("a request waited"); return nil }
+	for i := range 10_000 {
 		if _, err := l.admit(limitsCluster, workload("shop", "cart")); err != nil {
 			t.Fatal(err)
 		}
-		settle, err := l.peerReserve("192.0.2.1:1")
+		settle, err := l.peerTurn(context.Background(), "192.0.2.1:1", fmt.Sprint("forged-", i), false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		settle(true)
-	}
-	if err := l.peerAllowed("192.0.2.1:1"); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestPeerFailures: failed authentications spend a peer's bucket,
-// successes cost nothing, and the refusal comes before authentication.
-func TestPeerFailures(t *testing.T) {
-	clk := &clock{now: time.Unix(1e9, 0)}
-	l := newLimiter(Limits{PeerFailureRate: 2, PeerFailureBurst: 3}, clk.Now)
-	const peer = "192.0.2.7:40000"
-	for range 100 { // successes: never charged, never refused
-		if err := l.peerAllowed(peer); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range 3 {
-		settle, err := l.peerReserve(peer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		settle(true)
-	}
-	tests := []struct {
-		name    string
-		addr    string
-		refused bool
-		after   time.Duration
-	}{
-		{name: "the same address, another port", addr: "192.0.2.7:50000", refused: true, after: 500 * time.Millisecond},
-		{name: "another address", addr: "192.0.2.8:40000"},
-		{name: "no port", addr: "192.0.2.7", refused: true, after: 500 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := l.peerAllowed(tt.addr)
-			if !tt.refused {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if reason, after := limitErr(t, err); reason != reasonPeerAuthnFailures || after != tt.after {
-				t.Fatalf("refused with %s after %v, want %s after %v", reason, after, reasonPeerAuthnFailures, tt.after)
-			}
-		})
-	}
-	clk.add(500 * time.Millisecond)
-	if err := l.peerAllowed(peer); err != nil {
-		t.Fatalf("after the hint: %v", err)
-	}
-}
-
-// TestPeerFailureReservations: an authentication in progress holds one of
-// its peer's failures, so that concurrent requests cannot all count on
-// the same ones; a failure spends it, a success gives it back.
-func TestPeerFailureReservations(t *testing.T) {
-	const peer = "192.0.2.7:40000"
-	tests := []struct {
-		name                       string
-		succeeded, failed, holding int
-		refused                    bool
-		after                      time.Duration // the retry hint
-		// afterHeld: refused once the held ones succeed.
-		afterHeld bool
-	}{
-		{name: "successes give their failure back", succeeded: 100},
-		{name: "one failure left", failed: 1, holding: 1},
-		// An address that has not failed is not held to its burst: a node's
-		// Pods start together.
-		{name: "many held, none failed", holding: 10},
-		{name: "failed and held", failed: 1, holding: 2, refused: true, after: 500 * time.Millisecond},
-		{name: "spent", failed: 3, refused: true, after: 500 * time.Millisecond, afterHeld: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			clk := &clock{now: time.Unix(1e9, 0)}
-			l := newLimiter(Limits{PeerFailureRate: 2, PeerFailureBurst: 3}, clk.Now)
-			var held []func(bool)
-			for i := range tt.succeeded + tt.failed + tt.holding {
-				settle, err := l.peerReserve(peer)
-				if err != nil {
-					t.Fatalf("reservation %d: %v", i+1, err)
-				}
-				switch {
-				case i < tt.succeeded:
-					settle(false)
-				case i < tt.succeeded+tt.failed:
-					settle(true)
-				default:
-					held = append(held, settle)
-				}
-			}
-			for _, check := range []func() error{
-				func() error { return l.peerAllowed(peer) },
-				func() error { _, err := l.peerReserve(peer); return err },
-			} {
-				err := check()
-				if !tt.refused {
-					if err != nil {
-						t.Fatal(err)
-					}
-					continue
-				}
-				if reason, after := limitErr(t, err); reason != reasonPeerAuthnFailures || after != tt.after {
-					t.Fatalf("refused with %s after %v, want %s after %v", reason, after, reasonPeerAuthnFailures, tt.after)
-				}
-			}
-			for _, settle := range held {
-				settle(false)
-			}
-			if err := l.peerAllowed(peer); (err != nil) != tt.afterHeld {
-				t.Fatalf("once the held authentications succeed: %v, want refused %v", err, tt.afterHeld)
-			}
-		})
 	}
 }
 
@@ -298,7 +183,7 @@ func TestPeerFailureReservations(t *testing.T) {
 func TestBucketsKeepHeld(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	b := newBuckets(1, 1, 100)
-	settle, _, ok := b.reserve("holder", now)
+	settle, _, ok := b.reserve("holder", now, 0)
 	if !ok {
 		t.Fatal("a new bucket refused a reservation")
 	}
@@ -313,20 +198,17 @@ func TestBucketsKeepHeld(t *testing.T) {
 	}
 }
 
-// TestPeerPrefix: failures are counted per IPv4 address and per IPv6 /64.
-func TestPeerPrefix(t *testing.T) {
+// TestPeerKey: budgets are kept per exact address, an IPv4 address the
+// same however it arrives.
+func TestPeerKey(t *testing.T) {
 	tests := []struct{ addr, want string }{
-		{"192.0.2.7:1234", "192.0.2.7"},
-		{"[::ffff:192.0.2.7]:1234", "192.0.2.7"},
-		{"[2001:db8:1:2:3:4:5:6]:1234", "2001:db8:1:2::/64"},
-		{"[2001:db8:1:2:ffff::1]:99", "2001:db8:1:2::/64"},
-		{"[fe80::1%eth0]:1234", "fe80::/64"},
-		{"not an address", "not an address"},
-		{"", ""},
+		{"192.0.2.7:1234", "192.0.2.7"}, {"[::ffff:192.0.2.7]:1234", "192.0.2.7"}, {"192.0.2.7", "192.0.2.7"},
+		{"[2001:db8:1:2:3:4:5:6]:1234", "2001:db8:1:2:3:4:5:6"}, {"[2001:db8:1:2:ffff::1]:99", "2001:db8:1:2:ffff::1"},
+		{"[fe80::1%eth0]:1234", "fe80::1%eth0"}, {"not an address", "not an address"}, {"", ""},
 	}
 	for _, tt := range tests {
-		if got := peerPrefix(tt.addr); got != tt.want {
-			t.Errorf("peerPrefix(%q) = %q, want %q", tt.addr, got, tt.want)
+		if got := peerKey(tt.addr); got != tt.want {
+			t.Errorf("peerKey(%q) = %q, want %q", tt.addr, got, tt.want)
 		}
 	}
 }

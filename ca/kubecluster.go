@@ -21,6 +21,7 @@ type KubeClusterConfig struct {
 	TrustDomain         spiffeid.TrustDomain
 	Audiences           []string
 	TrustedNodeAccounts map[string]bool
+	NodeProxyDeny       map[string]bool // NodeAuthorizer.NodeProxyDeny
 	CacheTTL            time.Duration
 	CacheSize           int
 	NegativeTTL         time.Duration
@@ -64,7 +65,7 @@ func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
 		Cluster: &Cluster{
 			ID:             c.ID,
 			Authenticators: []Authenticator{&TokenAuthenticator{Reviewer: tokens}},
-			Authorizer:     &NodeAuthorizer{TrustDomain: c.TrustDomain, TrustedNodeAccounts: c.TrustedNodeAccounts, Pods: pods},
+			Authorizer:     &NodeAuthorizer{TrustDomain: c.TrustDomain, TrustedNodeAccounts: c.TrustedNodeAccounts, NodeProxyDeny: c.NodeProxyDeny, Pods: pods},
 			Ready:          pods.Synced,
 		},
 		Tokens: tokens,

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
+	"slices"
 	"sync"
+
+	"google.golang.org/grpc/codes"
 )
 
 // peerLimiter bounds the work one peer address may have in progress at a
@@ -89,11 +93,148 @@ func (l *peerLimiter) leave(key string, p *peerSlots) {
 	}
 }
 
-// peerKey is the address a budget is kept for: the peer's IP, without its
-// port, so that new connections do not buy a new budget.
+// peerKey is the address a budget is kept for: the peer's exact IP,
+// without its port, so that new connections do not buy a new budget, and
+// an IPv4 address the same however it arrives (192.0.2.7 or
+// ::ffff:192.0.2.7). Addresses are not grouped (an IPv6 /64 is a node's
+// Pods): the budgets of an address must not be spent by its neighbours.
 func peerKey(addr string) string {
-	if host, _, err := net.SplitHostPort(addr); err == nil {
-		return host
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
 	}
-	return addr
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().String()
+	}
+	return host
 }
+
+// authenticate runs the authenticators under the peer's budgets. A
+// request that asks someone to authenticate it (a TokenReview) holds one
+// of its address's failures (peerTurn), which it spends if it fails, so
+// that an address never has more reviews under way than failures left;
+// once they are spent, its reviews take turns as the bucket refills. The
+// wait for a turn comes before the wait for one of the address's
+// MaxAuthnPerPeer authentication turns, so that requests waiting on the
+// address's failures never hold the turns its other requests need.
+//
+// An address may be shared (clients behind one NAT, hostNetwork Pods),
+// and one of them may fail on purpose. So that none of them can lock the
+// others out, the failures only ever make the address's reviews wait,
+// never refuse a request before it is reviewed; a request that
+// authenticates without asking anyone (a client certificate the
+// CertAuthenticator accepts, a token whose review is cached) does not
+// wait at all; and a refusal that cost nothing (no credentials, a token
+// that is not a JWT, a client certificate refused) spends nothing.
+func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (caller *Caller, err error) {
+	auths := slices.Concat(s.c.Authenticators, cluster.Authenticators)
+	var hold *reviewHold // only for a request that asks someone: not ztunnel's cached token
+	// A client certificate may cost nothing: whether the CertAuthenticator
+	// accepts it is known once the request authenticates.
+	free := len(r.creds.PeerCerts) > 0
+	for i, a := range auths {
+		switch {
+		case knows(a, r.creds.Token):
+			free = true
+		case asksSomeone(a, &r.creds):
+			if hold == nil {
+				hold = &reviewHold{limits: s.limits, peer: r.peer, token: r.creds.Token}
+			}
+			auths[i] = &budgetedReview{Authenticator: a, hold: hold}
+		}
+	}
+	if hold != nil {
+		defer func() { hold.end(err) }()
+		if !free {
+			if err := hold.await(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	release, err := s.authn.acquire(ctx, peerKey(r.peer))
+	if err != nil {
+		return nil, exhausted(reasonTooManyAuthentications,
+			"too many requests from this address are authenticating at once, retry later", busyRetryAfter, err)
+	}
+	defer release()
+	return authenticate(ctx, auths, &r.creds)
+}
+
+// knows reports whether a already holds token's identity (a cached
+// review): authenticating it asks no one.
+func knows(a Authenticator, token string) bool {
+	k, ok := a.(interface{ Known(string) bool })
+	return ok && token != "" && k.Known(token)
+}
+
+// asksSomeone reports whether a, not knowing c's token already, asks
+// someone (a TokenReview) to decide c: not a CertAuthenticator, which
+// verifies the client certificate here, nor a token authenticator given
+// no token.
+func asksSomeone(a Authenticator, c *Credentials) bool {
+	switch a.(type) {
+	case *CertAuthenticator:
+		return false
+	case interface{ Known(string) bool }:
+		return c.Token != ""
+	}
+	return true
+}
+
+// reviewHold is a request's share of a review turn of its address
+// (limiter.peerTurn), held from the moment it must wait for one, or else
+// first asks someone to authenticate it. end spends it if the request
+// failed after a refusal that cost something, and gives it back
+// otherwise.
+type reviewHold struct {
+	limits      *limiter
+	peer, token string
+	settle      func(failed bool) // nil until held
+	failed      bool              // a review refused the credentials
+}
+
+// await takes the request's turn before it authenticates, when its
+// address has no failure free now.
+func (h *reviewHold) await(ctx context.Context) error {
+	settle, err := h.limits.peerTurn(ctx, h.peer, h.token, true)
+	h.settle = settle
+	return err
+}
+
+// take takes the request's turn, unless it holds one.
+func (h *reviewHold) take(ctx context.Context) error {
+	if h.settle != nil {
+		return nil
+	}
+	settle, err := h.limits.peerTurn(ctx, h.peer, h.token, false)
+	h.settle = settle
+	return err
+}
+
+func (h *reviewHold) end(err error) {
+	if h.settle != nil {
+		h.settle(err != nil && h.failed)
+	}
+}
+
+// budgetedReview is an authenticator that asks someone, run once the
+// request holds its turn.
+type budgetedReview struct {
+	Authenticator
+	hold *reviewHold
+}
+
+func (b *budgetedReview) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
+	if err := b.hold.take(ctx); err != nil {
+		return nil, err
+	}
+	caller, err := b.Authenticator.Authenticate(ctx, c)
+	if o := classify(err); err != nil && o.Code == codes.Unauthenticated && !freeRefusals[o.Reason] {
+		b.hold.failed = true
+	}
+	return caller, err
+}
+
+// freeRefusals are the authentication refusals decided without a review
+// or a lookup: they spend none of the peer's failures.
+var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}

@@ -19,6 +19,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
@@ -194,35 +195,50 @@ func TestTokenTooLarge(t *testing.T) {
 }
 
 // TestCertificateRenewalTTL: a renewal by client certificate gets at most
-// the renewal TTL, however long it asks for, so that a short-lived
-// certificate cannot stretch itself to the maximum.
+// the renewal TTL and at most the validity of the certificate it presents,
+// however long it asks for, so that a short-lived certificate cannot
+// stretch itself (issue 22): a 1 h SVID renews into 1 h ones, never into
+// the default's 24 h. The validity, NotAfter less NotBefore, is counted
+// backdate included, as the presented one's: renewing again and again
+// never adds a backdate.
 func TestCertificateRenewalTTL(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	tests := []struct {
 		name    string
 		renewal time.Duration // CertRenewalTTL; 0 is the default TTL
+		first   time.Duration // the TTL of the certificate presented
 		ask     time.Duration
-		want    time.Duration
+		want    time.Duration // NotAfter less NotBefore of the renewal
 	}{
-		{name: "asks for 80 days, gets the default", ask: 80 * 24 * time.Hour, want: ca.DefaultTTL},
-		{name: "asks for nothing, gets the default", want: ca.DefaultTTL},
-		{name: "a shorter renewal TTL", renewal: 6 * time.Hour, ask: 80 * 24 * time.Hour, want: 6 * time.Hour},
-		{name: "asks for less, gets it", ask: 2 * time.Hour, want: 2 * time.Hour},
+		{name: "a 1h certificate asking for 80 days gets 1h", first: time.Hour, ask: 80 * 24 * time.Hour, want: time.Hour + keymgr.Backdate},
+		{name: "a 1h certificate asking for nothing gets 1h, not the default", first: time.Hour, want: time.Hour + keymgr.Backdate},
+		{name: "a 1h certificate asking for 24h gets 1h", first: time.Hour, ask: 24 * time.Hour, want: time.Hour + keymgr.Backdate},
+		{name: "a 24h certificate asking for 80 days gets the default", first: 24 * time.Hour, ask: 80 * 24 * time.Hour, want: ca.DefaultTTL},
+		{name: "a shorter renewal TTL", renewal: 6 * time.Hour, first: 24 * time.Hour, ask: 80 * 24 * time.Hour, want: 6 * time.Hour},
+		{name: "asks for less, gets it", first: 24 * time.Hour, ask: 2 * time.Hour, want: 2 * time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, root.Authority(), options{config: func(c *ca.Config) { c.CertRenewalTTL = tt.renewal }})
-			first, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{TTL: time.Hour})
+			first, err := f.client(t, "good", nil).Fetch(context.Background(), frontend, caclient.Options{TTL: tt.first})
 			if err != nil {
 				t.Fatal(err)
 			}
-			renewed, err := f.client(t, "", first.TLSCertificate()).Fetch(context.Background(), frontend, caclient.Options{TTL: tt.ask})
-			if err != nil {
-				t.Fatal(err)
-			}
-			leaf := renewed.Chain[0]
-			if got := leaf.NotAfter.Sub(leaf.NotBefore); got > tt.want+5*time.Minute || got < tt.want {
-				t.Fatalf("renewed certificate lives %v, want %v (plus the backdate)", got, tt.want)
+			presented := first.Chain[0].NotAfter.Sub(first.Chain[0].NotBefore)
+			svid := first
+			for i := range 3 {
+				if svid, err = f.client(t, "", svid.TLSCertificate()).Fetch(context.Background(), frontend, caclient.Options{TTL: tt.ask}); err != nil {
+					t.Fatal(err)
+				}
+				leaf := svid.Chain[0]
+				got := leaf.NotAfter.Sub(leaf.NotBefore)
+				if got != tt.want {
+					t.Fatalf("renewal %d lives %v (NotAfter less NotBefore), want %v", i+1, got, tt.want)
+				}
+				if got > presented {
+					t.Fatalf("renewal %d lives %v, longer than the %v certificate it renewed", i+1, got, presented)
+				}
+				presented = got
 			}
 		})
 	}

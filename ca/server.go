@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/meshca/meshca/csr"
@@ -92,7 +91,8 @@ type Config struct {
 	CertSigners []string
 	// CertRenewalTTL caps the lifetime of a certificate issued to a caller
 	// authenticated by its client certificate: a renewal never gets more
-	// than this (DefaultTTL when zero).
+	// than this (DefaultTTL when zero), nor more than the certificate it
+	// presents (Server.ttl).
 	CertRenewalTTL time.Duration
 	Metrics        *Metrics
 	Logger         *slog.Logger
@@ -100,6 +100,10 @@ type Config struct {
 	// Logger (AuditLogger).
 	Audit AuditSink
 	Now   func() time.Time
+	// Sleep waits d on Now's clock, or until ctx ends: a request whose
+	// address has spent its authentication failures waits for its review
+	// turn (Limits). A timer when nil.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Server implements IstioCertificateService.
@@ -174,8 +178,12 @@ func New(c Config) (*Server, error) {
 	c.Conn = c.Conn.withDefaults(c.RequestTimeout)
 	c.Metrics.initBackend(c.SignerName)
 	c.Signer = signer.Observe(c.Signer, c.SignerName, c.Metrics)
+	limits := newLimiter(c.Limits, c.Now)
+	if c.Sleep != nil {
+		limits.sleep = c.Sleep
+	}
 	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer, authnWaitingPerSlot*c.MaxInFlight),
-		limits: newLimiter(c.Limits, c.Now)}, nil
+		limits: limits}, nil
 }
 
 // authnWaitingPerSlot × MaxInFlight requests may wait for an
@@ -227,6 +235,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.caller, err = s.authenticate(ctx, cluster, r); err != nil {
 		return nil, err
 	}
+	connAuthenticated(ctx) // ConnGuard: no longer idle unauthenticated
 	release, err := s.limits.admit(cluster, r.caller)
 	if err != nil {
 		return nil, err
@@ -258,7 +267,12 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.c.Signer.Sign(ctx, &signer.Request{CSR: req, ID: r.identity, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)})
+	sreq := &signer.Request{CSR: req, ID: r.identity, TTL: ttl, Usages: csr.WorkloadUsages(req.PublicKey)}
+	if r.caller.Method == MethodCertificate {
+		// Backdate included, as the presented certificate's is counted.
+		sreq.Lifetime = ttl
+	}
+	res, err := s.c.Signer.Sign(ctx, sreq)
 	if err != nil {
 		return nil, err
 	}
@@ -279,126 +293,6 @@ func (s *Server) takeSlot() error {
 
 func (s *Server) releaseSlot() { <-s.slots }
 
-// authenticate runs the authenticators under the peer's budgets: a peer
-// may have MaxAuthnPerPeer authentications in progress, and more wait,
-// until their deadline, for a turn; a request about to ask someone to
-// authenticate it (a TokenReview) first holds one of the peer's remaining
-// failures (reviewHold), spent if it fails, so that an address never has
-// more reviews under way than failures left, however many of its
-// requests come at once. A peer whose failures are spent is refused
-// before it waits for a turn, unless its request may cost nothing.
-//
-// The failures are counted per address (an IPv6 /64), which many
-// workloads may share: a node's Pods, clients behind one NAT. So that
-// none of them can lock the others out, a request that authenticates
-// without asking anyone (a client certificate the CertAuthenticator
-// accepts, a token whose review is cached) is never refused for the
-// address's failures; and a refusal that cost nothing (no credentials, a
-// token that is not a JWT, a client certificate refused) spends none.
-func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
-	auths := slices.Concat(s.c.Authenticators, cluster.Authenticators)
-	var hold *reviewHold // only for a request that asks someone: not ztunnel's cached token
-	// A client certificate may cost nothing: whether the CertAuthenticator
-	// accepts it is known after the wait.
-	free := len(r.creds.PeerCerts) > 0
-	for i, a := range auths {
-		switch {
-		case knows(a, r.creds.Token):
-			free = true
-		case asksSomeone(a, &r.creds):
-			if hold == nil {
-				hold = &reviewHold{limits: s.limits, peer: r.peer}
-			}
-			auths[i] = &budgetedReview{Authenticator: a, hold: hold}
-		}
-	}
-	if !free {
-		if err := s.limits.peerAllowed(r.peer); err != nil {
-			return nil, err
-		}
-	}
-	release, err := s.authn.acquire(ctx, peerKey(r.peer))
-	if err != nil {
-		return nil, exhausted(reasonTooManyAuthentications,
-			"too many requests from this address are authenticating at once, retry later", busyRetryAfter, err)
-	}
-	defer release()
-	caller, err := authenticate(ctx, auths, &r.creds)
-	if hold != nil {
-		hold.end(err)
-	}
-	return caller, err
-}
-
-// knows reports whether a already holds token's identity (a cached
-// review): authenticating it asks no one.
-func knows(a Authenticator, token string) bool {
-	k, ok := a.(interface{ Known(string) bool })
-	return ok && token != "" && k.Known(token)
-}
-
-// asksSomeone reports whether a, not knowing c's token already, asks
-// someone (a TokenReview) to decide c: not a CertAuthenticator, which
-// verifies the client certificate here, nor a token authenticator given
-// no token.
-func asksSomeone(a Authenticator, c *Credentials) bool {
-	switch a.(type) {
-	case *CertAuthenticator:
-		return false
-	case interface{ Known(string) bool }:
-		return c.Token != ""
-	}
-	return true
-}
-
-// reviewHold is the one failure of its peer's budget a request holds
-// (limiter.peerReserve) from the moment it first asks someone to
-// authenticate it. end spends it if the request failed after a refusal
-// that cost something, and gives it back otherwise.
-type reviewHold struct {
-	limits *limiter
-	peer   string
-	settle func(failed bool) // nil until held
-	failed bool              // a review refused the credentials
-}
-
-func (h *reviewHold) take() error {
-	if h.settle != nil {
-		return nil
-	}
-	settle, err := h.limits.peerReserve(h.peer)
-	h.settle = settle
-	return err
-}
-
-func (h *reviewHold) end(err error) {
-	if h.settle != nil {
-		h.settle(err != nil && h.failed)
-	}
-}
-
-// budgetedReview is an authenticator that asks someone, run once the
-// request holds a failure of its peer's budget.
-type budgetedReview struct {
-	Authenticator
-	hold *reviewHold
-}
-
-func (b *budgetedReview) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
-	if err := b.hold.take(); err != nil {
-		return nil, err
-	}
-	caller, err := b.Authenticator.Authenticate(ctx, c)
-	if o := classify(err); err != nil && o.Code == codes.Unauthenticated && !freeRefusals[o.Reason] {
-		b.hold.failed = true
-	}
-	return caller, err
-}
-
-// freeRefusals are the authentication refusals decided without a review
-// or a lookup: they spend none of the peer's failures.
-var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}
-
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
 // when the caller asks for its own identity.
 func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
@@ -414,8 +308,12 @@ func requestedIdentity(in *authpb.IstioCertificateRequest) (string, error) {
 
 // ttl applies the TTL rules: the default when the client asks for none, a
 // refusal above the maximum (as Istio does). A renewal by client
-// certificate gets at most CertRenewalTTL, so that a certificate cannot
-// stretch itself to the maximum by renewing itself.
+// certificate gets at most CertRenewalTTL and at most the validity of the
+// certificate it presents (Caller.CertLifetime), so that a certificate
+// cannot stretch itself by renewing itself: a 1 h SVID renews into 1 h
+// ones. Its validity is then counted as the presented one's, NotAfter
+// less NotBefore, backdate included (signer.Request.Lifetime), or each
+// renewal would add a backdate.
 func (s *Server) ttl(seconds int64, c *Caller) (time.Duration, error) {
 	if seconds > int64(s.c.MaxTTL/time.Second) {
 		return 0, refuse(codes.InvalidArgument, reasonTTL,
@@ -425,8 +323,11 @@ func (s *Server) ttl(seconds int64, c *Caller) (time.Duration, error) {
 	if seconds > 0 {
 		ttl = time.Duration(seconds) * time.Second
 	}
-	if c.Method == MethodCertificate && ttl > s.c.CertRenewalTTL {
-		ttl = s.c.CertRenewalTTL
+	if c.Method == MethodCertificate {
+		ttl = min(ttl, s.c.CertRenewalTTL)
+		if c.CertLifetime > 0 {
+			ttl = min(ttl, c.CertLifetime)
+		}
 	}
 	return ttl, nil
 }

@@ -70,6 +70,9 @@ type options struct {
 	// register, when set, adds services to the gRPC server before it
 	// serves.
 	register func(*grpc.Server)
+	// guard, when set, admits the connections (its listener and stats
+	// handler).
+	guard *ca.ConnGuard
 }
 
 func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
@@ -110,13 +113,20 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := ca.NewGRPCServer(srv, ca.TLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil }, td, mgr))
+	var gopts []grpc.ServerOption
+	if o.guard != nil {
+		gopts = append(gopts, grpc.StatsHandler(o.guard))
+	}
+	g := ca.NewGRPCServer(srv, ca.TLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil }, td, mgr), gopts...)
 	if o.register != nil {
 		o.register(g)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.guard != nil {
+		lis = o.guard.Listener(lis)
 	}
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)

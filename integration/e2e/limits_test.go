@@ -27,9 +27,10 @@ import (
 // gets the larger node-proxy budget, per ztunnel Pod; a refusal says when
 // to retry both ways (RetryInfo, grpc-retry-pushback-ms), and a grpc-go
 // client whose retry policy retries RESOURCE_EXHAUSTED waits that long
-// and gets its certificate; a peer that keeps failing to authenticate is
-// refused before authentication. Every refusal comes at once and is
-// counted in meshca_rate_limited_total by reason.
+// and gets its certificate; a peer that keeps failing to authenticate has
+// its tokens not yet reviewed wait for turns, and one whose turn comes
+// after its deadline is refused before authentication. Every refusal
+// comes at once and is counted in meshca_rate_limited_total by reason.
 func TestCallerLimits(t *testing.T) {
 	const (
 		callerBurst, nodeBurst, nodePods = 5, 40, 30
@@ -86,22 +87,35 @@ func TestCallerLimits(t *testing.T) {
 		t.Logf("refused with a pushback of %v, served by the retry after %v", pushback, took.Round(time.Millisecond))
 	})
 
-	t.Run("a peer that keeps failing to authenticate is refused before authentication", func(t *testing.T) {
+	t.Run("a peer that keeps failing to authenticate has its reviews take turns", func(t *testing.T) {
 		bad := cluster.Token(t, m.apps, "web", web.Pod, []string{"not-istio-ca"}, time.Hour)
 		for i := range 3 {
 			if _, _, err := lc.call(t, bad, m.id("web"), false, nil); status.Code(err) != codes.Unauthenticated {
 				t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 			}
 		}
-		// A token never reviewed would cost a TokenReview: refused.
+		// A token never reviewed waits for the address's next review
+		// turn, 5 s away (0.2 a second): with 1 s to live it is refused at
+		// once, told when to retry (issue 22: never locked out, only
+		// made to wait).
 		fresh := cluster.Token(t, m.apps, "db", db.Pod, []string{"istio-ca"}, time.Hour)
-		trailer, _, err := lc.call(t, fresh, m.id("db"), false, nil)
+		trailer, took, err := callWithin(lc.api, fresh, newCSR(t, m.id("db")), time.Second)
 		checkRetryHints(t, err, trailer, "peer_authn_failures", 5*time.Second)
-		// db's token, reviewed before, costs nothing: the address's
-		// failures do not lock out the workloads that share it.
-		if _, _, err := lc.call(t, db.Token, m.id("db"), false, nil); err != nil {
-			t.Fatalf("a token whose review is cached, from the failing address: %v", err)
+		if took > 900*time.Millisecond {
+			t.Errorf("the refusal took %v: a turn after the deadline is not waited for", took)
 		}
+		// db's token, reviewed before, costs nothing and waits for no
+		// turn: the address's failures do not hold up the workloads that
+		// share it.
+		if _, took, err := lc.call(t, db.Token, m.id("db"), false, nil); err != nil || took > 2*time.Second {
+			t.Fatalf("a token whose review is cached, from the failing address: %v after %v", err, took)
+		}
+		// With time enough, the fresh token is served at its turn.
+		_, took, err = lc.call(t, fresh, m.id("db"), false, nil)
+		if err != nil {
+			t.Fatalf("a fresh token from the failing address, 20 s to live: %v after %v", err, took)
+		}
+		t.Logf("a fresh token from the failing address served after %v", took.Round(time.Millisecond))
 	})
 
 	e := scrapeMetrics(t, m.s.AdminAddr)
