@@ -7,10 +7,14 @@ import (
 	"google.golang.org/grpc/keepalive"
 )
 
-// ConnLimits bound the server's connections: HTTP/2 keepalive, idle and
-// age limits, and the streams of one connection. Zero fields take the
-// defaults below; NoLimit turns MaxConnectionIdle, MaxConnectionAge or
-// MaxConcurrentStreams off.
+// ConnLimits bound the server's connections: how many, HTTP/2 keepalive,
+// handshake, idle and age limits, and the streams of one connection. Zero
+// fields take the defaults below; NoLimit turns MaxConnections,
+// MaxConnectionsPerPeer, TLSHandshakeTimeout, MaxUnauthenticatedIdle,
+// MaxConnectionIdle, MaxConnectionAge or MaxConcurrentStreams off. The
+// caps, the handshake deadline and the unauthenticated idle limit are
+// ConnGuard's, in front of the gRPC server's listener; the others are
+// grpc-go's.
 //
 // ztunnel and istio-agent keep one connection to the CA and use it
 // rarely: ztunnel's client drops it itself after 90 s without a request
@@ -42,6 +46,19 @@ type ConnLimits struct {
 	// progress at once (SETTINGS_MAX_CONCURRENT_STREAMS): a client queues
 	// the others itself.
 	MaxConcurrentStreams int
+	// MaxConnections bounds the connections open at once, and
+	// MaxConnectionsPerPeer those of one client address (its exact IP): a
+	// connection past either is closed as soon as it is accepted, before
+	// its TLS handshake.
+	MaxConnections, MaxConnectionsPerPeer int
+	// TLSHandshakeTimeout bounds a connection's TLS handshake and HTTP/2
+	// preface, from its accept.
+	TLSHandshakeTimeout time.Duration
+	// MaxUnauthenticatedIdle closes a connection none of whose requests
+	// has authenticated once it has had no RPC in progress for this long.
+	// A connection on which a request authenticated is closed after
+	// MaxConnectionIdle instead.
+	MaxUnauthenticatedIdle time.Duration
 }
 
 // Defaults of ConnLimits.
@@ -54,6 +71,26 @@ const (
 	// DefaultMaxConcurrentStreams lets a ztunnel ask for every Pod of a
 	// node with 250 Pods at once on its one connection.
 	DefaultMaxConcurrentStreams = 256
+	// DefaultMaxConnections keeps the connections of one replica within
+	// the chart's 256 MiB memory limit: an idle connection costs ~35 KiB
+	// (TestIdleConnections), 4096 of them ~140 MiB over a ~60 MiB idle
+	// server, which leaves ~50 MiB for requests, the Pod index and the
+	// garbage collector's headroom. A mesh holds one connection per
+	// ztunnel (one a node) and per istio-agent (one a sidecar or
+	// gateway Pod), spread over the replicas.
+	DefaultMaxConnections = 4096
+	// DefaultMaxConnectionsPerPeer lets one address hold a node's worth
+	// of connections (kubelet's default 110 Pods, 250 on managed
+	// platforms), as clients behind a node's SNAT do, while one client
+	// alone can take no more than a sixteenth of DefaultMaxConnections.
+	DefaultMaxConnectionsPerPeer = 256
+	// DefaultTLSHandshakeTimeout is ample for a handshake over a slow
+	// link, and 12 times shorter than grpc-go's 120 s.
+	DefaultTLSHandshakeTimeout = 10 * time.Second
+	// DefaultMaxUnauthenticatedIdle: ztunnel and istio-agent connect to
+	// send a request and send it at once; a kubelet gRPC probe closes its
+	// connection after its check.
+	DefaultMaxUnauthenticatedIdle = time.Minute
 )
 
 func (c ConnLimits) withDefaults(requestTimeout time.Duration) ConnLimits {
@@ -68,9 +105,16 @@ func (c ConnLimits) withDefaults(requestTimeout time.Duration) ConnLimits {
 	def(&c.MaxConnectionIdle, DefaultMaxConnectionIdle)
 	def(&c.MaxConnectionAge, DefaultMaxConnectionAge)
 	def(&c.MaxConnectionAgeGrace, requestTimeout)
-	if c.MaxConcurrentStreams == 0 {
-		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	def(&c.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	def(&c.MaxUnauthenticatedIdle, DefaultMaxUnauthenticatedIdle)
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
 	}
+	defInt(&c.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
+	defInt(&c.MaxConnections, DefaultMaxConnections)
+	defInt(&c.MaxConnectionsPerPeer, DefaultMaxConnectionsPerPeer)
 	return c
 }
 

@@ -1,0 +1,286 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/internal/testca"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// guarded is a ConnGuard's listener on 127.0.0.1 whose accepted
+// connections arrive on accepted.
+type guarded struct {
+	addr     string
+	reg      *prometheus.Registry
+	accepted chan net.Conn
+}
+
+func listenGuarded(t *testing.T, lim ca.ConnLimits) *guarded {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	g := ca.NewConnGuard(ca.ConnGuardConfig{Limits: lim, Registerer: reg})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl := g.Listener(lis)
+	s := &guarded{addr: lis.Addr().String(), reg: reg, accepted: make(chan net.Conn, 1024)}
+	go func() {
+		for {
+			c, err := gl.Accept()
+			if err != nil {
+				close(s.accepted)
+				return
+			}
+			s.accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		gl.Close()
+		for c := range s.accepted {
+			c.Close()
+		}
+	})
+	return s
+}
+
+// dialFrom connects from the source address from (127.0.0.2 is as local
+// as 127.0.0.1 on Linux) and reports whether the guard admitted the
+// connection: it arrived from Accept, or the server closed it.
+func (s *guarded) dialFrom(t *testing.T, from string) (net.Conn, bool) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp", s.addr)
+	if errors.Is(err, syscall.ECONNRESET) {
+		// Refused, and reset before connect returned.
+		return nil, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	closed := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		closed <- err
+	}()
+	select {
+	case sc := <-s.accepted:
+		if sc.RemoteAddr().String() != c.LocalAddr().String() {
+			t.Fatalf("accepted %v, dialled from %v", sc.RemoteAddr(), c.LocalAddr())
+		}
+		t.Cleanup(func() { sc.Close() })
+		return sc, true
+	case err := <-closed:
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read %v from a connection the server should have closed", err)
+		}
+		return nil, false
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection was neither accepted nor closed within 5s")
+	}
+	return nil, false
+}
+
+// TestConnGuardCaps: a connection past the total or the per-address cap
+// is closed as soon as it is accepted and counted; another address keeps
+// its own per-address cap; the defaults cap one address at 256.
+func TestConnGuardCaps(t *testing.T) {
+	const a, b = "127.0.0.1", "127.0.0.2"
+	many := func(from string, n int) []string {
+		s := make([]string, n)
+		for i := range s {
+			s[i] = from
+		}
+		return s
+	}
+	tests := []struct {
+		name     string
+		lim      ca.ConnLimits
+		from     []string
+		refused  []int // indexes into from
+		reason   string
+		wantOpen int
+	}{
+		{name: "per address", lim: ca.ConnLimits{MaxConnections: ca.NoLimit, MaxConnectionsPerPeer: 3},
+			from: []string{a, a, a, a, b, b, b, b, a}, refused: []int{3, 7, 8}, reason: "per_peer", wantOpen: 6},
+		{name: "total", lim: ca.ConnLimits{MaxConnections: 3, MaxConnectionsPerPeer: ca.NoLimit},
+			from: []string{a, b, a, b, a}, refused: []int{3, 4}, reason: "total", wantOpen: 3},
+		{name: "total before per address", lim: ca.ConnLimits{MaxConnections: 2, MaxConnectionsPerPeer: 2},
+			from: []string{a, a, a, b}, refused: []int{2, 3}, reason: "total", wantOpen: 2},
+		{name: "default per address", from: many(a, ca.DefaultMaxConnectionsPerPeer+1),
+			refused: []int{ca.DefaultMaxConnectionsPerPeer}, reason: "per_peer", wantOpen: ca.DefaultMaxConnectionsPerPeer},
+		{name: "no limits", lim: ca.ConnLimits{MaxConnections: ca.NoLimit, MaxConnectionsPerPeer: ca.NoLimit},
+			from: many(a, ca.DefaultMaxConnectionsPerPeer+1), wantOpen: ca.DefaultMaxConnectionsPerPeer + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := listenGuarded(t, tt.lim)
+			refused := map[int]bool{}
+			for _, i := range tt.refused {
+				refused[i] = true
+			}
+			for i, from := range tt.from {
+				if _, ok := s.dialFrom(t, from); ok == refused[i] {
+					t.Fatalf("connection %d from %s: admitted %v, want %v", i, from, ok, !refused[i])
+				}
+			}
+			wantSample(t, s.reg, "meshca_connections_open", nil, float64(tt.wantOpen))
+			for _, r := range []string{"total", "per_peer", "handshake_timeout", "unauthenticated_idle"} {
+				want := 0.0
+				if r == tt.reason {
+					want = float64(len(tt.refused))
+				}
+				wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": r}, want)
+			}
+		})
+	}
+}
+
+// TestConnGuardReleasesOnClose: a closed connection gives its place back,
+// once however often it is closed.
+func TestConnGuardReleasesOnClose(t *testing.T) {
+	s := listenGuarded(t, ca.ConnLimits{MaxConnections: 3, MaxConnectionsPerPeer: 2})
+	c1, _ := s.dialFrom(t, "127.0.0.1")
+	c2, _ := s.dialFrom(t, "127.0.0.1")
+	if _, ok := s.dialFrom(t, "127.0.0.1"); ok {
+		t.Fatal("a third connection from one address was admitted past the cap of 2")
+	}
+	for range 3 {
+		c1.Close()
+	}
+	wantSample(t, s.reg, "meshca_connections_open", nil, 1)
+	if _, ok := s.dialFrom(t, "127.0.0.1"); !ok {
+		t.Fatal("no connection admitted after one of two was closed")
+	}
+	c2.Close()
+	c3, _ := s.dialFrom(t, "127.0.0.2")
+	c4, _ := s.dialFrom(t, "127.0.0.2")
+	if _, ok := s.dialFrom(t, "127.0.0.3"); ok {
+		t.Fatal("a fourth connection was admitted past the total cap of 3")
+	}
+	c3.Close()
+	c4.Close()
+	wantSample(t, s.reg, "meshca_connections_open", nil, 1)
+	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "per_peer"}, 1)
+	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "total"}, 1)
+}
+
+// guardedFixture is the CA server behind a ConnGuard with lim.
+func guardedFixture(t *testing.T, lim ca.ConnLimits) (*fixture, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	g := ca.NewConnGuard(ca.ConnGuardConfig{Limits: lim, Registerer: reg})
+	root := testca.NewRoot(t, "root", testca.Options{})
+	f := newFixture(t, root.Authority(), options{guard: g, register: func(s *grpc.Server) {
+		h := ca.RegisterHealth(s, func() error { return nil })
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go func() { _ = h.Run(ctx) }()
+	}})
+	return f, reg
+}
+
+// closedWithin reports whether the server closes c within d, reading (and
+// dropping) whatever it sends meanwhile.
+func closedWithin(c net.Conn, d time.Duration) bool {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return !errors.Is(err, os.ErrDeadlineExceeded)
+		}
+	}
+}
+
+// TestConnGuardHandshakeTimeout: a connection that does not finish its
+// TLS handshake and HTTP/2 preface in time is closed; one that did stays.
+func TestConnGuardHandshakeTimeout(t *testing.T) {
+	f, reg := guardedFixture(t, ca.ConnLimits{TLSHandshakeTimeout: 300 * time.Millisecond, MaxUnauthenticatedIdle: ca.NoLimit})
+	silent, err := net.Dial("tcp", f.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	half, err := tls.Dial("tcp", f.addr, &tls.Config{RootCAs: f.roots, ServerName: "istiod.istio-system.svc", NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	served := dialH2(t, f)
+	if !closedWithin(silent, 5*time.Second) {
+		t.Error("a connection that sent nothing is still open 5s past the 300ms handshake timeout")
+	}
+	if !closedWithin(half, 5*time.Second) {
+		t.Error("a connection without an HTTP/2 preface is still open 5s past the 300ms handshake timeout")
+	}
+	if ga := served.readUntil(t, time.Now().Add(time.Second)); ga != nil {
+		t.Fatalf("a served connection got GOAWAY %v %q", ga.ErrCode, ga.DebugData())
+	}
+	wantSample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "handshake_timeout"}, 2)
+	wantSample(t, reg, "meshca_connections_open", nil, 1)
+}
+
+// TestConnGuardUnauthenticatedIdle: a connection on which no request
+// authenticated is closed once idle for MaxUnauthenticatedIdle, whether
+// it sent no request or only refused ones; one whose request
+// authenticated stays, and so does one with an RPC in progress.
+func TestConnGuardUnauthenticatedIdle(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	f, reg := guardedFixture(t, ca.ConnLimits{MaxUnauthenticatedIdle: idle})
+	silent := dialH2(t, f)
+	good := f.client(t, "good", nil)
+	if _, err := good.Fetch(context.Background(), frontend, caclient.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	bad := f.client(t, "bad", nil)
+	if _, err := bad.Fetch(context.Background(), frontend, caclient.Options{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("bad token: %v, want Unauthenticated", err)
+	}
+	cc, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: f.roots, ServerName: "istiod.istio-system.svc"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	watch, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if !closedWithin(silent.conn, 5*time.Second) {
+		t.Fatal("a connection without a request is still open 5s past the 500ms unauthenticated idle limit")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, _ := sample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "unauthenticated_idle"})
+		if v == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(2 * idle)
+	// The silent connection and the refused client's are closed; the
+	// authenticated client's and the health watch's stay.
+	wantSample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "unauthenticated_idle"}, 2)
+	wantSample(t, reg, "meshca_connections_open", nil, 2)
+	if _, err := good.Fetch(context.Background(), frontend, caclient.Options{}); err != nil {
+		t.Fatalf("the authenticated client after %v idle: %v", 2*idle, err)
+	}
+	wantSample(t, reg, "meshca_connections_open", nil, 2)
+}
