@@ -17,8 +17,9 @@ import (
 const KubeconfigAllowFlag = "remote-secret-kubeconfig-allow"
 
 // KubeconfigFeature is a kubeconfig field that makes a client run a
-// command or read a file of the machine it runs on, or believe any
-// server. Its value is the field's name in a kubeconfig, and the flag
+// command or read a file of the machine it runs on, believe any server,
+// or talk to it in cleartext. Its value is the field's name in a
+// kubeconfig (for http, the scheme of a cluster's server), and the flag
 // value that allows it.
 type KubeconfigFeature string
 
@@ -34,12 +35,17 @@ const (
 	// server's address, and that cluster's TokenReviews decide which
 	// identities of the trust domain meshca issues.
 	KubeconfigInsecureSkipTLSVerify KubeconfigFeature = "insecure-skip-tls-verify"
+	// cluster.server http://...: no TLS at all. Every workload token meshca
+	// sends for review, and its own credential, cross the network in
+	// cleartext, and whoever answers decides the review.
+	KubeconfigHTTP KubeconfigFeature = "http"
 )
 
 // KubeconfigFeatures lists every feature, as the flag's help shows them.
 var KubeconfigFeatures = []KubeconfigFeature{
 	KubeconfigExec, KubeconfigAuthProvider, KubeconfigTokenFile,
 	KubeconfigClientCertificate, KubeconfigClientKey, KubeconfigCertificateAuthority, KubeconfigInsecureSkipTLSVerify,
+	KubeconfigHTTP,
 }
 
 // Reason is the feature's metric label.
@@ -84,8 +90,12 @@ func (e *KubeconfigError) Error() string {
 	if e.Feature == "" {
 		return "kube: kubeconfig: " + e.Detail
 	}
+	uses := string(e.Feature)
+	if e.Feature == KubeconfigHTTP {
+		uses = "an http:// server (no TLS: tokens would cross the network in cleartext)"
+	}
 	return fmt.Sprintf("kube: kubeconfig: %s uses %s, refused unless --%s includes %s",
-		e.Entry, e.Feature, KubeconfigAllowFlag, e.Feature)
+		e.Entry, uses, KubeconfigAllowFlag, e.Feature)
 }
 
 // Reason is the refusal's metric label.
@@ -118,6 +128,11 @@ func SanitizeKubeconfig(raw []byte, allow KubeconfigAllow) (*rest.Config, error)
 		}
 		if c.InsecureSkipTLSVerify && !allow[KubeconfigInsecureSkipTLSVerify] {
 			return nil, &KubeconfigError{Feature: KubeconfigInsecureSkipTLSVerify, Entry: fmt.Sprintf("cluster %q", name)}
+		}
+		if f, detail := serverProblem(c.Server); f != "" && !allow[f] {
+			return nil, &KubeconfigError{Feature: f, Entry: fmt.Sprintf("cluster %q", name)}
+		} else if detail != "" {
+			return nil, &KubeconfigError{Detail: fmt.Sprintf("cluster %q: %s", name, detail)}
 		}
 		if detail := proxyURLProblem(c.ProxyURL); detail != "" {
 			return nil, &KubeconfigError{Detail: fmt.Sprintf("cluster %q: %s", name, detail)}
@@ -168,6 +183,26 @@ func SanitizeKubeconfig(raw []byte, allow KubeconfigAllow) (*rest.Config, error)
 	return rc, nil
 }
 
+// serverProblem judges a cluster's server: an https URL is fine; an http
+// one uses KubeconfigHTTP; anything else, which client-go would reach
+// over http or https depending on other fields, is refused with a
+// detail. An empty server is left to client-go, which refuses it when
+// the cluster is used. Neither answer quotes the URL, which may hold a
+// password.
+func serverProblem(raw string) (KubeconfigFeature, string) {
+	if raw == "" {
+		return "", ""
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || u.Host == "" || u.Scheme != "http" && u.Scheme != "https":
+		return "", "server must be an https:// URL"
+	case u.Scheme == "http":
+		return KubeconfigHTTP, ""
+	}
+	return "", ""
+}
+
 // proxyURLProblem says why client-go would refuse a cluster's proxy-url,
 // or "". client-go's own message quotes the URL, which may hold a
 // password: this one names neither the URL nor any part of it.
@@ -214,6 +249,7 @@ func restConfigFeature(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeatur
 		KubeconfigClientKey:             rc.KeyFile != "",
 		KubeconfigCertificateAuthority:  rc.CAFile != "",
 		KubeconfigInsecureSkipTLSVerify: rc.Insecure,
+		KubeconfigHTTP:                  !rest.IsConfigTransportTLS(*rc),
 	}
 	for _, f := range KubeconfigFeatures {
 		if uses[f] && !allow[f] {

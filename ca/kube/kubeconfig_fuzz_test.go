@@ -61,6 +61,8 @@ func fuzzKubeconfigSeeds() [][]byte {
 		[]byte(`{"apiVersion":"v1","kind":"Config","clusters":[{"name":"c","cluster":{"server":"https://c"}}],"users":[{"name":"u","user":{"exec":{"command":"x"}}}],"contexts":[{"name":"c","context":{"cluster":"c","user":"u"}}],"current-context":"c"}`),
 		{},
 		fuzzKubeconfig("west", "    proxy-url: ftp://proxyuser:S3cretProxyPass@proxy.example:21", ""),
+		bytes.Replace(fuzzKubeconfig("west", "", ""), []byte("https://west"), []byte("http://west"), 1),
+		bytes.Replace(fuzzKubeconfig("west", "", ""), []byte("https://west"), []byte("west"), 1),
 	}
 }
 
@@ -70,7 +72,7 @@ func fuzzKubeconfigSeeds() [][]byte {
 // fuzz run read /dev/zero or block on a FIFO.
 func fuzzAllow(bits uint8) KubeconfigAllow {
 	allow := KubeconfigAllow{}
-	for i, f := range []KubeconfigFeature{KubeconfigExec, KubeconfigAuthProvider, KubeconfigInsecureSkipTLSVerify} {
+	for i, f := range []KubeconfigFeature{KubeconfigExec, KubeconfigAuthProvider, KubeconfigInsecureSkipTLSVerify, KubeconfigHTTP} {
 		if bits&(1<<i) != 0 {
 			allow[f] = true
 		}
@@ -95,6 +97,8 @@ func usesRefused(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeature, boo
 		return KubeconfigCertificateAuthority, true
 	case rc.Insecure && !allow[KubeconfigInsecureSkipTLSVerify]:
 		return KubeconfigInsecureSkipTLSVerify, true
+	case !rest.IsConfigTransportTLS(*rc) && !allow[KubeconfigHTTP]:
+		return KubeconfigHTTP, true
 	}
 	return "", false
 }
@@ -105,15 +109,17 @@ func usesRefused(rc *rest.Config, allow KubeconfigAllow) (KubeconfigFeature, boo
 // *KubeconfigError, names a feature only when it is not allowed, and never
 // quotes a token, password (a user's, or one in a server or proxy URL) or
 // client key of the file. A configuration it
-// returns has a server, and uses no feature that is not allowed, and the
-// file it came from has no user or cluster using one either, whether the
-// current context uses it or not.
+// returns has a server, and uses no feature that is not allowed (TLS
+// included, unless http is allowed), and the file it came from has no
+// user or cluster using one either, whether the current context uses it
+// or not.
 func FuzzSanitizeKubeconfig(f *testing.F) {
 	for _, s := range fuzzKubeconfigSeeds() {
 		f.Add(s, uint8(0))
 	}
 	f.Add(fuzzKubeconfigSeeds()[2], uint8(1))
 	f.Add(fuzzKubeconfigSeeds()[3], uint8(2))
+	f.Add(fuzzKubeconfigSeeds()[14], uint8(8))
 	f.Fuzz(func(t *testing.T, raw []byte, bits uint8) {
 		allow := fuzzAllow(bits)
 		rc, err := SanitizeKubeconfig(raw, allow)
@@ -168,6 +174,9 @@ func FuzzSanitizeKubeconfig(f *testing.F) {
 			if c.CertificateAuthority != "" {
 				t.Fatalf("accepted a kubeconfig whose cluster %q reads a CA file", name)
 			}
+			if u, err := url.Parse(c.Server); c.Server != "" && (err != nil || u.Scheme != "https" && (u.Scheme != "http" || !allow[KubeconfigHTTP])) {
+				t.Fatalf("accepted a kubeconfig whose cluster %q has a server that is not https", name)
+			}
 		}
 	})
 }
@@ -217,6 +226,7 @@ func FuzzRemoteSecrets(f *testing.F) {
 	f.Add("west", seeds[0], "west", seeds[2])
 	f.Add("Kubernetes", seeds[0], "east", seeds[0])
 	f.Add("west", seeds[4], "east", seeds[10])
+	f.Add("west", seeds[14], "west", seeds[0])
 	f.Fuzz(func(t *testing.T, id1 string, kc1 []byte, id2 string, kc2 []byte) {
 		clusters := &fuzzClusters{t: t, fixed: map[string]bool{"Kubernetes": true}, held: map[string]*rest.Config{}}
 		r := NewRemoteSecrets(RemoteSecretsConfig{Namespace: "istio-system", Clusters: clusters,

@@ -36,11 +36,12 @@ current-context: east
 `, server, clusterLines, userLines)
 }
 
-// kcFeatureCase is one dangerous kubeconfig feature: the lines that use
-// it, and how to see it in the built configuration.
+// kcFeatureCase is one dangerous kubeconfig feature: the server and lines
+// that use it, and how to see it in the built configuration.
 type kcFeatureCase struct {
 	feature      kube.KubeconfigFeature
 	reason       string
+	server       string // empty: https://east.example:6443
 	cluster      string
 	user         string
 	inRESTConfig func(*rest.Config) bool
@@ -78,13 +79,28 @@ func kcFeatureCases(t *testing.T) []kcFeatureCase {
 		{feature: kube.KubeconfigInsecureSkipTLSVerify, reason: "insecure_skip_tls_verify",
 			cluster: "    insecure-skip-tls-verify: true", user: token,
 			inRESTConfig: func(c *rest.Config) bool { return c.Insecure }},
+		{feature: kube.KubeconfigHTTP, reason: "http", server: "http://east.example:8080", user: token,
+			inRESTConfig: func(c *rest.Config) bool { return !rest.IsConfigTransportTLS(*c) }},
 	}
+}
+
+// serverURL is the case's server.
+func (tc kcFeatureCase) serverURL() string {
+	if tc.server == "" {
+		return "https://east.example:6443"
+	}
+	return tc.server
+}
+
+// raw is the case's kubeconfig.
+func (tc kcFeatureCase) raw() []byte {
+	return testKubeconfig(tc.serverURL(), tc.cluster, tc.user)
 }
 
 func TestSanitizeKubeconfigFeatures(t *testing.T) {
 	for _, tc := range kcFeatureCases(t) {
 		t.Run(string(tc.feature), func(t *testing.T) {
-			raw := testKubeconfig("https://east.example:6443", tc.cluster, tc.user)
+			raw := tc.raw()
 
 			_, err := kube.SanitizeKubeconfig(raw, nil)
 			var ke *kube.KubeconfigError
@@ -113,7 +129,7 @@ func TestSanitizeKubeconfigFeatures(t *testing.T) {
 			if err != nil {
 				t.Fatalf("allowed: %v", err)
 			}
-			if cfg.Host != "https://east.example:6443" || !tc.inRESTConfig(cfg) {
+			if cfg.Host != tc.serverURL() || !tc.inRESTConfig(cfg) {
 				t.Errorf("allowed: configuration lacks %s: %+v", tc.feature, cfg)
 			}
 		})
@@ -125,20 +141,23 @@ func TestSanitizeKubeconfigJudgesEveryEntry(t *testing.T) {
 	unusedUser := "\n- name: unused\n  user:\n    exec: {apiVersion: client.authentication.k8s.io/v1beta1, command: /bin/sh}"
 	unusedCluster := "\n- name: unused\n  cluster: {server: https://x.example, certificate-authority: /etc/passwd}"
 	tests := []struct {
-		name string
-		raw  []byte
-		want kube.KubeconfigFeature
+		name  string
+		raw   []byte
+		allow kube.KubeconfigAllow
+		want  kube.KubeconfigFeature
 	}{
 		{name: "unused user", raw: testKubeconfig("https://east.example", "", token+unusedUser), want: kube.KubeconfigExec},
 		{name: "unused cluster", raw: testKubeconfig("https://east.example", "    tls-server-name: kubernetes.default.svc"+unusedCluster, token),
 			want: kube.KubeconfigCertificateAuthority},
 		// Over plain HTTP client-go ignores the user; the file is still refused.
 		{name: "user ignored over http", raw: testKubeconfig("http://east.example", "", "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"),
-			want: kube.KubeconfigTokenFile},
+			allow: kube.KubeconfigAllow{kube.KubeconfigHTTP: true}, want: kube.KubeconfigTokenFile},
+		{name: "unused cluster over http", raw: testKubeconfig("https://east.example", "\n- name: unused\n  cluster: {server: \"HTTP://x.example\"}", token),
+			want: kube.KubeconfigHTTP},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := kube.SanitizeKubeconfig(tt.raw, nil)
+			_, err := kube.SanitizeKubeconfig(tt.raw, tt.allow)
 			var ke *kube.KubeconfigError
 			if !errors.As(err, &ke) || ke.Feature != tt.want {
 				t.Fatalf("got %v, want %s refused", err, tt.want)
@@ -173,6 +192,11 @@ func TestSanitizeKubeconfigInvalid(t *testing.T) {
 		{name: "empty", raw: nil, want: "unusable"},
 		{name: "no such context", raw: []byte(strings.Replace(string(testKubeconfig("https://e", "", "    token: "+kcSecretToken)), "current-context: east", "current-context: west", 1)),
 			want: "unusable"},
+		// client-go would pick http for these unless the cluster has a CA
+		// or the user a client certificate.
+		{name: "server without a scheme", raw: testKubeconfig("east.example:6443", "", "    token: "+kcSecretToken), want: "server must be an https:// URL"},
+		{name: "server of an IP without a scheme", raw: testKubeconfig("10.0.0.1:6443", "", "    token: "+kcSecretToken), want: "server must be an https:// URL"},
+		{name: "server of another scheme", raw: testKubeconfig("ws://u:"+kcSecretToken+"@east.example", "", "    token: x"), want: "server must be an https:// URL"},
 		{name: "bad proxy", raw: testKubeconfig("https://e", "    proxy-url: \"http://u:"+kcSecretToken+"@%zz\"", "    token: x"), want: "proxy-url does not parse"},
 		{name: "proxy of a scheme client-go refuses", raw: testKubeconfig("https://e", "    proxy-url: ftp://u:"+kcSecretToken+"@proxy.example:21", "    token: x"),
 			want: "proxy-url must be an http, https or socks5 URL"},

@@ -82,6 +82,12 @@ func (x *PodIndex) OnDelete(f func(PodInfo)) {
 	x.onDelete = append(x.onDelete, f)
 }
 
+// OnWatchError makes f hear each error of the informer's list and watch
+// of Pods, in place of client-go's logging of them; call before Run.
+func (x *PodIndex) OnWatchError(f func(error)) error {
+	return x.informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) { f(err) })
+}
+
 // Run starts the informer and blocks until ctx ends.
 func (x *PodIndex) Run(ctx context.Context) error {
 	reg, err := x.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{

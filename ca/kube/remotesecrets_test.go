@@ -184,7 +184,7 @@ func rsKubeconfig(server string) []byte {
 func TestRemoteSecretsRefuseUnsafeKubeconfigs(t *testing.T) {
 	for _, tc := range kcFeatureCases(t) {
 		t.Run(string(tc.feature), func(t *testing.T) {
-			raw := testKubeconfig("https://east.example", tc.cluster, tc.user)
+			raw := tc.raw()
 
 			f := newRSFixture(t, nil)
 			f.put("remote-east", map[string][]byte{"east": raw, "west": rsKubeconfig("https://west.example")})
@@ -205,7 +205,7 @@ func TestRemoteSecretsRefuseUnsafeKubeconfigs(t *testing.T) {
 
 			allowed := newRSFixture(t, kube.KubeconfigAllow{tc.feature: true})
 			allowed.put("remote-east", map[string][]byte{"east": raw})
-			allowed.wait("the allowed cluster", func() bool { return allowed.host("east") == "https://east.example" })
+			allowed.wait("the allowed cluster", func() bool { return allowed.host("east") == tc.serverURL() })
 			if n := allowed.refused(tc.reason); n != 0 {
 				t.Errorf("allowed, yet %v refusals", n)
 			}
