@@ -91,20 +91,14 @@ func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.S
 }
 
 // AdminHandler serves /metrics from g, /healthz (the process is alive)
-// and /readyz (ready returns nil).
-func AdminHandler(g prometheus.Gatherer, ready func() error) http.Handler {
+// and /readyz (each of ready's checks and its state; 503 when one fails).
+func AdminHandler(g prometheus.Gatherer, ready Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	mux.Handle("/readyz", ready)
 	return mux
 }
 

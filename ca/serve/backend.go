@@ -97,6 +97,9 @@ type backend struct {
 	runners []func(context.Context) error
 	// onChange hear of every CA state put in service; set before Run.
 	onChange []func()
+	// health follows an external backend for readiness; nil for the
+	// in-process ones.
+	health *backendHealth
 	// version is the CA state in service's place in its history (nil
 	// without one; no Lineage for a plugged-in directory, whose sequence
 	// each process counts alone), stored after the state's bundle is
@@ -127,21 +130,35 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	case c.Kind == BackendVault && c.Vault != nil:
 		var s *vault.Signer
 		vc := *c.Vault
-		vc.Observer = ca.NewVaultMetrics(reg, nil)
+		// The login loop is the probe: it retries until Vault answers.
+		be.health = newBackendHealth(c.Kind, nil, log, nil)
+		vc.Observer = vaultObservers{ca.NewVaultMetrics(reg, nil), be.health}
+		if report := vc.OnLoginError; report != nil {
+			vc.OnLoginError = func(err error) { be.health.reason(err); report(err) }
+		} else {
+			vc.OnLoginError = be.health.reason
+		}
 		if s, err = vault.New(vc); err != nil {
 			return nil, &FieldError{Field: "vault-addr", Err: err}
 		}
 		be.signer, be.runners = s, append(be.runners, s.Run)
 	case c.Kind == BackendK8sCSR && c.K8sCSR != nil:
-		if be.signer, err = newK8sCSR(*c.K8sCSR, c.localKubeconfig, td, func() x509bundle.Source { return be.bundles }, log); err != nil {
+		var probe func(context.Context) error
+		if be.signer, probe, err = newK8sCSR(*c.K8sCSR, c.localKubeconfig, td, func() x509bundle.Source { return be.bundles }, log); err != nil {
 			return nil, &FieldError{Field: "k8scsr-signer-name", Err: err}
 		}
+		be.health = newBackendHealth(c.Kind, probe, log, nil)
 	case c.Kind == BackendCfssl && c.CfsslRemote != nil:
 		rc := *c.CfsslRemote
 		rc.Backdate = cmp.Or(rc.Backdate, c.Backdate)
 		if be.signer, err = cfssl.NewRemote(rc); err != nil {
 			return nil, &FieldError{Field: "cfssl-url", Err: err}
 		}
+		// The info endpoint: what the server signs with, cheap.
+		be.health = newBackendHealth(c.Kind, func(ctx context.Context) error {
+			_, err := cfssl.RemoteIssuer(ctx, rc)
+			return err
+		}, log, nil)
 	case c.Kind == BackendCfssl && c.CfsslLocal != nil:
 		lc := *c.CfsslLocal
 		lc.Backdate = cmp.Or(lc.Backdate, c.Backdate)
@@ -150,6 +167,13 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		}
 	default:
 		return nil, fmt.Errorf("serve: backend %q lacks its configuration", c.Kind)
+	}
+	if be.health != nil {
+		// The backend's own answers, before the CA state judges them.
+		be.signer = signer.Observe(be.signer, be.name, be.health)
+		if be.health.probe != nil {
+			be.runners = append(be.runners, be.health.Run)
+		}
 	}
 	roots := c.TrustAnchors
 	if len(roots) > 0 {
@@ -374,6 +398,21 @@ func (be *backend) serving(mgr *keymgr.Manager, names []string, backdate time.Du
 	be.getCert = rot.GetCertificate
 	be.runners = append(be.runners, rot.Run)
 	return rot, nil
+}
+
+// vaultObservers tell each of them of the Vault login.
+type vaultObservers []vault.Observer
+
+func (o vaultObservers) LoggedIn(expires time.Time) {
+	for _, x := range o {
+		x.LoggedIn(expires)
+	}
+}
+
+func (o vaultObservers) LoggedOut() {
+	for _, x := range o {
+		x.LoggedOut()
+	}
 }
 
 // anchorExpiry reports the pinned anchors' expiry for the citadel gauges.

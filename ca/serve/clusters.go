@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -35,10 +36,11 @@ type Clusters struct {
 	SecretNamespace string
 	// KubeconfigAllow is what a Secret's kubeconfig may use.
 	KubeconfigAllow kube.KubeconfigAllow
-	// Audiences, node accounts and the token cache, as in
-	// ca.KubeClusterConfig.
+	// Audiences, node accounts, the identities denied to node proxies
+	// and the token cache, as in ca.KubeClusterConfig.
 	Audiences             []string
 	NodeAccounts          map[string]bool
+	NodeProxyDeny         map[string]bool
 	CacheTTL, NegativeTTL time.Duration
 	CacheSize             int
 	// NewClient makes a cluster's client from its configuration;
@@ -50,7 +52,10 @@ type Clusters struct {
 type clusterParts struct {
 	set         *ca.ClusterSet
 	localClient kubernetes.Interface
-	runners     []func(context.Context) error
+	// watch follows the local apiserver for the Pod informer: the
+	// pod-cache readiness check and its warnings.
+	watch   *apiWatch
+	runners []func(context.Context) error
 }
 
 func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer, log *slog.Logger) (*clusterParts, error) {
@@ -65,7 +70,7 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 			return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
 		}
 		return ca.NewKubeCluster(ca.KubeClusterConfig{
-			ID: id, Client: client, TrustDomain: td, Audiences: c.Audiences, TrustedNodeAccounts: c.NodeAccounts,
+			ID: id, Client: client, TrustDomain: td, Audiences: c.Audiences, TrustedNodeAccounts: c.NodeAccounts, NodeProxyDeny: c.NodeProxyDeny,
 			CacheTTL: c.CacheTTL, CacheSize: c.CacheSize, NegativeTTL: c.NegativeTTL, CacheMetrics: metrics,
 		})
 	}
@@ -80,7 +85,15 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 	if err != nil {
 		return nil, &FieldError{Field: "kubeconfig", Err: err}
 	}
-	p := &clusterParts{set: ca.NewClusterSet(local.Cluster), localClient: local.Client, runners: []func(context.Context) error{local.Run}}
+	watch := newAPIWatch(c.LocalID, local.Pods.Synced, func(ctx context.Context) error {
+		_, err := local.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{Limit: 1})
+		return err
+	}, log, nil)
+	if err := local.Pods.OnWatchError(watch.fail); err != nil {
+		return nil, err
+	}
+	p := &clusterParts{set: ca.NewClusterSet(local.Cluster), localClient: local.Client, watch: watch,
+		runners: []func(context.Context) error{local.Run, watch.Run}}
 	ids := make([]string, 0, len(c.Remotes))
 	for id := range c.Remotes {
 		ids = append(ids, id)

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
@@ -21,23 +22,29 @@ type K8sCSR struct {
 	Kubeconfig string
 }
 
-// newK8sCSR is the CertificateSigningRequest signer; bundles, read at
-// every request, is the trust bundle the backend is built with.
-func newK8sCSR(c K8sCSR, localKubeconfig string, td spiffeid.TrustDomain, bundles func() x509bundle.Source, log *slog.Logger) (*k8scsr.Signer, error) {
+// newK8sCSR is the CertificateSigningRequest signer, and a probe of its
+// apiserver (its version); bundles, read at every request, is the trust
+// bundle the backend is built with.
+func newK8sCSR(c K8sCSR, localKubeconfig string, td spiffeid.TrustDomain, bundles func() x509bundle.Source,
+	log *slog.Logger) (*k8scsr.Signer, func(context.Context) error, error) {
 	kubeconfig := c.Kubeconfig
 	if kubeconfig == "" {
 		kubeconfig = localKubeconfig
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
 	cfg.QPS, cfg.Burst = 100, 200
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return k8scsr.New(k8scsr.Config{
+	probe := func(ctx context.Context) error {
+		_, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
+		return err
+	}
+	s, err := k8scsr.New(k8scsr.Config{
 		Client: client, SignerName: c.SignerName,
 		Roots: func() []*x509.Certificate {
 			b, err := bundles().GetX509BundleForTrustDomain(td)
@@ -48,4 +55,5 @@ func newK8sCSR(c K8sCSR, localKubeconfig string, td spiffeid.TrustDomain, bundle
 		},
 		OnDeleteError: func(err error) { log.Warn("CertificateSigningRequest left behind", "error", err) },
 	})
+	return s, probe, err
 }

@@ -139,19 +139,25 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles), grpcOptions()...)}
+	// The guard admits the gRPC listener's connections (ConnLimits' caps
+	// and deadlines) and, as a stats handler, follows their RPCs.
+	guard := ca.NewConnGuard(ca.ConnGuardConfig{Limits: c.Conn, Registerer: reg, Logger: c.Logger})
+	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles),
+		append(grpcOptions(), grpc.StatsHandler(guard))...)}
 	// gRPC probes of the CA's port see the readiness /readyz reports.
-	p.health = ca.RegisterHealth(p.grpc, cl.set.Ready)
+	ready := readiness(cl, be)
+	p.health = ca.RegisterHealth(p.grpc, ready.Ready)
 	p.runners = append(p.runners, p.health.Run)
 	if p.lis, err = net.Listen("tcp", c.Listen); err != nil {
 		return nil, &FieldError{Field: "listen", Err: err}
 	}
+	p.lis = guard.Listener(p.lis)
 	if c.AdminListen != "" {
 		if p.adminLis, err = net.Listen("tcp", c.AdminListen); err != nil {
 			p.lis.Close()
 			return nil, &FieldError{Field: "admin-listen", Err: err}
 		}
-		h := ca.AdminHandler(reg, cl.set.Ready)
+		h := ca.AdminHandler(reg, ready)
 		if c.EnablePprof {
 			h = withPprof(h)
 		}
