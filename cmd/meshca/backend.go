@@ -51,11 +51,21 @@ type backendFlags struct {
 	hasState bool
 }
 
-func (b *backendFlags) register(fl *pflag.FlagSet) {
+// registerSigner registers the choice of backend and the roots it needs.
+func (b *backendFlags) registerSigner(fl *pflag.FlagSet) {
 	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl, vault or k8scsr (Kubernetes CertificateSigningRequests)")
-	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned, for external backends; or give them a CA state (--state-dir, --state-secret) that `meshca root` rotates")
+	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned, for external backends; or give them a CA state (--state-dir, --state-secret) that \"meshca root\" rotates")
+}
+
+// registerServing registers the serving certificate of external backends.
+func (b *backendFlags) registerServing(fl *pflag.FlagSet) {
 	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
+}
+
+// registerCfssl registers the cfssl backend's flags; the Vault and
+// k8scsr backends register their own.
+func (b *backendFlags) registerCfssl(fl *pflag.FlagSet) {
 	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
 	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile; a remote profile grants exactly digital signature, server auth and client auth")
 	fl.StringVar(&b.cfsslKEProf, "cfssl-key-encipherment-profile", "", "remote cfssl: profile for RSA workload keys, granting digital signature, key encipherment, server auth and client auth; without it --cfssl-profile serves RSA keys too")
@@ -67,8 +77,6 @@ func (b *backendFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&b.cfsslCAKey, "cfssl-ca-key", "", "in-process cfssl: signing CA key")
 	fl.StringVar(&b.cfsslChain, "cfssl-chain", "", "certificates above the signing CA, without the root (PEM)")
 	fl.StringVar(&b.cfsslConfig, "cfssl-config", "", "in-process cfssl: cfssl configuration file (its signing section)")
-	b.vault.register(fl)
-	b.k8scsr.register(fl)
 }
 
 // validate checks the selection without I/O.

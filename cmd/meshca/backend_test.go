@@ -110,7 +110,7 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var b backendFlags
 			fl := pflag.NewFlagSet("t", pflag.ContinueOnError)
-			b.register(fl)
+			registerBackend(&b, fl)
 			fl.String("config", "", "")
 			if err := fl.Parse(tt.flags); err != nil {
 				t.Fatal(err)
@@ -144,4 +144,14 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 			}
 		})
 	}
+}
+
+// registerBackend registers every backend flag of serve on fl, as the
+// groups of serve's help do.
+func registerBackend(b *backendFlags, fl *pflag.FlagSet) {
+	b.registerSigner(fl)
+	b.registerServing(fl)
+	b.registerCfssl(fl)
+	b.vault.register(fl)
+	b.k8scsr.register(fl)
 }

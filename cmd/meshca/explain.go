@@ -22,6 +22,7 @@ type explainFlags struct {
 	trustDomain    string
 	audiences      []string
 	nodeAccounts   []string
+	nodeProxyDeny  []string
 	tokenFile      string
 	namespace      string
 	serviceAccount string
@@ -49,6 +50,7 @@ a real request would get.`,
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a token must carry (one of)")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "trusted node proxy accounts, as the server has them")
+	fl.StringSliceVar(&f.nodeProxyDeny, "node-proxy-deny", ca.DefaultNodeProxyDeny(), "namespaces and accounts denied to node proxies, as the server has them")
 	fl.StringVar(&f.tokenFile, "token-file", "", "the caller's service-account token")
 	fl.StringVar(&f.namespace, "namespace", "", "the caller's namespace (without --token-file)")
 	fl.StringVar(&f.serviceAccount, "service-account", "", "the caller's service account (without --token-file)")
@@ -67,6 +69,10 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)
 	}
+	deny, err := ca.ParseNodeProxyDeny(f.nodeProxyDeny)
+	if err != nil {
+		return fmt.Errorf("--node-proxy-deny: %w", err)
+	}
 	kc, err := f.cluster.client()
 	if err != nil {
 		return err
@@ -76,7 +82,7 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	pods := kube.APIPods{Client: kc}
 	req := ca.ExplainRequest{
 		Reviewer:   &ca.TokenAuthenticator{Reviewer: &kube.TokenReviewer{TrustDomain: td, Client: kc, Audiences: f.audiences}},
-		Authorizer: &ca.NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: accounts, Pods: pods},
+		Authorizer: &ca.NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: accounts, NodeProxyDeny: deny, Pods: pods},
 		Requested:  f.identity,
 	}
 	switch {

@@ -19,6 +19,9 @@ type limitFlags struct {
 	keepaliveTime, keepaliveTimeout, minPing time.Duration
 	maxIdle, maxAge, maxAgeGrace             time.Duration
 	maxStreams                               int
+	// The connection guard: caps, handshake deadline, unauthenticated idle.
+	maxConns, maxConnsPerPeer       int
+	handshakeTimeout, maxUnauthIdle time.Duration
 }
 
 func (f *limitFlags) register(fl *pflag.FlagSet) {
@@ -29,8 +32,8 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 	fl.Float64Var(&f.nodeRate, "node-proxy-rate", n.Rate, "requests a second each node proxy Pod (a --trusted-node-accounts caller: ztunnel, asking for the Pods of its node) may make, after --node-proxy-burst at once (node_proxy_rate); 0: no limit")
 	fl.IntVar(&f.nodeBurst, "node-proxy-burst", n.Burst, "requests a node proxy Pod may make at once before --node-proxy-rate applies")
 	fl.IntVar(&f.nodeInFlight, "node-proxy-max-in-flight", n.MaxInFlight, "requests of one node proxy Pod served at once; more are refused at once (node_proxy_in_flight); 0: no limit")
-	fl.Float64Var(&f.peerFailRate, "authn-failure-rate-per-peer", ca.DefaultPeerFailureRate, "failed authentications a second one peer address (IPv4, IPv6 /64) may cause, after --authn-failure-burst-per-peer; then its requests are refused before authentication (peer_authn_failures) until the budget refills; requests that authenticate cost nothing; 0: no limit")
-	fl.IntVar(&f.peerFailBurst, "authn-failure-burst-per-peer", ca.DefaultPeerFailureBurst, "failed authentications one peer address may cause in a row before --authn-failure-rate-per-peer applies")
+	fl.Float64Var(&f.peerFailRate, "authn-failure-rate-per-peer", ca.DefaultPeerFailureRate, "failed authentications (TokenReviews refused) a second one peer IP may cause, after --authn-failure-burst-per-peer; then its tokens not yet reviewed wait their turn, one per failure refilled, and only a request whose turn comes too late for its deadline is refused (peer_authn_failures); reviews that succeed cost nothing, and requests that need none (a client certificate, a cached token) never wait: one client cannot lock out the others at its address; 0: no limit")
+	fl.IntVar(&f.peerFailBurst, "authn-failure-burst-per-peer", ca.DefaultPeerFailureBurst, "failed authentications one peer IP may cause in a row before --authn-failure-rate-per-peer applies")
 	fl.DurationVar(&f.keepaliveTime, "keepalive-time", ca.DefaultKeepaliveTime, "ping a client after this long without activity on its connection (istiod: 30s)")
 	fl.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", ca.DefaultKeepaliveTimeout, "close a connection whose client does not answer a ping within this long (istiod: 10s)")
 	fl.DurationVar(&f.minPing, "keepalive-min-time", ca.DefaultKeepaliveMinTime, "shortest interval between a client's pings tolerated, with or without a request open; more often: GOAWAY too_many_pings (istiod: 15s; ztunnel pings every 30s)")
@@ -38,6 +41,10 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.maxAge, "max-connection-age", ca.DefaultMaxConnectionAge, "close a connection this old (±10%), so that clients spread over replicas again (istiod's chart: 30m); 0: never")
 	fl.DurationVar(&f.maxAgeGrace, "max-connection-age-grace", 0, "time the requests of a connection closed for its age get to finish; 0: --request-timeout, so none is cut")
 	fl.IntVar(&f.maxStreams, "max-concurrent-streams", ca.DefaultMaxConcurrentStreams, "requests one connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client queues the rest); 0: no limit")
+	fl.IntVar(&f.maxConns, "max-connections", ca.DefaultMaxConnections, "gRPC connections open at once; more are closed as soon as accepted, before TLS (meshca_connections_refused_total{reason=\"total\"}); about 35 KiB each: size it with the memory limit; 0: no limit")
+	fl.IntVar(&f.maxConnsPerPeer, "max-connections-per-peer", ca.DefaultMaxConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP); more are closed as soon as accepted (per_peer); raise it for clients behind one address (SNAT, an east-west gateway); 0: no limit")
+	fl.DurationVar(&f.handshakeTimeout, "tls-handshake-timeout", ca.DefaultTLSHandshakeTimeout, "close a connection whose TLS handshake and HTTP/2 preface are not done this long after it was accepted (handshake_timeout); 0: grpc-go's 120s")
+	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", ca.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
 }
 
 // config checks the flags and returns them as ca takes them.
@@ -67,6 +74,9 @@ func (f *limitFlags) config() (ca.Limits, ca.ConnLimits, error) {
 	case f.keepaliveTime < time.Second || f.keepaliveTimeout <= 0 || f.minPing <= 0:
 		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--keepalive-time (%v) must be at least 1s, --keepalive-timeout (%v) and --keepalive-min-time (%v) positive",
 			f.keepaliveTime, f.keepaliveTimeout, f.minPing)
+	case f.maxConns < 0 || f.maxConnsPerPeer < 0 || f.handshakeTimeout < 0 || f.maxUnauthIdle < 0:
+		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
+			f.maxConns, f.maxConnsPerPeer, f.handshakeTimeout, f.maxUnauthIdle)
 	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
 		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
 			f.maxIdle, f.maxAge, f.maxAgeGrace)
@@ -86,6 +96,8 @@ func (f *limitFlags) config() (ca.Limits, ca.ConnLimits, error) {
 	conn := ca.ConnLimits{
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, KeepaliveMinTime: f.minPing,
 		MaxConnectionIdle: idle, MaxConnectionAge: age, MaxConnectionAgeGrace: f.maxAgeGrace, MaxConcurrentStreams: off(f.maxStreams),
+		MaxConnections: off(f.maxConns), MaxConnectionsPerPeer: off(f.maxConnsPerPeer),
+		TLSHandshakeTimeout: offDuration(f.handshakeTimeout), MaxUnauthenticatedIdle: offDuration(f.maxUnauthIdle),
 	}
 	return limits, conn, nil
 }
@@ -97,6 +109,13 @@ func off(v int) int {
 		return ca.NoLimit
 	}
 	return v
+}
+
+func offDuration(d time.Duration) time.Duration {
+	if d == 0 {
+		return ca.NoLimit
+	}
+	return d
 }
 
 func offRate(v float64) float64 {

@@ -27,6 +27,7 @@ func TestLimitFlags(t *testing.T) {
 	defaultConn := ca.ConnLimits{
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 10 * time.Second, KeepaliveMinTime: 15 * time.Second,
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
+		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 10 * time.Second, MaxUnauthenticatedIdle: time.Minute,
 	}
 	tests := []struct {
 		name   string
@@ -56,6 +57,12 @@ func TestLimitFlags(t *testing.T) {
 			conn: func(c *ca.ConnLimits) {
 				c.MaxConnectionIdle, c.MaxConnectionAge, c.MaxConcurrentStreams = ca.NoLimit, ca.NoLimit, ca.NoLimit
 			}},
+		{name: "connection guard", args: []string{"--max-connections", "10000", "--max-connections-per-peer", "0", "--tls-handshake-timeout", "0"},
+			file: "maxConnectionIdleUnauthenticated: 30s\n",
+			conn: func(c *ca.ConnLimits) {
+				c.MaxConnections, c.MaxConnectionsPerPeer, c.TLSHandshakeTimeout, c.MaxUnauthenticatedIdle = 10000, ca.NoLimit, ca.NoLimit, 30*time.Second
+			}},
+		{name: "negative connection cap", env: []string{"MESHCA_MAX_CONNECTIONS_PER_PEER=-1"}, err: "--max-connections-per-peer (-1)"},
 		{name: "negative rate", args: []string{"--caller-rate", "-1"}, err: "--caller-rate -1 must be a number of requests a second, at least 0"},
 		{name: "NaN rate", env: []string{"MESHCA_NODE_PROXY_RATE=NaN"}, err: "--node-proxy-rate NaN must be a number of requests a second, at least 0 (0: no limit) (--node-proxy-rate from env MESHCA_NODE_PROXY_RATE)"},
 		{name: "rate without burst", args: []string{"--node-proxy-burst", "0"}, err: "--node-proxy-rate 200 needs a burst of at least 1, not 0"},

@@ -34,7 +34,7 @@ func TestPodCertFlags(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			fl := pflag.NewFlagSet("serve", pflag.ContinueOnError)
 			var b backendFlags
-			b.register(fl)
+			registerBackend(&b, fl)
 			f := &podCertFlags{}
 			f.register(fl)
 			args := []string{"--pod-certificate-signer-name=" + tt.signer, "--pod-certificate-namespace-selector=" + tt.sel}

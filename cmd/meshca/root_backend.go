@@ -54,16 +54,26 @@ type rootSignerFlags struct {
 	out        io.Writer
 }
 
-func (r *rootSignerFlags) register(fl *pflag.FlagSet) {
+// register registers the signer flags that apply to step: prepare,
+// activate or retire.
+func (r *rootSignerFlags) register(fl *pflag.FlagSet, step string) {
 	fl.StringVar(&r.signer, "signer", signerLocal, "whose keys the step changes: local (built-in CA, keys in the CA state), vault (issuers of its PKI mount) or cfssl (a server whose key its operator changes)")
-	r.vault.register(fl)
-	fl.StringVar(&r.issuerType, "vault-issuer-type", vaultIssuerRoot, "prepare --signer vault: a new root issuer in --vault-pki-mount, or an intermediate there under a new root in --vault-root-mount")
-	fl.StringVar(&r.rootMount, "vault-root-mount", "", "prepare/retire --signer vault: the PKI mount holding the roots of intermediate issuers")
-	fl.BoolVar(&r.keepIssuer, "vault-keep-issuer", false, "retire --signer vault: keep the retired issuer and its key in Vault (default: delete them)")
-	fl.StringVar(&r.cfsslURL, "cfssl-url", "", "activate --signer cfssl: the cfssl server, checked to sign with the new authority's key")
-	fl.StringVar(&r.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
-	fl.StringVar(&r.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
-	fl.StringVar(&r.cfsslProf, "cfssl-profile", "", "cfssl signing profile whose signer is checked")
+	r.vault.registerLogin(fl)
+	r.issuerType = vaultIssuerRoot
+	switch step {
+	case "prepare":
+		fl.StringVar(&r.issuerType, "vault-issuer-type", vaultIssuerRoot, "--signer vault: a new root issuer in --vault-pki-mount, or an intermediate there under a new root in --vault-root-mount")
+		fl.StringVar(&r.rootMount, "vault-root-mount", "", "--signer vault: the PKI mount holding the roots of intermediate issuers")
+	case "activate":
+		r.vault.registerRoles(fl)
+		fl.StringVar(&r.cfsslURL, "cfssl-url", "", "--signer cfssl: the cfssl server, checked to sign with the new authority's key")
+		fl.StringVar(&r.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
+		fl.StringVar(&r.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
+		fl.StringVar(&r.cfsslProf, "cfssl-profile", "", "cfssl signing profile whose signer is checked")
+	case "retire":
+		fl.StringVar(&r.rootMount, "vault-root-mount", "", "--signer vault: the PKI mount holding the roots of intermediate issuers")
+		fl.BoolVar(&r.keepIssuer, "vault-keep-issuer", false, "--signer vault: keep the retired issuer and its key in Vault (default: delete them)")
+	}
 }
 
 // backend returns the rotation side of the selected signer.

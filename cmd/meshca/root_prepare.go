@@ -118,7 +118,7 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.DurationVar(&f.issuedTTL, "issued-ttl", ca.DefaultMaxTTL, "an imported CA that becomes the first authority may have signed before (istiod, a plugged-in meshca, "+
 		"a cfssl server): the guards assume leaves of up to this lifetime were issued under it; 0 when it never signed")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
-	f.signer.register(fl)
+	f.signer.register(fl, "prepare")
 	f.audit.register(fl, "standard error")
 	return cmd
 }

@@ -122,7 +122,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 		},
 	}
 	f.store.register(cmd)
-	f.signer.register(cmd.Flags())
+	f.signer.register(cmd.Flags(), cmd.Name())
 	cmd.Flags().BoolVar(&f.force, "force", false, "override the guard (requires --reason)")
 	cmd.Flags().StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	cmd.Flags().StringVar(&f.istiod, "istiod-cert-secret", "", "istiod's certificate Secret, namespace/name, as meshca serve --istiod-cert-secret: the step waits until istiod trusts the root it makes sign (activate) and its certificate chains to a root that stays (retire)")

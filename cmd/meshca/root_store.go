@@ -83,7 +83,7 @@ func (s *storeFlags) register(cmd *cobra.Command) {
 func (s *storeFlags) open() (keymgr.StateStore, error) {
 	switch {
 	case (s.stateDir == "") == (s.stateSecret == ""):
-		return nil, errors.New("give exactly one of --state-dir and --state-secret")
+		return nil, errors.New("give the CA state with --state-dir or with --state-secret, one of them")
 	case s.stateDir != "":
 		return &keymgr.DirStore{Dir: s.stateDir, MigrationTTL: s.maxTTL}, nil
 	}

@@ -49,7 +49,7 @@ func TestRootRotationCLI(t *testing.T) {
 		{"retire with nothing previous", []string{"retire", st}, 2, []string{"no previous authority"}},
 		{"force without reason", []string{"activate", st, "--force"}, 2, []string{"--force needs --reason"}},
 		{"unknown id", []string{"activate", st, "deadbeefdeadbeef"}, 2, []string{"deadbeef"}},
-		{"no store", []string{"activate"}, 2, []string{"exactly one of --state-dir and --state-secret"}},
+		{"no store", []string{"activate"}, 2, []string{"give the CA state with --state-dir or with --state-secret, one of them"}},
 	}
 	for _, s := range steps {
 		out, code := rootCmd(t, s.args...)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -26,6 +28,7 @@ type serveFlags struct {
 	log            logFlags
 	listen         string
 	adminListen    string
+	adminBind      string
 	stateDir       string
 	stateSecret    string
 	caDir          string
@@ -41,6 +44,7 @@ type serveFlags struct {
 	maxInFlight    int
 	requestTimeout time.Duration
 	nodeAccounts   []string
+	nodeProxyDeny  []string
 	cacheTTL       time.Duration
 	cacheSize      int
 	remotes        []string
@@ -87,9 +91,10 @@ func newServeCommand() *cobra.Command {
 func newServe() (*cobra.Command, *serveFlags) {
 	f := &serveFlags{}
 	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Serve the Istio CA API",
-		Args:  cobra.NoArgs,
+		Use:     "serve",
+		Short:   "Serve the Istio CA API",
+		Example: serveExamples,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := resolveSettings(cmd.Flags(), os.Environ())
 			if err != nil {
@@ -99,59 +104,9 @@ func newServe() (*cobra.Command, *serveFlags) {
 			return f.run(cmd.Context(), cmd.Flags(), cmd.OutOrStdout())
 		},
 	}
-	fl := cmd.Flags()
-	f.log.register(cmd)
-	f.b.register(fl)
-	f.bundle.register(fl)
-	f.audit.register(fl, "standard output")
-	fl.StringVar(&f.configFile, "config", "", "YAML file of settings, one key per flag in camelCase and the backends' in sections (docs/signers/); below the command line, above MESHCA_* and Istio's variables (docs/istio.md); or set "+envName("config"))
-	fl.StringVar(&f.listen, "listen", ":15012", "gRPC (TLS) listen address")
-	fl.StringVar(&f.addressFile, "address-file", "", "write the bound gRPC and admin addresses here as JSON once listening (useful with port 0)")
-	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
-	fl.BoolVar(&f.enablePprof, "enable-pprof", false, "serve Go's CPU, heap and allocation profiles under /debug/pprof/ on --admin-listen (for performance work; they expose internals)")
-	fl.StringVar(&f.stateDir, "state-dir", "", "directory holding the CA state; a root is generated there on first start, and `meshca root` rotates it")
-	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
-	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
-	fl.BoolVar(&f.publishTrust, "publish-root-cert-configmaps", false, "publish the trust bundle as the istio-ca-root-cert ConfigMap in every namespace, as istiod does (leave off while istiod still runs its CA); one replica writes, elected on the Lease "+serve.TrustLease)
-	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
-	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-public and kube-node-lease (kube-system is published to, for a ztunnel there)")
-	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
-	f.ctb.register(fl)
-	f.podCert.register(fl)
-	f.istiod.register(fl)
-	f.limits.register(fl)
-	f.memoryLimit.register(fl)
-	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to meshca root)")
-	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
-	fl.DurationVar(&f.autoInterval, "auto-rotate-interval", keymgr.DefaultAutoRotateInterval, "how often automatic rotation looks for a step that is due (1s to 1h)")
-	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultGuardMargin, "margin the guards of automatic rotation add: to half the longest leaf lifetime before activation, to the last leaf's expiry before retirement")
-	fl.DurationVar(&f.rootLifetime, "root-lifetime", keymgr.DefaultRootTTL, "lifetime of a root meshca generates")
-	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
-	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
-	fl.StringVar(&f.clusterID, "cluster-id", ca.DefaultClusterID, "name of the local cluster, matched against the clusterid header")
-	fl.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration")
-	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a service-account token must carry (one of)")
-	fl.StringSliceVar(&f.servingNames, "serving-dns-names", []string{"istiod.istio-system.svc", "meshca.istio-system.svc", "localhost"}, "DNS names (or IPs) in the serving certificate")
-	fl.DurationVar(&f.defaultTTL, "default-ttl", ca.DefaultTTL, "certificate lifetime when the client asks for none")
-	fl.DurationVar(&f.backdate, "backdate", keymgr.Backdate, fmt.Sprintf("how far before now issued certificates start, to tolerate clock skew (0 to %v)", maxBackdate))
-	fl.DurationVar(&f.maxTTL, "max-ttl", ca.DefaultMaxTTL, "longest lifetime a client may ask for; longer requests are refused")
-	fl.StringVar(&f.keyPolicy, "key-policy", "ecdsa-p256,ecdsa-p384,ed25519,rsa-2048-8192", "workload key algorithms and sizes allowed")
-	fl.IntVar(&f.maxInFlight, "max-in-flight", ca.DefaultMaxInFlight, "requests served at once; more get ResourceExhausted")
-	fl.DurationVar(&f.requestTimeout, "request-timeout", ca.DefaultRequestTimeout, "longest a request runs, whatever deadline its client sends")
-	fl.IntVar(&f.maxHeaderBytes, "max-header-bytes", ca.DefaultMaxHeaderBytes, "largest header list of a request (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE); larger ones are refused by the transport")
-	fl.IntVar(&f.maxTokenBytes, "max-token-bytes", ca.DefaultMaxTokenBytes, "longest bearer token; longer ones are refused (Unauthenticated, token_too_large) without a TokenReview")
-	fl.IntVar(&f.maxAuthnPeer, "max-authn-per-peer", ca.DefaultMaxAuthnPerPeer, "authentications one peer IP may have in progress; more wait their turn, before any issuance slot is taken")
-	fl.BoolVar(&f.certRenewal, "cert-renewal", true, "let a workload renew with its still-valid SVID as client certificate, without a token")
-	fl.DurationVar(&f.renewalTTL, "cert-renewal-max-ttl", 0, "longest certificate issued to a renewal by client certificate; 0 means --default-ttl")
-	fl.StringSliceVar(&f.certSigners, "cert-signers", nil, "CertSigner names (a proxy's ISTIO_META_CERT_SIGNER) answered by this CA's one signer; a request naming another is refused (InvalidArgument, unknown_cert_signer); an empty CertSigner is always served")
-	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
-	fl.DurationVar(&f.cacheTTL, "token-cache-ttl", kube.DefaultTokenCacheTTL, "longest a positive TokenReview is reused (never past the token's expiry)")
-	fl.IntVar(&f.cacheSize, "token-cache-size", kube.DefaultTokenCacheSize, "most TokenReview answers kept per cluster")
-	fl.DurationVar(&f.negativeTTL, "token-cache-negative-ttl", kube.DefaultNegativeTTL, "how long a token TokenReview refused is refused again without a review")
-	fl.StringArrayVar(&f.remotes, "remote-cluster", nil, "remote cluster as <cluster id>=<kubeconfig file>; repeatable")
-	fl.StringVar(&f.secretNS, "remote-secret-namespace", os.Getenv("POD_NAMESPACE"),
-		"namespace of the local cluster watched for Secrets labelled "+kube.RemoteSecretLabel+"=true, one kubeconfig per remote cluster id; empty disables")
-	fl.StringSliceVar(&f.remoteAllow, kube.KubeconfigAllowFlag, nil, fmt.Sprintf("kubeconfig fields that remote-cluster Secrets may use, refused by default as they run a command or read a local file: %v (--remote-cluster files are trusted)", kube.KubeconfigFeatures))
+	groups := f.groups(cmd)
+	registerGroups(cmd.Flags(), groups)
+	setGroupedHelp(cmd, groups)
 	return cmd, f
 }
 
@@ -169,11 +124,11 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	}
 	switch {
 	case f.b.signer == signerLocal && count(f.stateDir != "", f.stateSecret != "", f.caDir != "") != 1:
-		return c, errors.New("give exactly one of --state-dir or --state-secret (self-signed CA) and --ca-dir (plugged-in CA)")
+		return c, errors.New("give one CA: --state-dir or --state-secret (meshca's own state), or --ca-dir (a plugged-in CA)")
 	case f.b.signer != signerLocal && f.caDir != "":
 		return c, fmt.Errorf("--ca-dir belongs to the local signer, not --signer %s", f.b.signer)
 	case f.b.signer != signerLocal && count(f.stateDir != "", f.stateSecret != "", f.b.trustAnchors != "") != 1:
-		return c, fmt.Errorf("--signer %s: give exactly one of --trust-anchors (a pinned bundle) and --state-dir or --state-secret (a CA state that `meshca root` rotates)", f.b.signer)
+		return c, fmt.Errorf("--signer %s: give the roots workloads trust in one way: --trust-anchors (a pinned bundle), or --state-dir or --state-secret (a CA state that \"meshca root\" rotates)", f.b.signer)
 	case f.defaultTTL <= 0 || f.maxTTL <= 0:
 		return c, errors.New("--default-ttl and --max-ttl must be positive")
 	case f.defaultTTL > f.maxTTL:
@@ -226,6 +181,14 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err != nil {
 		return c, fmt.Errorf("--trusted-node-accounts: %w", err)
 	}
+	deny, err := ca.ParseNodeProxyDeny(f.nodeProxyDeny)
+	if err != nil {
+		return c, fmt.Errorf("--node-proxy-deny: %w", err)
+	}
+	admin, err := adminAddress(f.adminListen, f.adminBind)
+	if err != nil {
+		return c, err
+	}
 	remotes, err := parseRemotes(f.remotes, f.clusterID)
 	if err != nil {
 		return c, err
@@ -243,13 +206,13 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		return c, err
 	}
 	return serve.Config{
-		TrustDomain: td, Listen: f.listen, AdminListen: f.adminListen, ServingNames: f.servingNames,
+		TrustDomain: td, Listen: f.listen, AdminListen: admin, ServingNames: f.servingNames,
 		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
 		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
 		Limits: limits, Conn: conn, KeyPolicy: kp, CertRenewal: f.certRenewal, CertSigners: f.certSigners,
 		Clusters: serve.Clusters{
 			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
-			Audiences: f.audiences, NodeAccounts: accounts, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
+			Audiences: f.audiences, NodeAccounts: accounts, NodeProxyDeny: deny, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 		},
 		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
 			ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer},
@@ -321,6 +284,23 @@ func (f *serveFlags) run(ctx context.Context, fl *pflag.FlagSet, stdout io.Write
 		}
 	}
 	return parts.Run(ctx)
+}
+
+// adminAddress is the admin listener's address: listen, or, with bind,
+// listen's port on that one IP address.
+func adminAddress(listen, bind string) (string, error) {
+	if bind == "" {
+		return listen, nil
+	}
+	ip, err := netip.ParseAddr(bind)
+	if err != nil || ip.Zone() != "" {
+		return "", fmt.Errorf("--admin-bind-address %q is not an IP address", bind)
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil || host != "" {
+		return "", fmt.Errorf("--admin-bind-address %s: --admin-listen %q must then be a port alone, \":<port>\"", bind, listen)
+	}
+	return net.JoinHostPort(ip.String(), port), nil
 }
 
 // count is how many of set are true.

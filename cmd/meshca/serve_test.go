@@ -33,8 +33,8 @@ func TestServeFlagsValidate(t *testing.T) {
 	}{
 		{name: "valid"},
 		{name: "bad trust domain", mutate: func(f *serveFlags) { f.trustDomain = "Bad Domain" }, want: "--trust-domain"},
-		{name: "no CA source", mutate: func(f *serveFlags) { f.stateDir = "" }, want: "exactly one of --state-dir"},
-		{name: "two CA sources", mutate: func(f *serveFlags) { f.caDir = "/etc/cacerts" }, want: "exactly one of --state-dir"},
+		{name: "no CA source", mutate: func(f *serveFlags) { f.stateDir = "" }, want: "give one CA: --state-dir or --state-secret"},
+		{name: "two CA sources", mutate: func(f *serveFlags) { f.caDir = "/etc/cacerts" }, want: "give one CA: --state-dir or --state-secret"},
 		{name: "default above max", mutate: func(f *serveFlags) { f.defaultTTL = 100 * 24 * time.Hour }, want: "--default-ttl"},
 		{name: "zero max", mutate: func(f *serveFlags) { f.maxTTL = 0 }, want: "must be positive"},
 		{name: "no audiences", mutate: func(f *serveFlags) { f.audiences = nil }, want: "--token-audiences"},
@@ -55,7 +55,7 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors (trustAnchors) (or a CA state) is required"},
 		{name: "cfssl with state dir and anchors", mutate: func(f *serveFlags) {
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
-		}, want: "--signer cfssl: give exactly one of --trust-anchors (a pinned bundle) and --state-dir or --state-secret"},
+		}, want: "--signer cfssl: give the roots workloads trust in one way: --trust-anchors (a pinned bundle), or --state-dir or --state-secret"},
 		{name: "cfssl with ca dir", mutate: func(f *serveFlags) {
 			f.stateDir, f.caDir = "", "d"
 			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
@@ -80,7 +80,7 @@ func TestServeFlagsValidate(t *testing.T) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
 				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", k8sRole: "meshca"}}
-		}, want: "exactly one Vault login"},
+		}, want: "log in to Vault in one way"},
 		{name: "vault approle without secret", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
@@ -147,7 +147,7 @@ func TestServeRemoteSecretKubeconfigAllow(t *testing.T) {
 		want  string
 	}{
 		{name: "none"},
-		{name: "all", allow: []string{"exec", "auth-provider", "tokenFile", "client-certificate", "client-key", "certificate-authority"}},
+		{name: "all", allow: []string{"exec", "auth-provider", "tokenFile", "client-certificate", "client-key", "certificate-authority", "insecure-skip-tls-verify", "http"}},
 		{name: "unknown", allow: []string{"exec", "token-file"}, want: "--remote-secret-kubeconfig-allow"},
 	}
 	for _, tt := range tests {

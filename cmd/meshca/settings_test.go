@@ -157,7 +157,7 @@ func TestSettingsErrors(t *testing.T) {
 		{name: "Istio default above max", env: []string{"DEFAULT_WORKLOAD_CERT_TTL=48h", "MAX_WORKLOAD_CERT_TTL=24h"},
 			want: "--default-ttl 48h0m0s is above --max-ttl 24h0m0s (--default-ttl from env DEFAULT_WORKLOAD_CERT_TTL; --max-ttl from env MAX_WORKLOAD_CERT_TTL)"},
 		{name: "ROOT_CA_DIR and a state", env: []string{"ROOT_CA_DIR=/etc/cacerts"},
-			want: "give exactly one of --state-dir or --state-secret (self-signed CA) and --ca-dir (plugged-in CA) (--ca-dir from env ROOT_CA_DIR)"},
+			want: "give one CA: --state-dir or --state-secret (meshca's own state), or --ca-dir (a plugged-in CA) (--ca-dir from env ROOT_CA_DIR)"},
 		{name: "Istio trust domain", env: []string{"TRUST_DOMAIN=Not A Domain"}, want: "(--trust-domain from env TRUST_DOMAIN)"},
 		{name: "MESHCA_ integer", env: []string{"MESHCA_MAX_IN_FLIGHT=many"},
 			want: `MESHCA_MAX_IN_FLIGHT="many": --max-in-flight: strconv.ParseInt: parsing "many": invalid syntax`},

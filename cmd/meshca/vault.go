@@ -29,14 +29,26 @@ type vaultFlags struct {
 	k8sMount                  string
 }
 
+// register registers every Vault flag of serve.
 func (v *vaultFlags) register(fl *pflag.FlagSet) {
+	v.registerLogin(fl)
+	v.registerRoles(fl)
+	fl.StringVar(&v.istiodRole, "vault-istiod-role", "", "PKI role for istiod's DNS certificate (--istiod-cert-secret): allowed_domains its names, allow_bare_domains, key_usage=DigitalSignature (docs/signers/vault.md)")
+	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vault.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
+}
+
+// registerRoles registers the PKI roles workload certificates are
+// signed with.
+func (v *vaultFlags) registerRoles(fl *pflag.FlagSet) {
+	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with, key_usage=DigitalSignature (docs/signers/vault.md)")
+	fl.StringVar(&v.rsaRole, "vault-rsa-role", "", "PKI role for RSA workload keys, key_usage=DigitalSignature,KeyEncipherment; without it RSA requests are refused")
+}
+
+// registerLogin registers Vault's address, PKI mount and login.
+func (v *vaultFlags) registerLogin(fl *pflag.FlagSet) {
 	fl.StringVar(&v.addr, "vault-addr", "", "Vault address, e.g. https://vault.vault.svc:8200")
 	fl.StringVar(&v.caFile, "vault-ca-file", "", "PEM roots verifying Vault's own TLS certificate")
 	fl.StringVar(&v.mount, "vault-pki-mount", "pki", "mount path of Vault's PKI secrets engine")
-	fl.StringVar(&v.role, "vault-role", "", "PKI role meshca signs with, key_usage=DigitalSignature (docs/signers/vault.md)")
-	fl.StringVar(&v.rsaRole, "vault-rsa-role", "", "PKI role for RSA workload keys, key_usage=DigitalSignature,KeyEncipherment; without it RSA requests are refused")
-	fl.StringVar(&v.istiodRole, "vault-istiod-role", "", "PKI role for istiod's DNS certificate (--istiod-cert-secret): allowed_domains its names, allow_bare_domains, key_usage=DigitalSignature (docs/signers/vault.md)")
-	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vault.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
 	fl.StringVar(&v.tokenFile, "vault-token-file", "", "log in with the Vault token in this file (re-read at every login)")
 	fl.StringVar(&v.approleRoleID, "vault-approle-role-id", "", "log in with AppRole: the role id (not a secret)")
 	fl.StringVar(&v.approleSecretIDFile, "vault-approle-secret-id-file", "", "AppRole secret id file (or set "+envVaultSecretID+")")
@@ -83,7 +95,7 @@ func (v *vaultFlags) validateLogin() error {
 	case v.mount == "":
 		return fmt.Errorf("%s must not be empty", name("vault-pki-mount"))
 	case methods != 1:
-		return fmt.Errorf("give exactly one Vault login: %s, %s or %s", name("vault-token-file"), name("vault-approle-role-id"), name("vault-kubernetes-role"))
+		return fmt.Errorf("log in to Vault in one way: %s, %s or %s", name("vault-token-file"), name("vault-approle-role-id"), name("vault-kubernetes-role"))
 	case v.approleRoleID == "" && v.approleSecretIDFile != "":
 		return fmt.Errorf("%s needs %s", name("vault-approle-secret-id-file"), name("vault-approle-role-id"))
 	case v.approleRoleID != "" && v.approleSecretIDFile == "" && os.Getenv(envVaultSecretID) == "":

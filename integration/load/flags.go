@@ -14,16 +14,26 @@ var budgets = []string{"caller-rate", "caller-max-in-flight", "node-proxy-rate",
 // not be cut short by what one caller may ask. Flags bin does not know (an
 // older build) are left out.
 func Unlimited(bin string) []string {
-	help, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
+	help := ServeHelp(bin)
 	var out []string
 	for _, f := range budgets {
-		if HasFlag(string(help), f) {
+		if HasFlag(help, f) {
 			out = append(out, "--"+f+"=0")
 		}
 	}
 	return out
 }
 
-// HasFlag reports whether help, the output of `meshca serve --help`,
-// lists --flag.
+// ServeHelp is the help of every serve flag of the meshca binary bin:
+// `serve --help=all`, or `serve --help` of a build older than the grouped
+// help, which listed them all.
+func ServeHelp(bin string) string {
+	if out, err := exec.Command(bin, "serve", "--help=all").CombinedOutput(); err == nil {
+		return string(out)
+	}
+	out, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
+	return string(out)
+}
+
+// HasFlag reports whether help, ServeHelp's, lists --flag.
 func HasFlag(help, flag string) bool { return strings.Contains(help, "--"+flag+" ") }

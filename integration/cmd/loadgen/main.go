@@ -28,7 +28,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -117,7 +116,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	help, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
+	help := load.ServeHelp(bin)
 	cluster, err := harness.StartCluster(ctx, filepath.Join(dir, "k8s"))
 	if err != nil {
 		return err
@@ -139,7 +138,7 @@ func run(ctx context.Context, o options) error {
 	// budgets are off.
 	unlimited := load.Unlimited(bin)
 	if o.profile != "" {
-		if !load.HasFlag(string(help), "enable-pprof") {
+		if !load.HasFlag(help, "enable-pprof") {
 			return errors.New("-profile: this meshca has no --enable-pprof")
 		}
 		unlimited = append(unlimited, "--enable-pprof")
