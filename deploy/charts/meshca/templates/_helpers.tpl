@@ -43,6 +43,18 @@ helm.sh/chart: {{ include "meshca.chart" . }}
 {{ include "meshca.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: meshca
+{{- include "meshca.commonLabels" . }}
+{{- end -}}
+
+{{/*
+commonLabels, on every object the chart renders and its Pods, never in a
+selector (meshca.validate refuses the keys the chart sets itself). Starts
+with a newline; empty without commonLabels.
+*/}}
+{{- define "meshca.commonLabels" -}}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -58,6 +70,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: meshca
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: root-rotation
+{{- include "meshca.commonLabels" . }}
 {{- end -}}
 
 {{- define "meshca.chart" -}}

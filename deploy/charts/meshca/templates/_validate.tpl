@@ -54,6 +54,64 @@ across two keys. Each message names the keys and what to do.
 {{- fail "signer.cfssl.istiodProfile is required with istio.enabled: istiod's DNS certificate needs a cfssl profile of its own (docs/signers/cfssl.md)" -}}
 {{- end -}}
 {{- end -}}
+{{- include "meshca.validateBudget" . -}}
+{{- include "meshca.validateExtras" . -}}
+{{- end -}}
+
+{{/*
+A PodDisruptionBudget that allows no eviction ever: every node drain would
+wait on meshca. Percentages round up, as the disruption controller does.
+*/}}
+{{- define "meshca.validateBudget" -}}
+{{- $p := .Values.podDisruptionBudget -}}
+{{- $n := int .Values.replicaCount -}}
+{{- if and $p.enabled (gt $n 0) -}}
+{{- if hasKey $p "minAvailable" -}}
+{{- $min := include "meshca.budgetPods" (dict "v" $p.minAvailable "n" $n) | int -}}
+{{- if ge $min $n -}}
+{{- $what := ternary (printf "%v, %d Pods rounded up" $p.minAvailable $min) (printf "%v" $p.minAvailable) (kindIs "string" $p.minAvailable) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable (%s) is not below replicaCount (%d): the budget can never be satisfied, no meshca Pod may ever be evicted and every node drain waits on it; set minAvailable below replicaCount, or use maxUnavailable" $what $n) -}}
+{{- end -}}
+{{- else if eq (include "meshca.budgetPods" (dict "v" $p.maxUnavailable "n" $n) | int) 0 -}}
+{{- fail (printf "podDisruptionBudget.maxUnavailable (%v) allows no eviction of replicaCount's %d Pods: the budget can never be satisfied and every node drain waits; use at least 1" $p.maxUnavailable $n) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An intOrPercent of (dict "v" value "n" replicas) in Pods, rounded up. */}}
+{{- define "meshca.budgetPods" -}}
+{{- if kindIs "string" .v -}}
+{{- div (add (mul (trimSuffix "%" .v | int) .n) 99) 100 -}}
+{{- else -}}
+{{- int .v -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The labels and environment variables the chart sets itself, which
+commonLabels, podLabels and extraEnv may not set again: a selector would
+stop matching, or meshca would read another value.
+*/}}
+{{- define "meshca.validateExtras" -}}
+{{- $v := .Values -}}
+{{- $own := list "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/part-of" "app.kubernetes.io/managed-by" "app.kubernetes.io/component" -}}
+{{- range $key := list "commonLabels" "podLabels" -}}
+{{- range $k, $_ := get $v $key -}}
+{{- if has $k $own -}}
+{{- fail (printf "%s sets %s, a label the chart sets itself (its selectors and Helm's ownership rely on it): use another key" $key $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $k, $_ := $v.podLabels -}}
+{{- if hasKey ($v.commonLabels | default dict) $k -}}
+{{- fail (printf "podLabels and commonLabels both set %s: set it in one" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.extraEnv -}}
+{{- if has .name (list "POD_NAMESPACE" "POD_IP" "MEMORY_LIMIT") -}}
+{{- fail (printf "extraEnv sets %s, which the chart sets itself for meshca: use another name" .name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "meshca.validateVault" -}}
