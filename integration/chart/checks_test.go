@@ -118,15 +118,40 @@ func checkHA(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	if *d.Spec.Replicas != 3 || d.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 0 {
 		t.Errorf("replicas %d strategy %+v: want 3 with maxUnavailable 0", *d.Spec.Replicas, d.Spec.Strategy)
 	}
-	wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--state-secret=" + ns + "/meshca-ca-state",
-		"--remote-secret-namespace=" + ns}, nil)
-	if r := role(t, objs, "meshca").Rules; !slices.ContainsFunc(r, func(p rbacv1.PolicyRule) bool {
-		return slices.Equal(p.Resources, []string{"secrets"}) && p.ResourceNames == nil && slices.Equal(p.Verbs, []string{"get", "list", "watch"})
-	}) {
-		t.Errorf("Role meshca rules %+v: want get, list, watch on the namespace's Secrets for remote clusters", r)
-	}
+	checkRemoteSecrets(t, ns, objs)
 	if p := pdb(t, objs); p.Spec.MinAvailable == nil || p.Spec.MinAvailable.IntValue() != 2 || p.Spec.MaxUnavailable != nil {
 		t.Errorf("PodDisruptionBudget %+v: want minAvailable 2 alone", p.Spec)
+	}
+}
+
+// checkRemoteSecrets: remote-cluster Secrets are watched in a namespace of
+// their own, the chart's, where meshca may list and watch Secrets and do
+// nothing else; its Role in the release namespace names every Secret it
+// may touch.
+func checkRemoteSecrets(t *testing.T, ns string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	r := role(t, objs, "meshca-remote-secrets")
+	remote := r.Namespace
+	if remote == ns || remote == "istio-system" || remote == "" {
+		t.Fatalf("Role meshca-remote-secrets in namespace %q: want a namespace of its own", remote)
+	}
+	wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
+		[]string{"--state-secret=" + ns + "/meshca-ca-state", "--remote-secret-namespace=" + remote}, nil)
+	if n := find(t, objs, "Namespace", remote); n.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("Namespace %s %v: want it kept on uninstall, with the Secrets put there", remote, n.GetAnnotations())
+	}
+	wantRules(t, "Role meshca-remote-secrets", r.Rules, []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
+	})
+	var b rbacv1.RoleBinding
+	convert(t, find(t, objs, "RoleBinding", "meshca-remote-secrets"), &b)
+	if b.Namespace != remote || b.RoleRef.Name != r.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != "meshca" || b.Subjects[0].Namespace != ns {
+		t.Errorf("RoleBinding %+v: want the Role bound to meshca's ServiceAccount in %s", b, ns)
+	}
+	for _, p := range role(t, objs, "meshca").Rules {
+		if slices.Contains(p.Resources, "secrets") && len(p.ResourceNames) == 0 {
+			t.Errorf("Role meshca rule %+v: Secrets of the release namespace not by name", p)
+		}
 	}
 }
 
@@ -232,7 +257,8 @@ func checkMonitoring(t *testing.T, ns string, objs []*unstructured.Unstructured)
 
 // checkNetworkPolicy: ingress only, to meshca's Pods (not the rotation
 // Jobs), the gRPC port from the Pods of every namespace, the monitoring
-// port from the monitoring namespace; the ports are the container's.
+// port from Prometheus in the monitoring namespace; the ports are the
+// container's.
 func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	var np networkingv1.NetworkPolicy
@@ -253,7 +279,7 @@ func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
 		from string
 	}{
 		{"grpc-ca", `[{"namespaceSelector":{}}]`},
-		{"http-monitoring", `[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]`},
+		{"http-monitoring", `[{"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}},"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]`},
 	}
 	if len(np.Spec.Ingress) != len(want) {
 		t.Fatalf("ingress rules %+v, want %d", np.Spec.Ingress, len(want))

@@ -11,11 +11,16 @@ import (
 // varRef is a $(NAME) reference in a container's args.
 var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
+// podIP stands for the Pod's IP (status.podIP) in containerArgs: an
+// address of the loopback that is not 127.0.0.1, so that a test can tell
+// a listener bound to it from one bound to every address.
+const podIP = "127.0.0.2"
+
 // containerArgs returns c's args after its first (the subcommand), as the
 // kubelet would run them in namespace ns: each environment variable of c
 // is resolved from the downward API fields the chart uses (the Pod's
-// namespace, the container's memory limit) and set in the test's
-// environment, and the $(NAME) references to them in the args are
+// namespace and IP, podIP, the container's memory limit) and set in the
+// test's environment, and the $(NAME) references to them in the args are
 // expanded. A variable the test cannot resolve, or a reference to no
 // variable, fails the test.
 func containerArgs(t *testing.T, c corev1.Container, ns string) []string {
@@ -28,6 +33,8 @@ func containerArgs(t *testing.T, c corev1.Container, ns string) []string {
 			v = e.Value
 		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
 			v = ns
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			v = podIP
 		case e.ValueFrom.ResourceFieldRef != nil && e.ValueFrom.ResourceFieldRef.Resource == "limits.memory":
 			lim, ok := c.Resources.Limits[corev1.ResourceMemory]
 			if !ok {

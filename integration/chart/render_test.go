@@ -45,6 +45,9 @@ func TestChartLint(t *testing.T) {
 func TestChartScenarios(t *testing.T) {
 	installCRDs(t, "monitoring-crds.yaml")
 	ns := cluster.Namespace(t, "chart-dry-run")
+	// Remote-cluster Secrets have a namespace of their own, which the dry
+	// run of their Role needs to exist.
+	remoteNS := cluster.Namespace(t, "chart-remote-secrets")
 	checks := map[string]func(*testing.T, string, []*unstructured.Unstructured){
 		"defaults":   checkDefaults,
 		"ha":         checkHA,
@@ -57,9 +60,10 @@ func TestChartScenarios(t *testing.T) {
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {
-			objs := render(t, ns, s.args()...)
+			objs := render(t, ns, append(s.args(), "--set", "multiCluster.remoteSecrets.namespace="+remoteNS)...)
 			for _, o := range objs {
-				if namespaced(o.GetKind()) && o.GetNamespace() != ns {
+				remote := o.GetNamespace() == remoteNS && o.GetName() == "meshca-remote-secrets"
+				if namespaced(o.GetKind()) && o.GetNamespace() != ns && !remote {
 					t.Errorf("%s %s is in namespace %q, not the release's", o.GetKind(), o.GetName(), o.GetNamespace())
 				}
 			}
@@ -152,7 +156,7 @@ func convert(t *testing.T, u *unstructured.Unstructured, into any) {
 }
 
 func namespaced(kind string) bool {
-	return !slices.Contains([]string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}, kind)
+	return !slices.Contains([]string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}, kind)
 }
 
 // kinds counts the rendered objects by kind.

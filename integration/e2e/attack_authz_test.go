@@ -44,6 +44,17 @@ func (a *arena) impersonationAttacks(t *testing.T) []attack {
 	cluster.Pod(t, sys, "ztunnel-unscheduled", "ztunnel", "")
 	unscheduledZ := cluster.Token(t, sys, "ztunnel", "ztunnel-unscheduled", []string{"istio-ca"}, time.Hour)
 	a.secret(nosy.Token, fake.Token, unbound, failedZ, unscheduledZ)
+	// Issue 22: the control plane's Pods on ztunnel's node. Their
+	// identities are denied to node proxies (--node-proxy-deny).
+	istiod := cluster.NewWorkload(t, sys, "istiod", "node-a")
+	a.secret(istiod.Token)
+	kubeSA := "dns-" + strings.TrimPrefix(apps, "apps-")
+	cluster.ServiceAccount(t, "kube-system", kubeSA)
+	cluster.Pod(t, "kube-system", kubeSA+"-0", kubeSA, "node-a")
+	t.Cleanup(func() {
+		_ = cluster.Client.CoreV1().Pods("kube-system").Delete(context.Background(), kubeSA+"-0", metav1.DeleteOptions{})
+		_ = cluster.Client.CoreV1().ServiceAccounts("kube-system").Delete(context.Background(), kubeSA, metav1.DeleteOptions{})
+	})
 
 	z, web := a.ztunnelA.Token, a.webID.String()
 	base := "spiffe://cluster.local/ns/" + apps + "/sa/"
@@ -62,6 +73,12 @@ func (a *arena) impersonationAttacks(t *testing.T) []attack {
 			reason: "not_on_node"},
 		{name: "impersonation/no such service account", do: a.impersonating(t, z, a.id("ghost").String()), code: PD, msg: deniedMsg,
 			reason: "not_on_node"},
+		{name: "impersonation/istiod's account, its Pod on the node", do: a.impersonating(t, z, "spiffe://cluster.local/ns/"+sys+"/sa/istiod"), code: PD,
+			msg:    "node proxies may not request spiffe://cluster.local/ns/" + sys + "/sa/istiod: the CA's --node-proxy-deny lists " + sys + "/istiod",
+			reason: "impersonation_denied_identity"},
+		{name: "impersonation/kube-system, its Pod on the node", do: a.impersonating(t, z, "spiffe://cluster.local/ns/kube-system/sa/"+kubeSA), code: PD,
+			msg:    "the CA's --node-proxy-deny lists kube-system; its workload must request its own certificate with its own token",
+			reason: "impersonation_denied_identity"},
 		{name: "impersonation/foreign trust domain", do: a.impersonating(t, z, "spiffe://evil.example/ns/"+apps+"/sa/web"), code: PD,
 			msg: "requested identity is not in this CA's trust domain", reason: "foreign_trust_domain"},
 		{name: "impersonation/node proxy token not bound to a Pod", do: a.impersonating(t, unbound, web), code: PD, msg: deniedMsg,

@@ -163,13 +163,23 @@ func (a *arena) accepted(t *testing.T) []acceptance {
 		many.Fields[string(rune('a'+i%26))+time.Duration(i).String()] = structpb.NewStringValue("CA_HEADER value")
 	}
 	web, z := a.web.Token, a.ztunnelA.Token
+	day24, err := a.s.client(t, web).Fetch(context.Background(), a.webID, caclient.Options{TTL: day})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dayCert := day24.TLSCertificate()
 	imp := meta(authpb.MetaImpersonatedIdentity, structpb.NewStringValue(a.webID.String()))
 	return []acceptance{
 		{name: "accepted/control: own identity by token", token: web, ttl: 86400, lifetime: day},
 		{name: "accepted/control: ztunnel impersonates a workload on its node", token: z, meta: imp, lifetime: day},
-		{name: "accepted/control: renewal by client certificate", cert: a.webCert, ttl: 86400, lifetime: day},
-		// A renewal never stretches itself past --default-ttl.
-		{name: "accepted/renewal asking for 90 days gets the default", cert: a.webCert, ttl: 90 * 86400, lifetime: day},
+		// Issue 22: a renewal gets no longer than the certificate it
+		// presents, webCert's hour (NotAfter less NotBefore, backdate
+		// included, so it ends an hour from now), whatever it asks for; a
+		// 24 h one renews into 24 h, backdate included, never past
+		// --default-ttl.
+		{name: "accepted/control: renewal by client certificate gets its hour", cert: a.webCert, ttl: 86400, lifetime: time.Hour},
+		{name: "accepted/renewal asking for 90 days gets its hour", cert: a.webCert, ttl: 90 * 86400, lifetime: time.Hour},
+		{name: "accepted/renewal of a 24h certificate asking for 90 days gets 24h", cert: dayCert, ttl: 90 * 86400, lifetime: day - keymgr.Backdate},
 		// Wire contract: validity_duration <= 0 asks for the default TTL.
 		{name: "accepted/TTL zero gets the default", token: web, ttl: 0, lifetime: day},
 		{name: "accepted/TTL -1 gets the default", token: web, ttl: -1, lifetime: day},

@@ -6,7 +6,9 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,9 +40,26 @@ import (
 // The few requests the wire contract says to accept although they look
 // hostile (a TTL <= 0, unknown metadata keys) run as "accepted" rows,
 // which must issue exactly the caller's identity for the default TTL.
+//
+// Issue 22 extends the matrix to every surface meshca serves besides
+// CreateCertificate, against the same apiserver: the remote-cluster
+// Secrets, PodCertificateRequests, the trust publishers, the SPIFFE
+// bundle endpoint and the admin port of the arena's meshca; and, each
+// with a meshca of its own, the budgets and limits (a forged-token flood
+// beside good clients, requests at once, connection floods, HTTP/2
+// abuse) and the record on the trust publishers' Lease. Every row names
+// the defence it exercises (a CreateCertificate row, its audit reason);
+// the matrix reports how many distinct defences held, and asks for at
+// least minDefences.
 func TestAttack(t *testing.T) {
 	start := time.Now()
-	a := newArena(t)
+	// The surfaces besides CreateCertificate that the arena's meshca
+	// serves: their flags first, their objects once it runs.
+	rs, pc, tr := newRemoteSecretSurface(t), newPodCertSurface(t), newTrustSurface(t)
+	a := newArena(t, slices.Concat(rs.flags, pc.flags, tr.flags, bundleEndpointFlags)...)
+	rs.prepare(t, a)
+	pc.prepare(t, a)
+	slow := a.slowClients(t) // they take seconds: started now, judged later
 	var refused []attack
 	for _, rows := range [][]attack{
 		a.tokenAttacks(t), a.impersonationAttacks(t), a.metadataAttacks(t),
@@ -51,16 +70,28 @@ func TestAttack(t *testing.T) {
 	accepted := a.accepted(t)
 	harness.Report(t, "set up in %v: %d refused attacks, %d accepted requests",
 		time.Since(start).Round(time.Millisecond), len(refused)+1, len(accepted))
+	m := &matrix{defences: map[string]int{}}
 	for _, tt := range refused {
-		t.Run(tt.name, func(t *testing.T) { a.run(t, tt) })
+		m.attack(t, a, tt)
 	}
 	for _, tt := range accepted {
 		t.Run(tt.name, func(t *testing.T) { a.accept(t, tt) })
 	}
+	for _, checks := range [][]check{rs.checks(t, a), pc.checks(t, a), tr.checks(t, a), slow.checks(t, a), a.httpChecks(t)} {
+		m.checks(t, checks)
+	}
+	// Each of these runs a meshca of its own, with the flags it attacks.
+	budget := newBudgetArena(t)
+	m.attacks(t, budget, budget.budgetRateAttacks(t))
+	m.checks(t, budget.budgetChecks(t))
+	m.checks(t, budget.connChecks(t))
+	budget.checkNoSecretsLogged(t)
+	m.checks(t, concurrencyChecks(t))
+	m.checks(t, leaseChecks(t))
 	// Last: it retires the root that signed the workload's certificate.
-	retired := a.retiredRootAttack(t)
-	t.Run(retired.name, func(t *testing.T) { a.run(t, retired) })
+	m.attack(t, a, a.retiredRootAttack(t))
 	a.checkNoSecretsLogged(t)
+	m.report(t, time.Since(start))
 }
 
 // attack is one row of the matrix.
@@ -79,6 +110,9 @@ type attack struct {
 	// transport: refused before meshca's handler (TLS handshake, HTTP/2
 	// or gRPC message limits), so the request is not even counted.
 	transport bool
+	// defence names the defence when neither the audit reason nor the
+	// transport's refusal does.
+	defence string
 }
 
 // arena is the server and the cluster objects the attacks use.
@@ -101,9 +135,9 @@ type arena struct {
 	seq     int
 }
 
-func newArena(t *testing.T) *arena {
+func newArena(t *testing.T, flags ...string) *arena {
 	t.Helper()
-	m := newMesh(t)
+	m := newMesh(t, flags...)
 	a := &arena{mesh: m, roots: m.s.roots, bigRSA: bigRSAKeys()}
 	a.web = cluster.NewWorkload(t, m.apps, "web", "node-a")
 	a.webID = m.id("web")
@@ -117,8 +151,8 @@ func (a *arena) secret(tokens ...string) {
 }
 
 // run makes one attack and checks that it was refused as expected and
-// that nothing was issued or signed.
-func (a *arena) run(t *testing.T, tt attack) {
+// that nothing was issued or signed; it returns the audit reason.
+func (a *arena) run(t *testing.T, tt attack) (reason string) {
 	if tt.before != nil {
 		tt.before(t)
 	}
@@ -151,20 +185,22 @@ func (a *arena) run(t *testing.T, tt attack) {
 	case !tt.transport && d != 1:
 		t.Errorf("citadel_server_csr_count grew by %v, want 1", d)
 	case !tt.transport:
-		a.checkDenied(t, rid, tt)
+		reason = a.checkDenied(t, rid, tt)
 	}
 	if n := a.issuedEvents(t); n != issued {
 		t.Errorf("%d new issued audit events", n-issued)
 	}
+	return reason
 }
 
-// checkDenied waits for the audit event of request rid and checks it.
-func (a *arena) checkDenied(t *testing.T, rid string, tt attack) {
+// checkDenied waits for the audit event of request rid, checks it, and
+// returns its reason.
+func (a *arena) checkDenied(t *testing.T, rid string, tt attack) string {
 	t.Helper()
 	ev := a.auditEvent(t, rid)
 	if ev == nil {
 		t.Errorf("no audit event for %s", rid)
-		return
+		return ""
 	}
 	if ns, ok := ev["latency"].(float64); ok {
 		t.Logf("%s: meshca decided in %v", rid, time.Duration(ns).Round(time.Microsecond))
@@ -172,9 +208,11 @@ func (a *arena) checkDenied(t *testing.T, rid string, tt attack) {
 	if ev["decision"] != "denied" || ev["code"] != tt.code.String() {
 		t.Errorf("audit event %v, want decision denied, code %v", ev, tt.code)
 	}
-	if r, _ := ev["reason"].(string); tt.reason != "" && !oneOf(r, tt.reason) {
+	r, _ := ev["reason"].(string)
+	if tt.reason != "" && !oneOf(r, tt.reason) {
 		t.Errorf("audit reason %q, want %s", r, tt.reason)
 	}
+	return r
 }
 
 func oneOf(s, alternatives string) bool {
@@ -247,6 +285,12 @@ type probe struct {
 	req   *authpb.IstioCertificateRequest
 	// raw, when set, is sent as the request message instead of req.
 	raw []byte
+	// from is the loopback address the connection comes from (an
+	// address of 127.0.0.0/8), so that a row has a peer of its own.
+	from string
+	// conn, when set, carries the request instead of a connection of
+	// its own (cert, tls12 and from are then conn's business).
+	conn *grpc.ClientConn
 }
 
 func (a *arena) send(ctx context.Context, p probe) (*authpb.IstioCertificateResponse, error) {
@@ -257,11 +301,18 @@ func (a *arena) send(ctx context.Context, p probe) (*authpb.IstioCertificateResp
 	if p.tls12 {
 		tc.MaxVersion = tls.VersionTLS12
 	}
-	conn, err := grpc.NewClient(a.s.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
-	if err != nil {
-		return nil, err
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}
+	if p.from != "" {
+		opts = append(opts, grpc.WithContextDialer(dialFrom(p.from)))
 	}
-	defer conn.Close()
+	conn := p.conn
+	if conn == nil {
+		var err error
+		if conn, err = grpc.NewClient(a.s.Addr, opts...); err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+	}
 	var kv []string
 	if p.token != "" {
 		kv = append(kv, authpb.HeaderAuthorization, authpb.BearerPrefix+p.token)
@@ -277,6 +328,14 @@ func (a *arena) send(ctx context.Context, p probe) (*authpb.IstioCertificateResp
 		return resp, err
 	}
 	return authpb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, p.req)
+}
+
+// dialFrom dials from the loopback address ip.
+func dialFrom(ip string) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return d.DialContext(ctx, "tcp", addr)
+	}
 }
 
 // rawCodec sends a request message as the bytes given, so that a test can

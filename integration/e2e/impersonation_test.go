@@ -33,7 +33,10 @@ func newMesh(t testing.TB, extra ...string) *mesh {
 	t.Helper()
 	system := cluster.Namespace(t, "istio-system")
 	m := &mesh{apps: cluster.Namespace(t, "apps"), system: system}
-	m.s = startServer(t, append([]string{"--trusted-node-accounts", system + "/ztunnel"}, extra...)...)
+	// --node-proxy-deny's default, with the test's istio-system; extra
+	// entries add to it.
+	m.s = startServer(t, append([]string{"--trusted-node-accounts", system + "/ztunnel",
+		"--node-proxy-deny", "kube-system," + system + "/istiod"}, extra...)...)
 	m.ztunnelA = cluster.NewWorkload(t, system, "ztunnel", "node-a")
 	cluster.Pod(t, system, "ztunnel-b", "ztunnel", "node-b")
 	m.ztunnelB = &harness.Workload{Namespace: system, ServiceAccount: "ztunnel", Pod: "ztunnel-b", Node: "node-b",
