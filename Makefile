@@ -29,7 +29,7 @@ image:
 
 ## test: everything — unit tests, then the integration tests against a real
 ## etcd + kube-apiserver and an unmodified Istio client.
-test: proto-check check test-unit fuzz-smoke test-image test-integration test-istio
+test: proto-check check test-unit fuzz-smoke test-image test-alerts test-integration test-istio
 
 test-unit:
 	$(GO) test $(GOTEST_FLAGS) ./...
@@ -78,6 +78,13 @@ fuzz-smoke:
 	  fi; \
 	  exit 1; \
 	done
+
+## test-alerts: the chart's PrometheusRule rendered by the real helm, its
+## rule groups through promtool check rules and hack/promtool's tests (each
+## alert fires on meshca's series, none on an istiod's of the same names).
+.PHONY: test-alerts
+test-alerts:
+	hack/promtool/test.sh
 
 # Builds meshca once, packs it twice (same bytes) and reads the image back.
 # A packer, not concurrent code: no -race, which slows its gzip tenfold.
