@@ -1,6 +1,6 @@
 // Command budgets enforces the budgets of meshca's design that the
 // compiler does not: no Go file not marked generated over 500 lines, in any
-// module of the repository; fewer than 20 direct requires in the product
+// module of the repository; only allowed direct requires (each with its reason) in the product
 // go.mod; google.golang.org/grpc/status imported only by ca and ca/caclient;
 // no import against the package layering. The rules are data, in rules.go.
 //
@@ -58,7 +58,7 @@ func run(root string, stdout, stderr io.Writer) error {
 	}
 	var problems []string
 	problems = append(problems, checkSizes(files, maxLines)...)
-	problems = append(problems, checkRequires(direct, maxDirectRequires)...)
+	problems = append(problems, checkRequires(direct, allowedRequires)...)
 	problems = append(problems, checkLayers(module, pkgs, layers, testMayNotImport)...)
 	problems = append(problems, checkStatus(module, pkgs, statusImporters)...)
 	if len(problems) > 0 {
@@ -74,8 +74,8 @@ func run(root string, stdout, stderr io.Writer) error {
 			generated++
 		}
 	}
-	fmt.Fprintf(stdout, "budgets: ok: %d Go files (%d generated, exempt) within %d lines; %d direct requires (< %d); %d packages within their layers; %s only in %s\n",
-		len(files), generated, maxLines, len(direct), maxDirectRequires, len(pkgs), statusImport, strings.Join(statusImporters, ", "))
+	fmt.Fprintf(stdout, "budgets: ok: %d Go files (%d generated, exempt) within %d lines; %d direct requires (%d allowed); %d packages within their layers; %s only in %s\n",
+		len(files), generated, maxLines, len(direct), len(allowedRequires), len(pkgs), statusImport, strings.Join(statusImporters, ", "))
 	return nil
 }
 
