@@ -184,7 +184,7 @@ func (g *ConnGuard) refuse(reason string, peer netip.Addr) {
 	g.mu.Lock()
 	open := g.total
 	g.mu.Unlock()
-	g.log.Debug("connection refused", logReason, reason, logPeer, peer.String(), "open", open, "suppressed", g.suppressed.Swap(0))
+	g.log.Debug("connection refused", logReason, reason, logPeer, peer.String(), logOpenConns, open, logSuppressed, g.suppressed.Swap(0))
 }
 
 // The states of a guarded connection.

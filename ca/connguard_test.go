@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -32,7 +34,11 @@ type guarded struct {
 func listenGuarded(t *testing.T, lim ca.ConnLimits) *guarded {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	g := ca.NewConnGuard(ca.ConnGuardConfig{Limits: lim, Registerer: reg})
+	return serveGuard(t, ca.NewConnGuard(ca.ConnGuardConfig{Limits: lim, Registerer: reg}), reg)
+}
+
+func serveGuard(t *testing.T, g *ca.ConnGuard, reg *prometheus.Registry) *guarded {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -283,4 +289,29 @@ func TestConnGuardUnauthenticatedIdle(t *testing.T) {
 		t.Fatalf("the authenticated client after %v idle: %v", 2*idle, err)
 	}
 	wantSample(t, reg, "meshca_connections_open", nil, 2)
+}
+
+// TestConnGuardLogsRarely: a flood of refusals is one debug line a
+// second, which counts the refusals it left out.
+func TestConnGuardLogsRarely(t *testing.T) {
+	logs := &syncBuffer{}
+	g := ca.NewConnGuard(ca.ConnGuardConfig{Limits: ca.ConnLimits{MaxConnectionsPerPeer: 1},
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	s := serveGuard(t, g, nil)
+	start := time.Now()
+	s.dialFrom(t, "127.0.0.1")
+	for range 20 {
+		if _, ok := s.dialFrom(t, "127.0.0.1"); ok {
+			t.Fatal("a connection past the cap of 1 was admitted")
+		}
+	}
+	if time.Since(start) >= time.Second {
+		t.Skip("the refusals took over a second: more than one line is right")
+	}
+	if n := strings.Count(logs.String(), `"msg":"connection refused"`); n != 1 {
+		t.Fatalf("%d log lines for 20 refusals within a second, want 1:\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), `"reason":"per_peer","peer":"127.0.0.1","open_connections":1,"suppressed":0`) {
+		t.Fatalf("the line lacks the reason, peer or counts:\n%s", logs)
+	}
 }

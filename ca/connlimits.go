@@ -72,12 +72,13 @@ const (
 	// node with 250 Pods at once on its one connection.
 	DefaultMaxConcurrentStreams = 256
 	// DefaultMaxConnections keeps the connections of one replica within
-	// the chart's 256 MiB memory limit: an idle connection costs ~35 KiB
-	// (TestIdleConnections), 4096 of them ~140 MiB over a ~60 MiB idle
-	// server, which leaves ~50 MiB for requests, the Pod index and the
-	// garbage collector's headroom. A mesh holds one connection per
-	// ztunnel (one a node) and per istio-agent (one a sidecar or
-	// gateway Pod), spread over the replicas.
+	// the chart's 256 MiB memory limit: an idle connection costs ~36 KiB,
+	// and 4096 of them hold meshca at ~210 MiB of RSS
+	// (BenchmarkIdleConnectionsAtCap), which leaves ~45 MiB for
+	// requests, the Pod index and the garbage collector's headroom. A
+	// mesh holds one connection per ztunnel (one a node) and per
+	// istio-agent (one a sidecar or gateway Pod), spread over the
+	// replicas.
 	DefaultMaxConnections = 4096
 	// DefaultMaxConnectionsPerPeer lets one address hold a node's worth
 	// of connections (kubelet's default 110 Pods, 250 on managed

@@ -30,4 +30,6 @@ const (
 	logConfigFile = "config_file"
 	logSettings   = "settings"
 	logIgnoredEnv = "ignored_env"
+	logOpenConns  = "open_connections"
+	logSuppressed = "suppressed"
 )

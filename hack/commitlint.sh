@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # commitlint.sh — make check: every commit after the history rule began
 # (issue 24) has a subject of at most 72 characters, written `area: what
-# changed` (an area of at most 40 characters: packages, paths, comma separated); the why
+# changed` (an area of at most 40 characters: packages, paths or file names
+# such as README, comma separated); the why
 # goes in the body. Commits before BASE are left as they are.
 #   hack/commitlint.sh [revision-range]   # default BASE..HEAD
 set -euo pipefail
@@ -22,7 +23,7 @@ while IFS=' ' read -r hash subject; do
   if (( ${#subject} > 72 )); then
     echo "commitlint: $hash: subject of ${#subject} characters (at most 72; the why goes in the body): $subject" >&2
     bad=1
-  elif ! [[ $subject =~ ^[a-z0-9][a-zA-Z0-9/._,\ -]{0,39}:\ [^\ ] ]]; then
+  elif ! [[ $subject =~ ^[A-Za-z0-9][a-zA-Z0-9/._,\ -]{0,39}:\ [^\ ] ]]; then
     echo "commitlint: $hash: subject is not \"area: what changed\": $subject" >&2
     bad=1
   fi
