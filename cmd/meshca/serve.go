@@ -58,6 +58,7 @@ type serveFlags struct {
 	renewalTTL     time.Duration
 	negativeTTL    time.Duration
 	configFile     string
+	printConfig    bool
 	addressFile    string
 	publishTrust   bool
 	trustSelector  string
@@ -90,6 +91,7 @@ func newServeCommand() *cobra.Command {
 // newServe is the serve command and the flags it fills.
 func newServe() (*cobra.Command, *serveFlags) {
 	f := &serveFlags{}
+	var groups []flagGroup
 	cmd := &cobra.Command{
 		Use:     "serve",
 		Short:   "Serve the Istio CA API",
@@ -101,10 +103,13 @@ func newServe() (*cobra.Command, *serveFlags) {
 				return err
 			}
 			f.settings = s
+			if f.printConfig {
+				return f.print(cmd.Flags(), cmd.OutOrStdout(), groups)
+			}
 			return f.run(cmd.Context(), cmd.Flags(), cmd.OutOrStdout())
 		},
 	}
-	groups := f.groups(cmd)
+	groups = f.groups(cmd)
 	registerGroups(cmd.Flags(), groups)
 	setGroupedHelp(cmd, groups)
 	return cmd, f
@@ -238,6 +243,19 @@ func backdateOption(d time.Duration) time.Duration {
 		return keymgr.NoBackdate
 	}
 	return d
+}
+
+// print writes the settings as --print-config shows them, then checks
+// them as serve would before reading any file: a refusal is the error.
+func (f *serveFlags) print(fl *pflag.FlagSet, w io.Writer, groups []flagGroup) error {
+	if err := printConfig(w, fl, f.settings, groups); err != nil {
+		return err
+	}
+	if _, err := f.log.logger(); err != nil {
+		return f.settings.explain(err)
+	}
+	_, err := f.validate()
+	return f.settings.explain(err)
 }
 
 // run validates the flags of fl, writes the configuration's audit event

@@ -37,8 +37,9 @@ func (f *serveFlags) groups(cmd *cobra.Command) []flagGroup {
 		{"Pod certificates", []string{"pod-certificate-signer-name"}, f.podCert.register},
 		{"istiod's certificate", []string{"istiod-cert-secret", "istiod-deployment"}, f.istiod.register},
 		{"Observability", []string{"log-level", "audit-log-file", "admin-listen", "enable-pprof"}, func(fl *pflag.FlagSet) { f.registerObservability(cmd, fl) }},
-		{"Config", []string{"config"}, func(fl *pflag.FlagSet) {
+		{"Config", []string{"config", "print-config"}, func(fl *pflag.FlagSet) {
 			fl.StringVar(&f.configFile, "config", "", "YAML file of settings, one key per flag in camelCase and the backends' in sections (docs/signers/); below the command line, above MESHCA_* and Istio's variables (docs/istio.md); or set "+envName("config"))
+			fl.BoolVar(&f.printConfig, "print-config", false, "print the settings serve would run with, as a config file that says where each came from (flag, config, env NAME, default), check them and exit without serving")
 		}},
 	}
 }

@@ -83,7 +83,7 @@ func resolveSettings(fl *pflag.FlagSet, environ []string) (*settings, error) {
 		}
 	}
 	s := &settings{source: map[string]string{}}
-	skip := map[string]bool{"help": true, "config": true}
+	skip := notConfig
 	if cf := fl.Lookup("config"); cf != nil {
 		s.source["config"] = sourceDefault
 		switch v := env[envName("config")]; {

@@ -54,6 +54,7 @@ var scenarios = []scenario{
 	{"scheduling", "scheduling-values.yaml"},
 	{"monitoring", "monitoring-values.yaml"},
 	{"istio", "istio-values.yaml"},
+	{"serve-config", "serveconfig-values.yaml"},
 }
 
 // render runs helm template for release meshca in namespace ns.
