@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -43,67 +44,14 @@ func newRootPrepareCommand() *cobra.Command {
 			"certificates without the key, which lives in an external backend (Vault, cfssl, the controller\n" +
 			"of a k8scsr signer): meshca then manages trust only.",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
-			if err != nil {
-				return &exitError{code: exitUsage, err: err}
-			}
-			defer audit.close()
-			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
-			defer cancel()
-			store, notice, err := f.store.openForStep(ctx)
-			if err != nil {
-				return err
-			}
-			f.signer.out = cmd.OutOrStdout()
-			made, err := f.inBackend(ctx, store)
-			if err != nil {
-				audit.step(ctx, "prepare", "", false, f.reason, err)
-				return rootError(err)
-			}
-			var added *keymgr.AuthorityRecord
-			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
-				rec := made
-				if rec == nil {
-					if rec, err = f.record(s); err != nil {
-						return err
-					}
-				} else {
-					c := *made // a fresh copy for every attempt: the step writes its history
-					rec = &c
-				}
-				added = rec
-				if s.Active() == nil {
-					now := time.Now()
-					if err := s.Bootstrap(rec, now, f.reasonOr("first authority")); err != nil {
-						return err
-					}
-					if f.imports() && f.issuedTTL > 0 {
-						s.RecordPrior(rec.ID(), f.issuedTTL, now)
-					}
-					return nil
-				}
-				return s.Prepare(rec, time.Now(), f.reasonOr("prepared by meshca root prepare"))
-			})
-			if err != nil {
-				audit.step(ctx, "prepare", authorityID(added), false, f.reason, err)
-				return rootError(err)
-			}
-			audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
-			tell(cmd.ErrOrStderr(), notice)
-			rec, _ := st.Lookup(added.ID())
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
-				rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
-			if rec.Phase == keymgr.PhaseActive && f.imports() && f.issuedTTL > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "the guards assume leaves of up to %s (--issued-ttl) were issued under it before\n", f.issuedTTL)
-			}
-			if !rec.SignsWithRoot() {
-				fmt.Fprintf(cmd.OutOrStdout(), "signs with intermediate %s (%s, not after %s) under root %s\n",
-					rec.Cert.Subject, keyType(rec.Cert.PublicKey), rec.Cert.NotAfter.UTC().Format(time.RFC3339), short(rec.RootID()))
-			}
-			return nil
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return f.run(cmd) },
 	}
+	f.register(cmd)
+	return cmd
+}
+
+// register registers prepare's flags on cmd.
+func (f *prepareFlags) register(cmd *cobra.Command) {
 	f.store.register(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&f.keyType, "key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
@@ -120,7 +68,82 @@ func newRootPrepareCommand() *cobra.Command {
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	f.signer.register(fl, "prepare")
 	f.audit.register(fl, "standard error")
-	return cmd
+}
+
+// run takes the step: the authority made in the backend, or by the
+// flags, added to the CA state, audited and reported.
+func (f *prepareFlags) run(cmd *cobra.Command) error {
+	audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	defer audit.close()
+	ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
+	defer cancel()
+	store, notice, err := f.store.openForStep(ctx)
+	if err != nil {
+		return err
+	}
+	f.signer.out = cmd.OutOrStdout()
+	made, err := f.inBackend(ctx, store)
+	if err != nil {
+		audit.step(ctx, "prepare", "", false, f.reason, err)
+		return rootError(err)
+	}
+	var added *keymgr.AuthorityRecord
+	st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
+		added, err = f.add(s, made)
+		return err
+	})
+	if err != nil {
+		audit.step(ctx, "prepare", authorityID(added), false, f.reason, err)
+		return rootError(err)
+	}
+	audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
+	tell(cmd.ErrOrStderr(), notice)
+	rec, _ := st.Lookup(added.ID())
+	f.report(cmd.OutOrStdout(), st, rec)
+	return nil
+}
+
+// add adds the authority to s: made, copied afresh for every attempt of
+// the update (the step writes its history), or one the flags build. The
+// first authority of a state is bootstrapped, active at once.
+func (f *prepareFlags) add(s *keymgr.State, made *keymgr.AuthorityRecord) (*keymgr.AuthorityRecord, error) {
+	rec := made
+	if rec == nil {
+		var err error
+		if rec, err = f.record(s); err != nil {
+			return nil, err
+		}
+	} else {
+		c := *made
+		rec = &c
+	}
+	if s.Active() != nil {
+		return rec, s.Prepare(rec, time.Now(), f.reasonOr("prepared by meshca root prepare"))
+	}
+	now := time.Now()
+	if err := s.Bootstrap(rec, now, f.reasonOr("first authority")); err != nil {
+		return rec, err
+	}
+	if f.imports() && f.issuedTTL > 0 {
+		s.RecordPrior(rec.ID(), f.issuedTTL, now)
+	}
+	return rec, nil
+}
+
+// report says what prepare added to st.
+func (f *prepareFlags) report(w io.Writer, st *keymgr.State, rec *keymgr.AuthorityRecord) {
+	fmt.Fprintf(w, "%s %s (%s, %s, not after %s); bundle sequence %d\n", rec.Phase, shortID(rec),
+		rec.Root.Subject, keyType(rec.Root.PublicKey), rec.Root.NotAfter.UTC().Format(time.RFC3339), st.Sequence)
+	if rec.Phase == keymgr.PhaseActive && f.imports() && f.issuedTTL > 0 {
+		fmt.Fprintf(w, "the guards assume leaves of up to %s (--issued-ttl) were issued under it before\n", f.issuedTTL)
+	}
+	if !rec.SignsWithRoot() {
+		fmt.Fprintf(w, "signs with intermediate %s (%s, not after %s) under root %s\n",
+			rec.Cert.Subject, keyType(rec.Cert.PublicKey), rec.Cert.NotAfter.UTC().Format(time.RFC3339), short(rec.RootID()))
+	}
 }
 
 // inBackend creates the authority in an external signer (a Vault issuer),

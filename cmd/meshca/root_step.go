@@ -64,61 +64,7 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 		Use: use, Short: short, Long: long + "\n--force overrides the guard, only with --reason; both are recorded.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if f.force && f.reason == "" {
-				return &exitError{code: exitUsage, err: errors.New("--force needs --reason: say why the guard is overridden")}
-			}
-			audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
-			if err != nil {
-				return &exitError{code: exitUsage, err: err}
-			}
-			defer audit.close()
-			ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
-			defer cancel()
-			store, notice, err := f.store.openForStep(ctx)
-			if err != nil {
-				return err
-			}
-			if f.dependents, err = f.store.dependents(ctx, f.istiod); err != nil {
-				return &exitError{code: exitUsage, err: err}
-			}
-			if d, ok := store.(*keymgr.DirStore); ok {
-				// Finish a step a crash cut short after its commit (a
-				// retired key left on disk), even if this one is refused.
-				if err := d.Tidy(ctx); err != nil {
-					return &exitError{code: exitUsage, err: err}
-				}
-			}
-			f.signer.out = cmd.OutOrStdout()
-			be, err := f.signer.backend(ctx)
-			if err != nil {
-				return &exitError{code: exitUsage, err: err}
-			}
-			var id string
-			if _, local := be.(localRoot); !local {
-				if id, err = tryStep(ctx, store, args, phase, step, f, func(s *keymgr.State, rec *keymgr.AuthorityRecord) error {
-					return inBackend(be, ctx, s, rec)
-				}); err != nil {
-					audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
-					return rootError(err)
-				}
-			}
-			st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
-				rec, err := pick(s, args, phase)
-				if err != nil {
-					return &exitError{code: exitUsage, err: err}
-				}
-				id = rec.ID()
-				return step(s, id, time.Now(), f)
-			})
-			if err != nil {
-				audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
-				return rootError(err)
-			}
-			audit.step(ctx, cmd.Name(), id, f.force, f.reason, nil)
-			tell(cmd.ErrOrStderr(), notice)
-			rec, _ := st.Lookup(id)
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
-			return nil
+			return f.run(cmd, args, phase, step, inBackend)
 		},
 	}
 	f.store.register(cmd)
@@ -129,6 +75,79 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultGuardMargin, "margin the guard adds: activate waits half the longest leaf lifetime plus it, retire the last leaf's expiry plus it")
 	f.audit.register(cmd.Flags(), "standard error")
 	return cmd
+}
+
+// run takes the step cmd names on the authority args name: tried and
+// taken in an external backend first, then recorded in the CA state,
+// audited and reported.
+func (f *stepFlags) run(cmd *cobra.Command, args []string, phase keymgr.Phase, step stepFunc,
+	inBackend func(rootBackend, context.Context, *keymgr.State, *keymgr.AuthorityRecord) error) error {
+	if f.force && f.reason == "" {
+		return &exitError{code: exitUsage, err: errors.New("--force needs --reason: say why the guard is overridden")}
+	}
+	audit, err := f.audit.stepAuditor(cmd, f.signer.signer)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	defer audit.close()
+	ctx, cancel := contextWithTimeout(cmd, 60*time.Second)
+	defer cancel()
+	store, notice, be, err := f.open(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	var id string
+	if _, local := be.(localRoot); !local {
+		if id, err = tryStep(ctx, store, args, phase, step, f, func(s *keymgr.State, rec *keymgr.AuthorityRecord) error {
+			return inBackend(be, ctx, s, rec)
+		}); err != nil {
+			audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
+			return rootError(err)
+		}
+	}
+	st, err := keymgr.Update(ctx, store, func(s *keymgr.State) error {
+		rec, err := pick(s, args, phase)
+		if err != nil {
+			return &exitError{code: exitUsage, err: err}
+		}
+		id = rec.ID()
+		return step(s, id, time.Now(), f)
+	})
+	if err != nil {
+		audit.step(ctx, cmd.Name(), id, f.force, f.reason, err)
+		return rootError(err)
+	}
+	audit.step(ctx, cmd.Name(), id, f.force, f.reason, nil)
+	tell(cmd.ErrOrStderr(), notice)
+	rec, _ := st.Lookup(id)
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
+	return nil
+}
+
+// open opens the CA state for the step, reads what istiod's certificate
+// holds, finishes on a state directory a step a crash cut short, and
+// returns the signer's side of the step.
+func (f *stepFlags) open(ctx context.Context, cmd *cobra.Command) (keymgr.StateStore, string, rootBackend, error) {
+	store, notice, err := f.store.openForStep(ctx)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if f.dependents, err = f.store.dependents(ctx, f.istiod); err != nil {
+		return nil, "", nil, &exitError{code: exitUsage, err: err}
+	}
+	if d, ok := store.(*keymgr.DirStore); ok {
+		// Finish a step a crash cut short after its commit (a retired
+		// key left on disk), even if this one is refused.
+		if err := d.Tidy(ctx); err != nil {
+			return nil, "", nil, &exitError{code: exitUsage, err: err}
+		}
+	}
+	f.signer.out = cmd.OutOrStdout()
+	be, err := f.signer.backend(ctx)
+	if err != nil {
+		return nil, "", nil, &exitError{code: exitUsage, err: err}
+	}
+	return store, notice, be, nil
 }
 
 // tryStep takes the step on a copy of the stored state and, if the state

@@ -118,56 +118,99 @@ func newServe() (*cobra.Command, *serveFlags) {
 // validate checks the flags without I/O and returns what they say, the
 // backend's files still unread (load reads them).
 func (f *serveFlags) validate() (serve.Config, error) {
-	var c serve.Config
 	td, err := spiffeid.TrustDomainFromString(f.trustDomain)
 	if err != nil {
-		return c, fmt.Errorf("--trust-domain: %w", err)
+		return serve.Config{}, fmt.Errorf("--trust-domain: %w", err)
 	}
 	f.b.hasState = f.stateDir != "" || f.stateSecret != ""
 	if err := f.b.validate(); err != nil {
-		return c, err
+		return serve.Config{}, err
 	}
+	if err := f.checkCA(); err != nil {
+		return serve.Config{}, err
+	}
+	if err := f.checkRanges(); err != nil {
+		return serve.Config{}, err
+	}
+	c := serve.Config{
+		TrustDomain: td, Listen: f.listen, ServingNames: f.servingNames,
+		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
+		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
+		CertRenewal: f.certRenewal, CertSigners: f.certSigners, EnablePprof: f.enablePprof,
+		Backend: serve.Backend{
+			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
+			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
+			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
+			AutoRotateInterval: f.autoInterval,
+			Backdate:           backdateOption(f.backdate),
+		},
+	}
+	if err := f.features(td, &c); err != nil {
+		return serve.Config{}, err
+	}
+	if c.Clusters, err = f.clusters(); err != nil {
+		return serve.Config{}, err
+	}
+	return c, nil
+}
+
+// checkCA checks that the flags name one source of the CA for the signer.
+func (f *serveFlags) checkCA() error {
+	states := count(f.stateDir != "", f.stateSecret != "")
 	switch {
-	case f.b.signer == signerLocal && count(f.stateDir != "", f.stateSecret != "", f.caDir != "") != 1:
-		return c, errors.New("give one CA: --state-dir or --state-secret (meshca's own state), or --ca-dir (a plugged-in CA)")
+	case f.b.signer == signerLocal && states+count(f.caDir != "") != 1:
+		return errors.New("give one CA: --state-dir or --state-secret (meshca's own state), or --ca-dir (a plugged-in CA)")
 	case f.b.signer != signerLocal && f.caDir != "":
-		return c, fmt.Errorf("--ca-dir belongs to the local signer, not --signer %s", f.b.signer)
-	case f.b.signer != signerLocal && count(f.stateDir != "", f.stateSecret != "", f.b.trustAnchors != "") != 1:
-		return c, fmt.Errorf("--signer %s: give the roots workloads trust in one way: --trust-anchors (a pinned bundle), or --state-dir or --state-secret (a CA state that \"meshca root\" rotates)", f.b.signer)
-	case f.defaultTTL <= 0 || f.maxTTL <= 0:
-		return c, errors.New("--default-ttl and --max-ttl must be positive")
-	case f.defaultTTL > f.maxTTL:
-		return c, fmt.Errorf("--default-ttl %v is above --max-ttl %v", f.defaultTTL, f.maxTTL)
-	case len(f.audiences) == 0:
-		return c, errors.New("--token-audiences must name at least one audience")
-	case len(f.servingNames) == 0:
-		return c, errors.New("--serving-dns-names must name at least one DNS name")
-	case f.clusterID == "":
-		return c, errors.New("--cluster-id must not be empty")
-	case f.cacheTTL < 0 || f.cacheSize < 0 || f.negativeTTL < 0:
-		return c, errors.New("--token-cache-ttl, --token-cache-size and --token-cache-negative-ttl must not be negative")
-	case f.maxHeaderBytes < 4<<10 || f.maxTokenBytes < 1<<10 || f.maxTokenBytes >= f.maxHeaderBytes:
-		return c, fmt.Errorf("--max-token-bytes (%d) must be at least 1024 and below --max-header-bytes (%d), itself at least 4096", f.maxTokenBytes, f.maxHeaderBytes)
-	case f.maxAuthnPeer <= 0 || f.requestTimeout <= 0:
-		return c, errors.New("--max-authn-per-peer and --request-timeout must be positive")
-	case f.prepareAt <= 0 || f.prepareAt >= 1 || f.rotationMargin < 0 || f.rootLifetime <= f.maxTTL:
-		return c, fmt.Errorf("--auto-rotate-prepare-at must be in (0, 1), --rotation-margin not negative, and --root-lifetime (%v) longer than --max-ttl (%v)", f.rootLifetime, f.maxTTL)
-	case f.autoInterval < time.Second || f.autoInterval > time.Hour:
-		return c, fmt.Errorf("--auto-rotate-interval %v must be between 1s and 1h", f.autoInterval)
-	case f.backdate < 0 || f.backdate > maxBackdate:
-		return c, fmt.Errorf("--backdate %v must be between 0 and %v", f.backdate, maxBackdate)
-	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
-		return c, fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
-	case slices.Contains(f.certSigners, ""):
-		return c, errors.New("--cert-signers: a name is empty (an empty CertSigner is always served)")
+		return fmt.Errorf("--ca-dir belongs to the local signer, not --signer %s", f.b.signer)
+	case f.b.signer != signerLocal && states+count(f.b.trustAnchors != "") != 1:
+		return fmt.Errorf("--signer %s: give the roots workloads trust in one way: --trust-anchors (a pinned bundle), or --state-dir or --state-secret (a CA state that \"meshca root\" rotates)", f.b.signer)
 	}
+	return nil
+}
+
+// checkRanges checks the scalar settings' bounds and relations.
+func (f *serveFlags) checkRanges() error {
+	switch {
+	case f.defaultTTL <= 0 || f.maxTTL <= 0:
+		return errors.New("--default-ttl and --max-ttl must be positive")
+	case f.defaultTTL > f.maxTTL:
+		return fmt.Errorf("--default-ttl %v is above --max-ttl %v", f.defaultTTL, f.maxTTL)
+	case len(f.audiences) == 0:
+		return errors.New("--token-audiences must name at least one audience")
+	case len(f.servingNames) == 0:
+		return errors.New("--serving-dns-names must name at least one DNS name")
+	case f.clusterID == "":
+		return errors.New("--cluster-id must not be empty")
+	case f.cacheTTL < 0 || f.cacheSize < 0 || f.negativeTTL < 0:
+		return errors.New("--token-cache-ttl, --token-cache-size and --token-cache-negative-ttl must not be negative")
+	case f.maxHeaderBytes < 4<<10 || f.maxTokenBytes < 1<<10 || f.maxTokenBytes >= f.maxHeaderBytes:
+		return fmt.Errorf("--max-token-bytes (%d) must be at least 1024 and below --max-header-bytes (%d), itself at least 4096", f.maxTokenBytes, f.maxHeaderBytes)
+	case f.maxAuthnPeer <= 0 || f.requestTimeout <= 0:
+		return errors.New("--max-authn-per-peer and --request-timeout must be positive")
+	case f.prepareAt <= 0 || f.prepareAt >= 1 || f.rotationMargin < 0 || f.rootLifetime <= f.maxTTL:
+		return fmt.Errorf("--auto-rotate-prepare-at must be in (0, 1), --rotation-margin not negative, and --root-lifetime (%v) longer than --max-ttl (%v)", f.rootLifetime, f.maxTTL)
+	case f.autoInterval < time.Second || f.autoInterval > time.Hour:
+		return fmt.Errorf("--auto-rotate-interval %v must be between 1s and 1h", f.autoInterval)
+	case f.backdate < 0 || f.backdate > maxBackdate:
+		return fmt.Errorf("--backdate %v must be between 0 and %v", f.backdate, maxBackdate)
+	case f.renewalTTL < 0 || f.renewalTTL > f.defaultTTL:
+		return fmt.Errorf("--cert-renewal-max-ttl %v must be between 0 and --default-ttl %v", f.renewalTTL, f.defaultTTL)
+	case slices.Contains(f.certSigners, ""):
+		return errors.New("--cert-signers: a name is empty (an empty CertSigner is always served)")
+	}
+	return nil
+}
+
+// features fills c's parts beyond the request path: pod certificates,
+// istiod's certificate, trust publishing, limits, the key policy, the
+// bundle endpoint and the admin listener.
+func (f *serveFlags) features(td spiffeid.TrustDomain, c *serve.Config) error {
 	podCert, err := f.podCert.config(&f.ctb)
 	if err != nil {
-		return c, err
+		return err
 	}
-	istiod, err := f.istiod.config(f.maxTTL)
-	if err != nil {
-		return c, err
+	if c.IstiodCert, err = f.istiod.config(f.maxTTL); err != nil {
+		return err
 	}
 	if podCert.SignerName != "" && f.ctb.signer == "" {
 		// The Pods mount the trust bundle of their signer: published,
@@ -176,59 +219,46 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		f.ctb.publish, f.ctb.signer = true, podCert.SignerName
 	}
 	if err := f.ctb.validate(td); err != nil {
-		return c, err
+		return err
 	}
-	limits, conn, err := f.limits.config()
-	if err != nil {
-		return c, err
+	c.PodCertificates = podCert
+	c.Trust = serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
+		ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer}
+	if c.Limits, c.Conn, err = f.limits.config(); err != nil {
+		return err
 	}
+	if c.KeyPolicy, err = csr.ParseKeyPolicy(f.keyPolicy); err != nil {
+		return fmt.Errorf("--key-policy: %w", err)
+	}
+	if c.BundleEndpoint, err = f.bundle.config(td, f.b.signer); err != nil {
+		return err
+	}
+	c.AdminListen, err = adminAddress(f.adminListen, f.adminBind)
+	return err
+}
+
+// clusters is the local cluster and the remote ones, and how their
+// callers are authenticated and node proxies authorized.
+func (f *serveFlags) clusters() (serve.Clusters, error) {
 	accounts, err := ca.ParseNodeAccounts(f.nodeAccounts)
 	if err != nil {
-		return c, fmt.Errorf("--trusted-node-accounts: %w", err)
+		return serve.Clusters{}, fmt.Errorf("--trusted-node-accounts: %w", err)
 	}
 	deny, err := ca.ParseNodeProxyDeny(f.nodeProxyDeny)
 	if err != nil {
-		return c, fmt.Errorf("--node-proxy-deny: %w", err)
-	}
-	admin, err := adminAddress(f.adminListen, f.adminBind)
-	if err != nil {
-		return c, err
+		return serve.Clusters{}, fmt.Errorf("--node-proxy-deny: %w", err)
 	}
 	remotes, err := parseRemotes(f.remotes, f.clusterID)
 	if err != nil {
-		return c, err
+		return serve.Clusters{}, err
 	}
 	allow, err := kube.ParseKubeconfigAllow(f.remoteAllow)
 	if err != nil {
-		return c, fmt.Errorf("--%s: %w", kube.KubeconfigAllowFlag, err)
+		return serve.Clusters{}, fmt.Errorf("--%s: %w", kube.KubeconfigAllowFlag, err)
 	}
-	kp, err := csr.ParseKeyPolicy(f.keyPolicy)
-	if err != nil {
-		return c, fmt.Errorf("--key-policy: %w", err)
-	}
-	bundle, err := f.bundle.config(td, f.b.signer)
-	if err != nil {
-		return c, err
-	}
-	return serve.Config{
-		TrustDomain: td, Listen: f.listen, AdminListen: admin, ServingNames: f.servingNames,
-		DefaultTTL: f.defaultTTL, MaxTTL: f.maxTTL, CertRenewalTTL: f.renewalTTL, RequestTimeout: f.requestTimeout,
-		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
-		Limits: limits, Conn: conn, KeyPolicy: kp, CertRenewal: f.certRenewal, CertSigners: f.certSigners,
-		Clusters: serve.Clusters{
-			LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
-			Audiences: f.audiences, NodeAccounts: accounts, NodeProxyDeny: deny, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
-		},
-		Trust: serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
-			ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer},
-		PodCertificates: podCert, IstiodCert: istiod, BundleEndpoint: bundle, EnablePprof: f.enablePprof,
-		Backend: serve.Backend{
-			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
-			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
-			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
-			AutoRotateInterval: f.autoInterval,
-			Backdate:           backdateOption(f.backdate),
-		},
+	return serve.Clusters{
+		LocalID: f.clusterID, LocalKubeconfig: f.kubeconfig, Remotes: remotes, SecretNamespace: f.secretNS, KubeconfigAllow: allow,
+		Audiences: f.audiences, NodeAccounts: accounts, NodeProxyDeny: deny, CacheTTL: f.cacheTTL, NegativeTTL: f.negativeTTL, CacheSize: f.cacheSize,
 	}, nil
 }
 

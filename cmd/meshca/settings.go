@@ -83,62 +83,17 @@ func resolveSettings(fl *pflag.FlagSet, environ []string) (*settings, error) {
 		}
 	}
 	s := &settings{source: map[string]string{}}
-	skip := notConfig
-	if cf := fl.Lookup("config"); cf != nil {
-		s.source["config"] = sourceDefault
-		switch v := env[envName("config")]; {
-		case cf.Changed:
-			s.source["config"] = sourceFlag
-		case v != "":
-			if err := cf.Value.Set(v); err != nil {
-				return nil, err
-			}
-			s.source["config"] = "env " + envName("config")
-		}
-		s.configFile = cf.Value.String()
-	}
-	fromFile := map[string][]string{}
-	if s.configFile != "" {
-		var err error
-		if fromFile, err = readConfigFile(s.configFile, fl, skip); err != nil {
-			return nil, err
-		}
+	fromFile, err := s.readConfig(fl, env)
+	if err != nil {
+		return nil, err
 	}
 	aliases := map[string]istioAlias{}
 	for _, a := range istioAliases {
 		aliases[a.Flag] = a
 	}
-	var err error
 	fl.VisitAll(func(f *pflag.Flag) {
-		if err != nil || skip[f.Name] {
-			return
-		}
-		src, vals, ok := sourceFlag, []string(nil), f.Changed
-		if !ok {
-			src, vals, ok = sourceConfig, fromFile[f.Name], fromFile[f.Name] != nil
-		}
-		if v := env[envName(f.Name)]; !ok && v != "" {
-			src, vals, ok = "env "+envName(f.Name), []string{v}, true
-			if isList(f) {
-				vals = splitList(v)
-			}
-		}
-		if a, found := aliases[f.Name]; !ok && found {
-			if v, set := env[a.Env]; set && (v != "" || a.List) {
-				src, vals, ok = "env "+a.Env, []string{v}, true
-				if a.List {
-					vals = splitList(v)
-				}
-			}
-		}
-		if !ok {
-			src = sourceDefault
-		}
-		s.source[f.Name] = src
-		if src != sourceFlag && src != sourceDefault {
-			if e := apply(f, vals); e != nil {
-				err = s.valueError(f.Name, src, vals, e)
-			}
+		if err == nil && !notConfig[f.Name] {
+			err = s.resolve(f, env, fromFile[f.Name], aliases)
 		}
 	})
 	if err != nil {
@@ -153,6 +108,64 @@ func resolveSettings(fl *pflag.FlagSet, environ []string) (*settings, error) {
 	}
 	sort.Strings(s.ignoredEnv)
 	return s, nil
+}
+
+// readConfig finds the config file (--config, else MESHCA_CONFIG) and
+// returns the values it gives, by flag name; none without a file.
+func (s *settings) readConfig(fl *pflag.FlagSet, env map[string]string) (map[string][]string, error) {
+	cf := fl.Lookup("config")
+	if cf == nil {
+		return nil, nil
+	}
+	s.source["config"] = sourceDefault
+	switch v := env[envName("config")]; {
+	case cf.Changed:
+		s.source["config"] = sourceFlag
+	case v != "":
+		if err := cf.Value.Set(v); err != nil {
+			return nil, err
+		}
+		s.source["config"] = "env " + envName("config")
+	}
+	if s.configFile = cf.Value.String(); s.configFile == "" {
+		return nil, nil
+	}
+	return readConfigFile(s.configFile, fl, notConfig)
+}
+
+// resolve sets f, unless the command line did, from the first of: the
+// config file's values, MESHCA_<FLAG>, its Istio variable; and records
+// where its value came from.
+func (s *settings) resolve(f *pflag.Flag, env map[string]string, fromFile []string, aliases map[string]istioAlias) error {
+	src, vals, ok := sourceFlag, []string(nil), f.Changed
+	if !ok {
+		src, vals, ok = sourceConfig, fromFile, fromFile != nil
+	}
+	if v := env[envName(f.Name)]; !ok && v != "" {
+		src, vals, ok = "env "+envName(f.Name), []string{v}, true
+		if isList(f) {
+			vals = splitList(v)
+		}
+	}
+	if a, found := aliases[f.Name]; !ok && found {
+		if v, set := env[a.Env]; set && (v != "" || a.List) {
+			src, vals, ok = "env "+a.Env, []string{v}, true
+			if a.List {
+				vals = splitList(v)
+			}
+		}
+	}
+	if !ok {
+		src = sourceDefault
+	}
+	s.source[f.Name] = src
+	if src == sourceFlag || src == sourceDefault {
+		return nil
+	}
+	if err := apply(f, vals); err != nil {
+		return s.valueError(f.Name, src, vals, err)
+	}
+	return nil
 }
 
 // valueError says which value of which source did not parse.

@@ -14,6 +14,9 @@ type sourceFile struct {
 	Path      string // relative to the repository root
 	Lines     int
 	Generated bool
+	// Funcs are the file's functions and methods with their lengths;
+	// only for files checkFuncs looks at (funcLimits).
+	Funcs []funcSpan
 }
 
 // A pkg is one package of the product module, with the files go list

@@ -1,6 +1,7 @@
 // Command budgets enforces the budgets of meshca's design that the
 // compiler does not: no Go file not marked generated over 500 lines, in any
-// module of the repository; only allowed direct requires (each with its reason) in the product
+// module of the repository; no function over its folder's limit (cmd/: 60
+// lines); only allowed direct requires (each with its reason) in the product
 // go.mod; google.golang.org/grpc/status imported only by ca and ca/caclient;
 // no import against the package layering. The rules are data, in rules.go.
 //
@@ -58,6 +59,7 @@ func run(root string, stdout, stderr io.Writer) error {
 	}
 	var problems []string
 	problems = append(problems, checkSizes(files, maxLines)...)
+	problems = append(problems, checkFuncs(files, funcLimits)...)
 	problems = append(problems, checkRequires(direct, allowedRequires)...)
 	problems = append(problems, checkLayers(module, pkgs, layers, testMayNotImport)...)
 	problems = append(problems, checkStatus(module, pkgs, statusImporters)...)
@@ -108,7 +110,13 @@ func walkGoFiles(root string) ([]sourceFile, error) {
 		if err != nil {
 			return err
 		}
-		out = append(out, sourceFile{Path: filepath.ToSlash(rel), Lines: countLines(src), Generated: isGenerated(src)})
+		f := sourceFile{Path: filepath.ToSlash(rel), Lines: countLines(src), Generated: isGenerated(src)}
+		if _, limited := funcLimit(f.Path, funcLimits); limited && !f.Generated {
+			if f.Funcs, err = funcSpans(path, src); err != nil {
+				return err
+			}
+		}
+		out = append(out, f)
 		return nil
 	})
 	return out, err
