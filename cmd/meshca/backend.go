@@ -1,51 +1,131 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
-	cfconfig "github.com/cloudflare/cfssl/config"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
-	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/spf13/pflag"
 )
 
-// Signer backends.
-const (
-	signerLocal  = serve.BackendLocal
-	signerCfssl  = serve.BackendCfssl
-	signerVault  = serve.BackendVault
-	signerK8sCSR = serve.BackendK8sCSR
-)
+// signerBackend describes one signer backend to every command, once: its
+// file (backend_<name>.go) registers it with registerSigner, and serve's
+// flags, help, config file keys and checks and the root steps' signer
+// side all come from the registered descriptors.
+type signerBackend struct {
+	// name is --signer's value; usage what it is, for --signer's help.
+	name, usage string
+	// helpGroup titles its serve flags in the help; keyFlags are those
+	// the short help names. Its flags are named <name>-..., and their
+	// config file keys are in the section <name> (cfssl.url).
+	helpGroup string
+	keyFlags  []string
+	// serve makes its serve flags; nil: it has none.
+	serve func() serveOptions
+	// root makes its side of the rotation steps, rootUsage says what a
+	// step changes in it; nil: meshca root takes no step with it
+	// (--signer refuses it).
+	root      func() rootOptions
+	rootUsage string
+	// ownCA: meshca holds the signing key in process and issues its own
+	// X509-SVIDs with it (the bundle endpoint's https_spiffe profile).
+	ownCA bool
+	// noPodCertificates says why it cannot sign pod certificates; empty:
+	// it can.
+	noPodCertificates string
+}
+
+// serveOptions are a backend's serve flags.
+type serveOptions interface {
+	register(fl *pflag.FlagSet)
+	// validate checks them without I/O; common holds the flags every
+	// backend shares.
+	validate(common *backendFlags) error
+	// load reads the files they name into c.
+	load(common *backendFlags, c *serve.Backend, log *slog.Logger) error
+}
+
+// rootOptions are a backend's flags of a rotation step.
+type rootOptions interface {
+	// register registers those that apply to step: prepare, activate or
+	// retire.
+	register(fl *pflag.FlagSet, step string)
+	// open returns the backend's side of the step, which reports on out.
+	open(ctx context.Context, out io.Writer) (rootBackend, error)
+}
+
+// signerBackends are the registered backends, the default first.
+var signerBackends []*signerBackend
+
+// registerSigner adds b to the backends.
+func registerSigner(b *signerBackend) {
+	signerBackends = append(signerBackends, b)
+	slices.SortStableFunc(signerBackends, func(x, y *signerBackend) int {
+		switch {
+		case x.name == signerLocal:
+			return -1
+		case y.name == signerLocal:
+			return 1
+		}
+		return strings.Compare(x.name, y.name)
+	})
+}
+
+// signerNamed is the backend named name, nil when none is.
+func signerNamed(name string) *signerBackend {
+	for _, b := range signerBackends {
+		if b.name == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// signerNames lists the names of the backends keep admits, "a, b or c".
+func signerNames(keep func(*signerBackend) bool) string {
+	var names []string
+	for _, b := range signerBackends {
+		if keep(b) {
+			names = append(names, b.name)
+		}
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// signerSection is the config file section of flag, a backend's, and the
+// rest of the flag's name; ok is false for a flag of no backend.
+func signerSection(flag string) (section, rest string, ok bool) {
+	for _, b := range signerBackends {
+		if rest, ok := strings.CutPrefix(flag, b.name+"-"); ok && b.serve != nil {
+			return b.name, rest, true
+		}
+	}
+	return "", "", false
+}
 
 // envCfsslAuthKey may carry the cfssl auth key instead of a file.
 const envCfsslAuthKey = "MESHCA_CFSSL_AUTH_KEY"
 
-// backendFlags select and configure the signer.
+// backendFlags select and configure the signer: the flags every backend
+// shares, and each backend's own.
 type backendFlags struct {
-	signer        string
-	trustAnchors  string
-	servingCert   string
-	servingKey    string
-	cfsslURL      string
-	cfsslProfile  string
-	cfsslKEProf   string
-	cfsslIstiod   string
-	cfsslLabel    string
-	cfsslAuthFile string
-	cfsslTLSCA    string
-	cfsslCACert   string
-	cfsslCAKey    string
-	cfsslChain    string
-	cfsslConfig   string
-	vault         vaultFlags
-	k8scsr        k8scsrFlags
+	signer       string
+	trustAnchors string
+	servingCert  string
+	servingKey   string
+	// opts are each backend's serve flags, by name.
+	opts map[string]serveOptions
 	// hasState: the trust bundle comes from a CA state (--state-dir or
 	// --state-secret), not from --trust-anchors.
 	hasState bool
@@ -53,7 +133,11 @@ type backendFlags struct {
 
 // registerSigner registers the choice of backend and the roots it needs.
 func (b *backendFlags) registerSigner(fl *pflag.FlagSet) {
-	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: local (built-in CA), cfssl, vault or k8scsr (Kubernetes CertificateSigningRequests)")
+	var uses []string
+	for _, s := range signerBackends {
+		uses = append(uses, s.usage)
+	}
+	fl.StringVar(&b.signer, "signer", signerLocal, "signing backend: "+strings.Join(uses, ", "))
 	fl.StringVar(&b.trustAnchors, "trust-anchors", "", "PEM roots workloads trust, pinned, for external backends; or give them a CA state (--state-dir, --state-secret) that \"meshca root\" rotates")
 }
 
@@ -63,67 +147,58 @@ func (b *backendFlags) registerServing(fl *pflag.FlagSet) {
 	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
 }
 
-// registerCfssl registers the cfssl backend's flags; the Vault and
-// k8scsr backends register their own.
-func (b *backendFlags) registerCfssl(fl *pflag.FlagSet) {
-	fl.StringVar(&b.cfsslURL, "cfssl-url", "", "remote cfssl server URL (cfssl serve or multirootca)")
-	fl.StringVar(&b.cfsslProfile, "cfssl-profile", "", "cfssl signing profile; a remote profile grants exactly digital signature, server auth and client auth")
-	fl.StringVar(&b.cfsslKEProf, "cfssl-key-encipherment-profile", "", "remote cfssl: profile for RSA workload keys, granting digital signature, key encipherment, server auth and client auth; without it --cfssl-profile serves RSA keys too")
-	fl.StringVar(&b.cfsslIstiod, "cfssl-istiod-profile", "", "cfssl profile for istiod's DNS certificate (--istiod-cert-secret), granting digital signature, server auth and client auth to its names alone; in process without --cfssl-config: the default policy's \""+cfssl.DefaultIstiodProfile+"\"")
-	fl.StringVar(&b.cfsslLabel, "cfssl-label", "", "cfssl signer label (multirootca)")
-	fl.StringVar(&b.cfsslAuthFile, "cfssl-auth-key-file", "", "file holding the hex auth key for authsign (or set "+envCfsslAuthKey+")")
-	fl.StringVar(&b.cfsslTLSCA, "cfssl-tls-ca-file", "", "PEM roots verifying an https cfssl server")
-	fl.StringVar(&b.cfsslCACert, "cfssl-ca-cert", "", "in-process cfssl: signing CA certificate")
-	fl.StringVar(&b.cfsslCAKey, "cfssl-ca-key", "", "in-process cfssl: signing CA key")
-	fl.StringVar(&b.cfsslChain, "cfssl-chain", "", "certificates above the signing CA, without the root (PEM)")
-	fl.StringVar(&b.cfsslConfig, "cfssl-config", "", "in-process cfssl: cfssl configuration file (its signing section)")
+// groups are the help groups of the backends' own flags, each
+// registering them.
+func (b *backendFlags) groups() []flagGroup {
+	var out []flagGroup
+	for _, s := range signerBackends {
+		if s.serve == nil {
+			continue
+		}
+		out = append(out, flagGroup{s.helpGroup, s.keyFlags, func(fl *pflag.FlagSet) { b.options(s).register(fl) }})
+	}
+	return out
+}
+
+// options are the serve flags of s, made on first use.
+func (b *backendFlags) options(s *signerBackend) serveOptions {
+	if b.opts == nil {
+		b.opts = map[string]serveOptions{}
+	}
+	o, ok := b.opts[s.name]
+	if !ok {
+		o = s.serve()
+		b.opts[s.name] = o
+	}
+	return o
+}
+
+// selected is the backend --signer names, or an error saying which
+// there are.
+func (b *backendFlags) selected() (*signerBackend, error) {
+	s := signerNamed(b.signer)
+	if s == nil {
+		return nil, fmt.Errorf("%s: %q is not one of %s", name("signer"), b.signer, signerNames(func(*signerBackend) bool { return true }))
+	}
+	return s, nil
 }
 
 // validate checks the selection without I/O.
 func (b *backendFlags) validate() error {
-	switch b.signer {
-	case signerLocal:
-		return nil
-	case signerCfssl:
-	case signerVault:
-		return b.validateVault()
-	case signerK8sCSR:
-		return b.validateK8sCSR()
-	default:
-		return fmt.Errorf("%s: %q is not one of local, cfssl, vault, k8scsr", name("signer"), b.signer)
+	s, err := b.selected()
+	if err != nil || s.serve == nil {
+		return err
 	}
-	inProcess := b.cfsslCACert != "" || b.cfsslCAKey != ""
-	switch {
-	case b.trustAnchors == "" && !b.hasState:
-		return fmt.Errorf("%s (or a CA state) is required with the cfssl signer: the trust bundle is pinned, never learned from the backend", name("trust-anchors"))
-	case inProcess == (b.cfsslURL != ""):
-		return fmt.Errorf("cfssl signer: give either %s (remote) or %s and %s (in process)", name("cfssl-url"), name("cfssl-ca-cert"), name("cfssl-ca-key"))
-	case inProcess && (b.cfsslCACert == "" || b.cfsslCAKey == ""):
-		return fmt.Errorf("%s and %s go together", name("cfssl-ca-cert"), name("cfssl-ca-key"))
-	case !inProcess && (b.servingCert == "" || b.servingKey == ""):
-		return fmt.Errorf("%s and %s are required with a remote cfssl: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
-	case (b.servingCert == "") != (b.servingKey == ""):
-		return fmt.Errorf("%s and %s go together", name("serving-cert-file"), name("serving-key-file"))
-	case inProcess && (b.cfsslAuthFile != "" || b.cfsslTLSCA != ""):
-		return fmt.Errorf("%s and %s apply to a remote cfssl only", name("cfssl-auth-key-file"), name("cfssl-tls-ca-file"))
-	case inProcess && b.cfsslLabel != "":
-		return fmt.Errorf("%s applies to a remote cfssl only", name("cfssl-label"))
-	case inProcess && b.cfsslKEProf != "":
-		return fmt.Errorf("%s applies to a remote cfssl only: in process, certificates carry the usages meshca derives from the key", name("cfssl-key-encipherment-profile"))
-	case b.cfsslKEProf != "" && b.cfsslKEProf == b.cfsslProfile:
-		return fmt.Errorf("%s names the same profile as %s: a remote cfssl takes a certificate's usages from its profile, and RSA keys need key encipherment that other keys must not have",
-			name("cfssl-key-encipherment-profile"), name("cfssl-profile"))
-	}
-	return nil
+	return b.options(s).validate(b)
 }
 
 // load reads the files the backend flags name into c, the backend's
 // configuration; the local backend reads its own directories.
 func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
-	if b.signer == signerLocal {
-		return nil
+	s, err := b.selected()
+	if err != nil || s.serve == nil {
+		return err
 	}
-	var err error
 	if b.trustAnchors != "" {
 		if c.TrustAnchors, err = readCerts(name("trust-anchors"), b.trustAnchors); err != nil {
 			return err
@@ -136,90 +211,16 @@ func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
 		}
 		c.Serving = &cert
 	}
-	if b.signer == signerVault {
-		vc, err := b.vaultConfig(log)
-		if err != nil {
-			return err
-		}
-		c.Vault = &vc
-		return nil
+	return b.options(s).load(b, c, log)
+}
+
+// requireServing refuses a backend meshca holds no CA key of without the
+// serving certificate the operator provides.
+func (b *backendFlags) requireServing(signer string) error {
+	if b.servingCert == "" || b.servingKey == "" {
+		return fmt.Errorf("%s and %s are required with the %s signer: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"), signer)
 	}
-	if b.signer == signerK8sCSR {
-		c.K8sCSR = b.k8scsr.config()
-		return nil
-	}
-	var chain []*x509.Certificate
-	if b.cfsslChain != "" {
-		if chain, err = readCerts(name("cfssl-chain"), b.cfsslChain); err != nil {
-			return err
-		}
-	}
-	if b.cfsslURL != "" {
-		rc, err := b.cfsslRemoteConfig(chain)
-		if err != nil {
-			return err
-		}
-		c.CfsslRemote = &rc
-		return nil
-	}
-	lc, err := b.cfsslLocalConfig(chain)
-	if err != nil {
-		return err
-	}
-	c.CfsslLocal = &lc
 	return nil
-}
-
-// cfsslLocalConfig is the in-process cfssl backend's configuration from
-// the flags, with chain above its CA.
-func (b *backendFlags) cfsslLocalConfig(chain []*x509.Certificate) (cfssl.LocalConfig, error) {
-	caCerts, err := readCerts(name("cfssl-ca-cert"), b.cfsslCACert)
-	if err != nil {
-		return cfssl.LocalConfig{}, err
-	}
-	keyPEM, err := os.ReadFile(b.cfsslCAKey)
-	if err != nil {
-		return cfssl.LocalConfig{}, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
-	}
-	key, err := pemutil.ParsePrivateKey(keyPEM)
-	if err != nil {
-		return cfssl.LocalConfig{}, fmt.Errorf("%s: %w", name("cfssl-ca-key"), err)
-	}
-	lc := cfssl.LocalConfig{CACert: caCerts[0], CAKey: key, Chain: chain, Profile: b.cfsslProfile, DNSProfile: b.cfsslIstiod}
-	if b.cfsslConfig == "" && lc.DNSProfile == "" {
-		lc.DNSProfile = cfssl.DefaultIstiodProfile
-	}
-	if b.cfsslConfig != "" {
-		cfg, err := cfconfig.LoadFile(b.cfsslConfig)
-		if err != nil {
-			return lc, fmt.Errorf("%s: %w", name("cfssl-config"), err)
-		}
-		if cfg.Signing == nil {
-			return lc, fmt.Errorf("%s: the file has no signing section", name("cfssl-config"))
-		}
-		lc.Policy = cfg.Signing
-	}
-	return lc, nil
-}
-
-// cfsslRemoteConfig is the remote cfssl backend's configuration from the
-// flags, with chain above the server's signing CA.
-func (b *backendFlags) cfsslRemoteConfig(chain []*x509.Certificate) (cfssl.RemoteConfig, error) {
-	rc := cfssl.RemoteConfig{
-		URL: b.cfsslURL, Profile: b.cfsslProfile, KeyEnciphermentProfile: b.cfsslKEProf, DNSProfile: b.cfsslIstiod, Label: b.cfsslLabel, Chain: chain,
-	}
-	var err error
-	if rc.AuthKey, err = secret(name("cfssl-auth-key-file"), b.cfsslAuthFile, envCfsslAuthKey); err != nil {
-		return rc, err
-	}
-	if b.cfsslTLSCA != "" {
-		roots, err := readCerts(name("cfssl-tls-ca-file"), b.cfsslTLSCA)
-		if err != nil {
-			return rc, err
-		}
-		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: keymgr.Pool(roots...)}
-	}
-	return rc, nil
 }
 
 func readCerts(flag, path string) ([]*x509.Certificate, error) {

@@ -20,17 +20,19 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		if mutate != nil {
 			mutate(&v)
 		}
-		return backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", vault: v}
+		return backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", opts: map[string]serveOptions{"vault": &v}}
 	}
-	withK8sCSR := func(mutate func(*backendFlags)) backendFlags {
-		b := backendFlags{signer: "k8scsr", trustAnchors: "r", servingCert: "c", servingKey: "k", k8scsr: k8scsrFlags{signerName: "example.com/meshca"}}
+	withK8sCSR := func(mutate func(*backendFlags, *k8scsrFlags)) backendFlags {
+		k := &k8scsrFlags{signerName: "example.com/meshca"}
+		b := backendFlags{signer: "k8scsr", trustAnchors: "r", servingCert: "c", servingKey: "k", opts: map[string]serveOptions{"k8scsr": k}}
 		if mutate != nil {
-			mutate(&b)
+			mutate(&b, k)
 		}
 		return b
 	}
 	remote := func(profile, keProfile string) backendFlags {
-		return backendFlags{signer: "cfssl", trustAnchors: "r", servingCert: "c", servingKey: "k", cfsslURL: "http://x", cfsslProfile: profile, cfsslKEProf: keProfile}
+		return backendFlags{signer: "cfssl", trustAnchors: "r", servingCert: "c", servingKey: "k",
+			opts: map[string]serveOptions{"cfssl": &cfsslFlags{url: "http://x", profile: profile, keProfile: keProfile}}}
 	}
 	tests := []struct {
 		name string
@@ -38,11 +40,11 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		want string
 	}{
 		{"k8scsr", withK8sCSR(nil), ""},
-		{"k8scsr with a CA state", withK8sCSR(func(b *backendFlags) { b.trustAnchors, b.hasState = "", true }), ""},
-		{"k8scsr without a signer name", withK8sCSR(func(b *backendFlags) { b.k8scsr.signerName = "" }), "--k8scsr-signer-name (k8scsr.signerName) is required"},
-		{"k8scsr without trust", withK8sCSR(func(b *backendFlags) { b.trustAnchors = "" }), "--trust-anchors (trustAnchors) (or a CA state) is required with the k8scsr signer"},
-		{"k8scsr without a serving certificate", withK8sCSR(func(b *backendFlags) { b.servingKey = "" }), "--serving-cert-file (servingCertFile) and --serving-key-file (servingKeyFile) are required"},
-		{"unknown signer", backendFlags{signer: "acme"}, "not one of local, cfssl, vault, k8scsr"},
+		{"k8scsr with a CA state", withK8sCSR(func(b *backendFlags, _ *k8scsrFlags) { b.trustAnchors, b.hasState = "", true }), ""},
+		{"k8scsr without a signer name", withK8sCSR(func(_ *backendFlags, k *k8scsrFlags) { k.signerName = "" }), "--k8scsr-signer-name (k8scsr.signerName) is required"},
+		{"k8scsr without trust", withK8sCSR(func(b *backendFlags, _ *k8scsrFlags) { b.trustAnchors = "" }), "--trust-anchors (trustAnchors) (or a CA state) is required with the k8scsr signer"},
+		{"k8scsr without a serving certificate", withK8sCSR(func(b *backendFlags, _ *k8scsrFlags) { b.servingKey = "" }), "--serving-cert-file (servingCertFile) and --serving-key-file (servingKeyFile) are required"},
+		{"unknown signer", backendFlags{signer: "acme"}, `--signer (signer): "acme" is not one of local, cfssl, k8scsr or vault`},
 		{"vault with an RSA role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh-rsa" }), ""},
 		{"vault RSA role is the main role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh" }), "--vault-rsa-role (vault.rsaRole) names the same role as --vault-role (vault.role)"},
 		{"vault zero backoff", withVault(func(v *vaultFlags) { v.reloginBackoff = 0 }), ""},
@@ -50,7 +52,7 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		{"cfssl remote with an RSA profile", remote("mesh", "rsa"), ""},
 		{"cfssl remote, RSA profile only", remote("", "rsa"), ""},
 		{"cfssl RSA profile is the main profile", remote("mesh", "mesh"), "names the same profile as --cfssl-profile (cfssl.profile)"},
-		{"cfssl in process with an RSA profile", backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k", cfsslKEProf: "rsa"},
+		{"cfssl in process with an RSA profile", backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{caCert: "c", caKey: "k", keProfile: "rsa"}}},
 			"--cfssl-key-encipherment-profile (cfssl.keyEnciphermentProfile) applies to a remote cfssl only"},
 	}
 	for _, tt := range tests {
@@ -127,11 +129,12 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			rc, err := b.cfsslRemoteConfig(nil)
+			cf, vf := b.opts["cfssl"].(*cfsslFlags), b.opts["vault"].(*vaultFlags)
+			rc, err := cf.remoteConfig(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			vc, err := b.vaultConfig(slog.Default())
+			vc, err := vf.config(slog.Default())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,8 +142,8 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 			if got != tt.want {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
-			if vc.Role != b.vault.role || rc.Profile != b.cfsslProfile {
-				t.Fatalf("role %q and profile %q, want the flags' %q and %q", vc.Role, rc.Profile, b.vault.role, b.cfsslProfile)
+			if vc.Role != vf.role || rc.Profile != cf.profile {
+				t.Fatalf("role %q and profile %q, want the flags' %q and %q", vc.Role, rc.Profile, vf.role, cf.profile)
 			}
 		})
 	}
@@ -151,7 +154,7 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 func registerBackend(b *backendFlags, fl *pflag.FlagSet) {
 	b.registerSigner(fl)
 	b.registerServing(fl)
-	b.registerCfssl(fl)
-	b.vault.register(fl)
-	b.k8scsr.register(fl)
+	for _, g := range b.groups() {
+		g.register(fl)
+	}
 }

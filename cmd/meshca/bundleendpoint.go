@@ -65,7 +65,7 @@ func (b *bundleEndpointFlags) config(td spiffeid.TrustDomain, signer string) (se
 		return c, errors.New("--bundle-endpoint-spiffe-id belongs to --bundle-endpoint-profile https_spiffe; https_web presents the operator's certificate")
 	case profile == bundleendpoint.ProfileSPIFFE && b.certFile != "":
 		return c, errors.New("--bundle-endpoint-cert-file and --bundle-endpoint-key-file belong to --bundle-endpoint-profile https_web; https_spiffe presents an SVID of meshca's own CA")
-	case profile == bundleendpoint.ProfileSPIFFE && signer != signerLocal:
+	case profile == bundleendpoint.ProfileSPIFFE && !ownCA(signer):
 		return c, fmt.Errorf("--bundle-endpoint-profile https_spiffe needs meshca's own CA key to issue the endpoint's X509-SVID, and --signer %s holds none here: give --bundle-endpoint-cert-file and --bundle-endpoint-key-file (https_web)", signer)
 	case b.refreshHint < time.Second:
 		return c, fmt.Errorf("--bundle-endpoint-refresh-hint %v must be at least 1s", b.refreshHint)
@@ -100,4 +100,11 @@ func (b *bundleEndpointFlags) spiffeID(td spiffeid.TrustDomain) (spiffeid.ID, er
 		return id, fmt.Errorf("--bundle-endpoint-spiffe-id %s is not in --trust-domain %s, whose CA issues the endpoint's SVID", id, td.Name())
 	}
 	return id, nil
+}
+
+// ownCA says whether meshca holds the signing key of the backend named
+// signer in process, to issue its own X509-SVIDs.
+func ownCA(signer string) bool {
+	b := signerNamed(signer)
+	return b != nil && b.ownCA
 }

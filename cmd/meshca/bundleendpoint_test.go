@@ -21,7 +21,7 @@ func TestBundleEndpointFlags(t *testing.T) {
 	vault := func(f *serveFlags) {
 		f.stateDir = ""
 		f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
-			vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}
+			opts: map[string]serveOptions{"vault": &vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}}
 	}
 	tests := []struct {
 		name   string

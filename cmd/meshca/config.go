@@ -25,36 +25,41 @@ import (
 // Secrets are never values here: only paths of files holding them (or
 // environment variables).
 
-// field names a setting as a flag and as a config file key where the key
-// is not the flag's camelCase: the backend sections.
-var field = map[string]string{
-	"signer": "signer", "trust-anchors": "trustAnchors", "serving-cert-file": "servingCertFile", "serving-key-file": "servingKeyFile",
-	"cfssl-url": "cfssl.url", "cfssl-profile": "cfssl.profile", "cfssl-key-encipherment-profile": "cfssl.keyEnciphermentProfile",
-	"cfssl-istiod-profile": "cfssl.istiodProfile", "cfssl-label": "cfssl.label", "cfssl-auth-key-file": "cfssl.authKeyFile",
-	"cfssl-tls-ca-file": "cfssl.tlsCAFile", "cfssl-ca-cert": "cfssl.caCert", "cfssl-ca-key": "cfssl.caKey", "cfssl-chain": "cfssl.chain",
-	"cfssl-config": "cfssl.config",
-	"vault-addr":   "vault.addr", "vault-ca-file": "vault.caFile", "vault-pki-mount": "vault.pkiMount", "vault-role": "vault.role",
-	"vault-rsa-role": "vault.rsaRole", "vault-istiod-role": "vault.istiodRole", "vault-relogin-backoff": "vault.reloginBackoff",
-	"vault-token-file": "vault.tokenFile", "vault-approle-role-id": "vault.appRoleRoleID", "vault-approle-secret-id-file": "vault.appRoleSecretIDFile",
-	"vault-approle-mount": "vault.appRoleMount", "vault-kubernetes-role": "vault.kubernetesRole",
-	"vault-kubernetes-token-file": "vault.kubernetesTokenFile", "vault-kubernetes-mount": "vault.kubernetesMount",
-	"k8scsr-signer-name": "k8scsr.signerName", "k8scsr-kubeconfig": "k8scsr.kubeconfig",
-}
+// backendShared are the flags every signer backend shares: named in
+// errors with their config file key, as the backends' own flags are.
+var backendShared = map[string]bool{"signer": true, "trust-anchors": true, "serving-cert-file": true, "serving-key-file": true}
 
 // initialisms are written in capitals in config keys, as in Go names.
 var initialisms = map[string]string{"id": "ID", "ttl": "TTL", "dns": "DNS", "ca": "CA", "url": "URL", "tls": "TLS", "spiffe": "SPIFFE", "rsa": "RSA"}
 
-// configKey is the config file key of a flag.
+// compounds are words written as two in config keys.
+var compounds = map[string]string{"approle": "appRole"}
+
+// configKey is the config file key of a flag: a signer backend's flag
+// (<backend>-...) in the backend's section, the rest of its name in
+// camelCase (--vault-approle-role-id is vault.appRoleRoleID); another
+// flag its name in camelCase.
 func configKey(flag string) string {
-	if k, ok := field[flag]; ok {
-		return k
+	if section, rest, ok := signerSection(flag); ok {
+		return section + "." + camel(rest)
 	}
+	return camel(flag)
+}
+
+// camel writes a flag's name in camelCase, initialisms in capitals.
+func camel(flag string) string {
 	words := strings.Split(flag, "-")
-	for i, w := range words[1:] {
-		if up, ok := initialisms[w]; ok {
-			words[i+1] = up
-		} else if w != "" {
-			words[i+1] = strings.ToUpper(w[:1]) + w[1:]
+	for i, w := range words {
+		if c, ok := compounds[w]; ok {
+			w = c
+		}
+		switch up, ok := initialisms[w]; {
+		case i == 0:
+			words[i] = w
+		case ok:
+			words[i] = up
+		case w != "":
+			words[i] = strings.ToUpper(w[:1]) + w[1:]
 		}
 	}
 	return strings.Join(words, "")
@@ -62,8 +67,8 @@ func configKey(flag string) string {
 
 // name renders a setting for an error: "--cfssl-url (cfssl.url)".
 func name(flag string) string {
-	if k, ok := field[flag]; ok {
-		return "--" + flag + " (" + k + ")"
+	if _, _, ok := signerSection(flag); ok || backendShared[flag] {
+		return "--" + flag + " (" + configKey(flag) + ")"
 	}
 	return "--" + flag
 }

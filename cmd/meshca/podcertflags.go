@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/spf13/pflag"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/ca/trust"
-	"github.com/meshca/meshca/signer/k8scsr"
 )
 
 // podCertFlags are the flags of the PodCertificateRequest signer.
@@ -38,8 +36,9 @@ func (f *podCertFlags) config(ctb *ctbFlags) (serve.PodCertificates, error) {
 	if err := trust.ValidateSignerName(f.signer); err != nil {
 		return c, fmt.Errorf("--pod-certificate-signer-name: %w", err)
 	}
-	if f.backend() == signerK8sCSR {
-		return c, errPodCertK8sCSR
+	if b := signerNamed(f.backend()); b != nil && b.noPodCertificates != "" {
+		return c, fmt.Errorf("--pod-certificate-signer-name cannot be used with --signer %s: %s; sign pod certificates with the %s signer",
+			b.name, b.noPodCertificates, signerNames(func(b *signerBackend) bool { return b.noPodCertificates == "" }))
 	}
 	if ctb.signer != "" && ctb.signer != f.signer {
 		return c, fmt.Errorf("--cluster-trust-bundle-signer-name %s must be empty or the --pod-certificate-signer-name %s: the Pods mount the bundle of their signer", ctb.signer, f.signer)
@@ -49,13 +48,6 @@ func (f *podCertFlags) config(ctb *ctbFlags) (serve.PodCertificates, error) {
 	}
 	return c, nil
 }
-
-// errPodCertK8sCSR refuses pod certificates signed through
-// CertificateSigningRequests (serve refuses them too).
-var errPodCertK8sCSR = errors.New("--pod-certificate-signer-name cannot be used with --signer k8scsr: " +
-	"the kubelet's stub CSR carries no name, the k8scsr signer hands the CSR as it is to the external signer, " +
-	"and the Pod's SPIFFE ID would only ride in the " + k8scsr.AnnotationSPIFFEID + " annotation, which anyone who may create a CertificateSigningRequest can set; " +
-	"sign pod certificates with the local, cfssl or vault signer")
 
 // backend is the value of --signer, "" when it is not registered on the
 // same flag set.

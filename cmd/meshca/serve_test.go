@@ -52,44 +52,47 @@ func TestServeFlagsValidate(t *testing.T) {
 		{name: "remote named like local", mutate: func(f *serveFlags) { f.remotes = []string{"Kubernetes=/k"} }, want: "local cluster"},
 		{name: "remote twice", mutate: func(f *serveFlags) { f.remotes = []string{"east=/a", "east=/b"} }, want: "given twice"},
 		{name: "unknown signer", mutate: func(f *serveFlags) { f.b.signer = "hsm" }, want: `--signer (signer): "hsm"`},
-		{name: "cfssl without anchors", mutate: func(f *serveFlags) { f.stateDir = ""; f.b = backendFlags{signer: "cfssl", cfsslURL: "http://x"} }, want: "--trust-anchors (trustAnchors) (or a CA state) is required"},
+		{name: "cfssl without anchors", mutate: func(f *serveFlags) {
+			f.stateDir = ""
+			f.b = backendFlags{signer: "cfssl", opts: map[string]serveOptions{"cfssl": &cfsslFlags{url: "http://x"}}}
+		}, want: "--trust-anchors (trustAnchors) (or a CA state) is required"},
 		{name: "cfssl with state dir and anchors", mutate: func(f *serveFlags) {
-			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{caCert: "c", caKey: "k"}}}
 		}, want: "--signer cfssl: give the roots workloads trust in one way: --trust-anchors (a pinned bundle), or --state-dir or --state-secret"},
 		{name: "cfssl with ca dir", mutate: func(f *serveFlags) {
 			f.stateDir, f.caDir = "", "d"
-			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCACert: "c", cfsslCAKey: "k"}
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{caCert: "c", caKey: "k"}}}
 		}, want: "--ca-dir belongs to the local signer, not --signer cfssl"},
 		{name: "cfssl remote and local", mutate: func(f *serveFlags) {
 			f.stateDir = ""
-			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x", cfsslCACert: "c", cfsslCAKey: "k"}
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{url: "http://x", caCert: "c", caKey: "k"}}}
 		}, want: "either --cfssl-url"},
 		{name: "cfssl remote without serving cert", mutate: func(f *serveFlags) {
 			f.stateDir = ""
-			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslURL: "http://x"}
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{url: "http://x"}}}
 		}, want: "are required with a remote cfssl"},
 		{name: "cfssl key without cert", mutate: func(f *serveFlags) {
 			f.stateDir = ""
-			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", cfsslCAKey: "k"}
+			f.b = backendFlags{signer: "cfssl", trustAnchors: "r", opts: map[string]serveOptions{"cfssl": &cfsslFlags{caKey: "k"}}}
 		}, want: "go together"},
 		{name: "vault without role", mutate: func(f *serveFlags) {
 			f.stateDir = ""
-			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", vault: vaultFlags{addr: "http://v", mount: "pki", tokenFile: "t"}}
+			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k", opts: map[string]serveOptions{"vault": &vaultFlags{addr: "http://v", mount: "pki", tokenFile: "t"}}}
 		}, want: "--vault-role (vault.role) is required"},
 		{name: "vault with two logins", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
-				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", k8sRole: "meshca"}}
+				opts: map[string]serveOptions{"vault": &vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", k8sRole: "meshca"}}}
 		}, want: "log in to Vault in one way"},
 		{name: "vault approle without secret", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
-				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", approleRoleID: "id"}}
+				opts: map[string]serveOptions{"vault": &vaultFlags{addr: "http://v", mount: "pki", role: "mesh", approleRoleID: "id"}}}
 		}, want: "AppRole login needs"},
 		{name: "vault valid", mutate: func(f *serveFlags) {
 			f.stateDir = ""
 			f.b = backendFlags{signer: "vault", trustAnchors: "r", servingCert: "c", servingKey: "k",
-				vault: vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}
+				opts: map[string]serveOptions{"vault": &vaultFlags{addr: "http://v", mount: "pki", role: "mesh", k8sRole: "meshca"}}}
 		}},
 		{name: "negative backdate", mutate: func(f *serveFlags) { f.backdate = -time.Second }, want: "--backdate"},
 		{name: "backdate above 10m", mutate: func(f *serveFlags) { f.backdate = 11 * time.Minute }, want: "--backdate"},

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
@@ -23,15 +24,13 @@ const serveExamples = `  # meshca's own CA, its state in a Secret, publishing th
 // groups are serve's flags in the groups of its help; every flag is
 // registered in one of them (registerGroups).
 func (f *serveFlags) groups(cmd *cobra.Command) []flagGroup {
-	return []flagGroup{
+	const ca = 4 // "CA state and rotation"
+	groups := []flagGroup{
 		{"Listen and TLS", []string{"listen", "serving-dns-names", "serving-cert-file"}, f.registerListen},
 		{"Authentication", []string{"token-audiences", "cert-renewal", "kubeconfig", "remote-cluster"}, f.registerAuthn},
 		{"Node proxies", []string{"trusted-node-accounts", "node-proxy-deny"}, f.registerNodeProxies},
 		{"Issued certificates", []string{"trust-domain", "default-ttl", "max-ttl", "key-policy"}, f.registerIssued},
 		{"CA state and rotation", []string{"state-dir", "state-secret", "ca-dir", "signer", "auto-rotate"}, f.registerState},
-		{"cfssl backend", []string{"cfssl-url", "cfssl-ca-cert", "cfssl-profile"}, f.b.registerCfssl},
-		{"Vault backend", []string{"vault-addr", "vault-role", "vault-kubernetes-role"}, f.b.vault.register},
-		{"k8scsr backend", []string{"k8scsr-signer-name", "k8scsr-kubeconfig"}, f.b.k8scsr.register},
 		{"Limits", []string{"max-in-flight", "caller-rate", "max-connections", "memory-limit"}, f.registerLimits},
 		{"Trust publishing", []string{"publish-root-cert-configmaps", "publish-cluster-trust-bundle", "bundle-endpoint-listen"}, f.registerTrust},
 		{"Pod certificates", []string{"pod-certificate-signer-name"}, f.podCert.register},
@@ -42,6 +41,8 @@ func (f *serveFlags) groups(cmd *cobra.Command) []flagGroup {
 			fl.BoolVar(&f.printConfig, "print-config", false, "print the settings serve would run with, as a config file that says where each came from (flag, config, env NAME, default), check them and exit without serving")
 		}},
 	}
+	// Each signer backend's flags, after the CA state's.
+	return slices.Concat(groups[:ca+1], f.b.groups(), groups[ca+1:])
 }
 
 func (f *serveFlags) registerListen(fl *pflag.FlagSet) {

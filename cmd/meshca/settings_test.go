@@ -240,8 +240,8 @@ tokenAudiences: ~
 		t.Errorf("scalars: %+v", f)
 	case !slices.Equal(f.servingNames, []string{"meshca.istio-system.svc", "istiod.istio-system.svc"}) || len(f.remotes) != 2:
 		t.Errorf("lists: %q %q", f.servingNames, f.remotes)
-	case f.log.level != "debug" || f.b.vault.reloginBackoff != 2*time.Minute:
-		t.Errorf("log level %q, backoff %v", f.log.level, f.b.vault.reloginBackoff)
+	case f.log.level != "debug" || f.b.opts["vault"].(*vaultFlags).reloginBackoff != 2*time.Minute:
+		t.Errorf("log level %q, backoff %v", f.log.level, f.b.opts["vault"].(*vaultFlags).reloginBackoff)
 	case s.source["token-audiences"] != sourceDefault || s.source["trust-domain"] != sourceConfig || s.configFile != file:
 		t.Errorf("sources %v, file %q", s.source, s.configFile)
 	}

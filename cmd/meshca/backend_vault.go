@@ -1,21 +1,39 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/ca/serve"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer/vault"
 	"github.com/spf13/pflag"
 )
+
+func init() {
+	registerSigner(&signerBackend{
+		name: serve.BackendVault, usage: "vault (Vault's PKI secrets engine)",
+		helpGroup: "Vault backend", keyFlags: []string{"vault-addr", "vault-role", "vault-kubernetes-role"},
+		serve: func() serveOptions { return &vaultFlags{} },
+		root:  func() rootOptions { return &vaultRootFlags{} }, rootUsage: "vault (issuers of its PKI mount)",
+	})
+}
 
 // envVaultSecretID may carry the AppRole secret id instead of a file.
 const envVaultSecretID = "MESHCA_VAULT_SECRET_ID"
 
 const defaultSATokenPath = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
+// vaultFlags configure the Vault backend: its address, PKI mount and
+// roles, and how meshca logs in.
 type vaultFlags struct {
 	addr, caFile, mount, role string
 	rsaRole                   string
@@ -58,8 +76,7 @@ func (v *vaultFlags) registerLogin(fl *pflag.FlagSet) {
 	fl.StringVar(&v.k8sMount, "vault-kubernetes-mount", "", "Kubernetes auth mount path (default kubernetes)")
 }
 
-func (b *backendFlags) validateVault() error {
-	v := b.vault
+func (v *vaultFlags) validate(b *backendFlags) error {
 	switch {
 	case b.trustAnchors == "" && !b.hasState:
 		return fmt.Errorf("%s (or a CA state) is required with the vault signer: Vault answers with its issuing CA, never the roots workloads must trust", name("trust-anchors"))
@@ -77,9 +94,15 @@ func (b *backendFlags) validateVault() error {
 	if err := v.validateLogin(); err != nil {
 		return err
 	}
-	if b.servingCert == "" || b.servingKey == "" {
-		return fmt.Errorf("%s and %s are required with the vault signer: meshca holds no CA key to issue its own", name("serving-cert-file"), name("serving-key-file"))
+	return b.requireServing("vault")
+}
+
+func (v *vaultFlags) load(_ *backendFlags, c *serve.Backend, log *slog.Logger) error {
+	vc, err := v.config(log)
+	if err != nil {
+		return err
 	}
+	c.Vault = &vc
 	return nil
 }
 
@@ -128,9 +151,8 @@ func (v *vaultFlags) auth() (api.AuthMethod, error) {
 	return auth, nil
 }
 
-// vaultConfig is the Vault backend's configuration from the flags.
-func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
-	v := b.vault
+// config is the Vault backend's configuration from the flags.
+func (v *vaultFlags) config(log *slog.Logger) (vault.Config, error) {
 	auth, err := v.auth()
 	if err != nil {
 		return vault.Config{}, err
@@ -140,4 +162,121 @@ func (b *backendFlags) vaultConfig(log *slog.Logger) (vault.Config, error) {
 		Auth: auth, ReloginBackoff: v.reloginBackoff,
 		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", logError, err) },
 	}, nil
+}
+
+// Vault issuer kinds `meshca root prepare --signer vault` creates.
+const (
+	vaultIssuerRoot         = "root"
+	vaultIssuerIntermediate = "intermediate"
+)
+
+// vaultRootFlags are the Vault flags of a rotation step: the login, and
+// the issuers the step creates, switches to or deletes.
+type vaultRootFlags struct {
+	vault      vaultFlags
+	issuerType string
+	rootMount  string
+	keepIssuer bool
+}
+
+func (r *vaultRootFlags) register(fl *pflag.FlagSet, step string) {
+	r.vault.registerLogin(fl)
+	r.issuerType = vaultIssuerRoot
+	switch step {
+	case "prepare":
+		fl.StringVar(&r.issuerType, "vault-issuer-type", vaultIssuerRoot, "--signer vault: a new root issuer in --vault-pki-mount, or an intermediate there under a new root in --vault-root-mount")
+		fl.StringVar(&r.rootMount, "vault-root-mount", "", "--signer vault: the PKI mount holding the roots of intermediate issuers")
+	case "activate":
+		r.vault.registerRoles(fl)
+	case "retire":
+		fl.StringVar(&r.rootMount, "vault-root-mount", "", "--signer vault: the PKI mount holding the roots of intermediate issuers")
+		fl.BoolVar(&r.keepIssuer, "vault-keep-issuer", false, "--signer vault: keep the retired issuer and its key in Vault (default: delete them)")
+	}
+}
+
+func (r *vaultRootFlags) open(ctx context.Context, out io.Writer) (rootBackend, error) {
+	switch {
+	case r.issuerType != vaultIssuerRoot && r.issuerType != vaultIssuerIntermediate:
+		return nil, fmt.Errorf("--vault-issuer-type %q is not one of root, intermediate", r.issuerType)
+	case r.issuerType == vaultIssuerIntermediate && (r.rootMount == "" || r.rootMount == r.vault.mount):
+		return nil, errors.New("--vault-issuer-type intermediate needs --vault-root-mount, a PKI mount other than --vault-pki-mount, for the new root")
+	case r.vault.addr == "":
+		return nil, errors.New("--vault-addr is required with --signer vault")
+	}
+	if err := r.vault.validateLogin(); err != nil {
+		return nil, err
+	}
+	auth, err := r.vault.auth()
+	if err != nil {
+		return nil, err
+	}
+	is, err := vault.NewIssuers(ctx, vault.Config{Address: r.vault.addr, CACertFile: r.vault.caFile, Mount: r.vault.mount, Auth: auth})
+	if err != nil {
+		return nil, err
+	}
+	return &vaultRoot{flags: r, issuers: is, out: out}, nil
+}
+
+// vaultRoot drives the issuers of a Vault PKI mount.
+type vaultRoot struct {
+	flags   *vaultRootFlags
+	issuers *vault.Issuers
+	out     io.Writer
+}
+
+func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlags) (*keymgr.AuthorityRecord, error) {
+	if f.certFile != "" || f.caDir != "" || f.external {
+		return nil, errors.New("--signer vault creates its issuer in Vault: import flags (--cert, --ca-dir, --external) do not apply")
+	}
+	org := f.organization(s)
+	now := time.Now().UTC()
+	// Vault refuses a name twice: the time, and a random tail for two
+	// prepares in one second.
+	stamp := now.Format("20060102T150405Z") + "-" + rand.Text()[:6]
+	root := vault.IssuerSpec{CommonName: "meshca root " + now.Format(time.RFC3339), Organization: org,
+		KeyType: keymgr.KeyType(f.keyType), TTL: f.lifetime, Name: "meshca-root-" + stamp}
+	if v.flags.issuerType == vaultIssuerRoot {
+		cert, err := v.issuers.CreateRoot(ctx, root)
+		if err != nil {
+			return nil, err
+		}
+		return &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: true}, nil
+	}
+	inter := vault.IssuerSpec{CommonName: "meshca intermediate " + now.Format(time.RFC3339), Organization: org,
+		KeyType: keymgr.KeyType(f.keyType), TTL: f.lifetime - time.Hour, Name: "meshca-intermediate-" + stamp}
+	rootCert, cert, err := v.issuers.CreateIntermediate(ctx, v.flags.rootMount, root, inter)
+	if err != nil {
+		return nil, err
+	}
+	return &keymgr.AuthorityRecord{Root: rootCert, Cert: cert, External: true}, nil
+}
+
+func (v *vaultRoot) activate(ctx context.Context, _ *keymgr.State, rec *keymgr.AuthorityRecord) error {
+	var roles []string
+	for _, r := range []string{v.flags.vault.role, v.flags.vault.rsaRole} {
+		if r != "" {
+			roles = append(roles, r)
+		}
+	}
+	return v.issuers.Activate(ctx, rec.Cert, roles)
+}
+
+func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error {
+	if v.flags.keepIssuer {
+		fmt.Fprintf(v.out, "kept in Vault: the issuers of %s (--vault-keep-issuer)\n", shortID(rec))
+		return nil
+	}
+	var certs []*x509.Certificate
+	for _, c := range append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...) {
+		if by := s.InUseBy(rec, c); by != nil {
+			fmt.Fprintf(v.out, "kept in Vault: %q and its key, which authority %s (%s) still uses\n", c.Subject, shortID(by), by.Phase)
+			continue
+		}
+		certs = append(certs, c)
+	}
+	deleted, err := v.issuers.Delete(ctx, v.flags.rootMount, certs...)
+	for _, d := range deleted {
+		fmt.Fprintf(v.out, "deleted in Vault: %s and its key\n", d)
+	}
+	return err
 }
