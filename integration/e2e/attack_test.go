@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,8 +132,10 @@ type arena struct {
 	bigRSA       chan [2]*multiPrimeRSA
 	rsa16kBadSig string
 	// secrets are every token the test held: none may reach the log.
-	secrets []string
-	seq     int
+	// Checks that attack at once remember theirs from many goroutines.
+	secretsMu sync.Mutex
+	secrets   []string
+	seq       int
 }
 
 func newArena(t *testing.T, flags ...string) *arena {
@@ -147,6 +150,8 @@ func newArena(t *testing.T, flags ...string) *arena {
 
 // secret remembers tokens for the final log check.
 func (a *arena) secret(tokens ...string) {
+	a.secretsMu.Lock()
+	defer a.secretsMu.Unlock()
 	a.secrets = append(a.secrets, tokens...)
 }
 
@@ -454,6 +459,8 @@ func (a *arena) auditEvent(t *testing.T, rid string) map[string]any {
 // or a CSR appears in the log.
 func (a *arena) checkNoSecretsLogged(t *testing.T) {
 	logs := a.s.Logs()
+	a.secretsMu.Lock()
+	defer a.secretsMu.Unlock()
 	for _, tok := range a.secrets {
 		parts := strings.Split(tok, ".")
 		needles := []string{tok}
