@@ -3,11 +3,32 @@ package vault
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/signer"
 )
+
+// session is the signer's login to Vault: it logs in, shares one login
+// among concurrent callers, renews the token while Vault allows, logs in
+// afresh when it no longer does or when a 403 condemns it (at most once
+// per Config.ReloginBackoff), revokes a token it replaced, and tells the
+// Observer. Signing and issuer management use its client and token.
+type session struct {
+	c      *Config
+	client *api.Client
+	mu     sync.Mutex
+	login  *api.Secret
+	// inflight is the login under way, shared by every request waiting
+	// for it; nil when none is.
+	inflight *loginCall
+	// relogin asks Run for a fresh login now.
+	relogin chan struct{}
+	// deniedAt is when the last login forced by a 403 started; zero
+	// before the first.
+	deniedAt time.Time
+}
 
 // loginCall is one login under way, shared by every request waiting for
 // it.
@@ -19,15 +40,15 @@ type loginCall struct {
 	replaces *api.Secret
 }
 
-func (s *Signer) loggedIn() bool {
+func (s *session) loggedIn() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.login != nil
 }
 
-// session returns the current login, logging in first if there is none.
+// current returns the current login, logging in first if there is none.
 // The result may be nil if Run forgot the new login meanwhile.
-func (s *Signer) session(ctx context.Context) (*api.Secret, error) {
+func (s *session) current(ctx context.Context) (*api.Secret, error) {
 	s.mu.Lock()
 	cur := s.login
 	s.mu.Unlock()
@@ -44,7 +65,7 @@ func (s *Signer) session(ctx context.Context) (*api.Secret, error) {
 
 // doLogin logs in now. Concurrent callers share one login, and each stops
 // waiting when its own context ends.
-func (s *Signer) doLogin(ctx context.Context) error {
+func (s *session) doLogin(ctx context.Context) error {
 	s.mu.Lock()
 	call := s.startLoginLocked(nil)
 	s.mu.Unlock()
@@ -53,7 +74,7 @@ func (s *Signer) doLogin(ctx context.Context) error {
 
 // startLoginLocked returns the login under way, starting one that replaces
 // the given login if none is. s.mu must be held.
-func (s *Signer) startLoginLocked(replaces *api.Secret) *loginCall {
+func (s *session) startLoginLocked(replaces *api.Secret) *loginCall {
 	if s.inflight == nil {
 		s.inflight = &loginCall{done: make(chan struct{}), replaces: replaces}
 		go s.runLogin(s.inflight)
@@ -71,7 +92,7 @@ func waitLogin(ctx context.Context, call *loginCall) error {
 	}
 }
 
-func (s *Signer) runLogin(call *loginCall) {
+func (s *session) runLogin(call *loginCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
 	defer cancel()
 	secret, err := s.c.Auth.Login(ctx, s.client)
@@ -104,7 +125,7 @@ func (s *Signer) runLogin(call *loginCall) {
 
 // Run keeps the login alive until ctx ends: it renews the token while
 // Vault allows and logs in afresh when it no longer does.
-func (s *Signer) Run(ctx context.Context) error {
+func (s *session) Run(ctx context.Context) error {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		if !s.loggedIn() {
@@ -158,7 +179,7 @@ func (s *Signer) Run(ctx context.Context) error {
 // watch follows the renewals of login's token until the watcher gives
 // up (the login is forgotten), a new login is asked for, or ctx ends
 // (false).
-func (s *Signer) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
+func (s *session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
 	defer w.Stop()
 	for {
 		select {
@@ -177,14 +198,14 @@ func (s *Signer) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.S
 }
 
 // report passes a login failure to Config.OnLoginError.
-func (s *Signer) report(err error) {
+func (s *session) report(err error) {
 	if s.c.OnLoginError != nil && err != nil {
 		s.c.OnLoginError(err)
 	}
 }
 
 // forget drops the login if it is still secret, so the next use logs in.
-func (s *Signer) forget(secret *api.Secret) {
+func (s *session) forget(secret *api.Secret) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.login == secret {

@@ -20,7 +20,7 @@ type Observer interface {
 
 // observeLoginLocked tells the observer of the token secret, fresh from a
 // login or a renewal. s.mu must be held.
-func (s *Signer) observeLoginLocked(secret *api.Secret) {
+func (s *session) observeLoginLocked(secret *api.Secret) {
 	if s.c.Observer == nil || secret == nil || secret.Auth == nil {
 		return
 	}
@@ -33,7 +33,7 @@ func (s *Signer) observeLoginLocked(secret *api.Secret) {
 
 // observeLogoutLocked tells the observer the signer holds no token. s.mu
 // must be held.
-func (s *Signer) observeLogoutLocked() {
+func (s *session) observeLogoutLocked() {
 	if s.c.Observer != nil {
 		s.c.Observer.LoggedOut()
 	}
@@ -41,7 +41,7 @@ func (s *Signer) observeLogoutLocked() {
 
 // renewed records that Vault renewed the token of login: renewal carries
 // its new lease. A renewal of a login already replaced is ignored.
-func (s *Signer) renewed(login *api.Secret, renewal *api.RenewOutput) {
+func (s *session) renewed(login *api.Secret, renewal *api.RenewOutput) {
 	if renewal == nil {
 		return
 	}

@@ -19,7 +19,7 @@ import (
 // a 403 forces at most one login per ReloginBackoff; requests refused
 // meanwhile share that login while it is under way, retry with its token
 // once it is in place, and fail as refused after that.
-func (s *Signer) reloginDenied(ctx context.Context, used *api.Secret, path string, denied error) error {
+func (s *session) reloginDenied(ctx context.Context, used *api.Secret, path string, denied error) error {
 	s.mu.Lock()
 	now := s.c.Now()
 	var call *loginCall
@@ -54,7 +54,7 @@ const timeRound = 100 * time.Millisecond
 // means old is already unusable, as expected after an expiry or a
 // revocation, and is not reported. A token read from a file belongs to
 // whoever wrote it and is never revoked.
-func (s *Signer) revoke(old, fresh *api.Secret) {
+func (s *session) revoke(old, fresh *api.Secret) {
 	if old == nil || old.Auth == nil || old.Auth.ClientToken == "" ||
 		fresh == nil || fresh.Auth == nil || old.Auth.ClientToken == fresh.Auth.ClientToken {
 		return

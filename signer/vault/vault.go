@@ -23,7 +23,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/vault/api"
@@ -83,20 +82,12 @@ const maxIdleConns = 100
 // DefaultReloginBackoff is Config.ReloginBackoff when it is not set.
 const DefaultReloginBackoff = 30 * time.Second
 
-// Signer is the Vault backend. Run keeps its login alive.
+// Signer is the Vault backend: it signs with the roles of a PKI mount,
+// logged in by its session. Run keeps the login alive.
 type Signer struct {
 	c      Config
 	client *api.Client
-	mu     sync.Mutex
-	login  *api.Secret
-	// inflight is the login under way, shared by every request waiting
-	// for it; nil when none is.
-	inflight *loginCall
-	// relogin asks Run for a fresh login now.
-	relogin chan struct{}
-	// deniedAt is when the last login forced by a 403 started; zero
-	// before the first.
-	deniedAt time.Time
+	sess   *session
 	// chains are the CA chains of Vault's answers, parsed.
 	chains chainCache
 	// backdates are the roles' not_before_duration, for exact lifetimes.
@@ -131,8 +122,14 @@ func New(c Config) (*Signer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Signer{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
+	s := &Signer{c: c, client: client}
+	s.sess = &session{c: &s.c, client: client, relogin: make(chan struct{}, 1)}
+	return s, nil
 }
+
+// Run keeps the login alive until ctx ends: it renews the token while
+// Vault allows and logs in afresh when it no longer does.
+func (s *Signer) Run(ctx context.Context) error { return s.sess.Run(ctx) }
 
 // newClient is a Vault client for c, without a token and without hidden
 // retries.
@@ -172,7 +169,7 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
 	}
-	used, err := s.session(ctx)
+	used, err := s.sess.current(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +223,7 @@ func (s *Signer) signOnce(ctx context.Context, used *api.Secret, req *signer.Req
 	if isPermissionDenied(err) {
 		// The token expired or was revoked, or the role's policy refuses:
 		// log in again (at most once per ReloginBackoff), then retry once.
-		if lerr := s.reloginDenied(ctx, used, path, err); lerr != nil {
+		if lerr := s.sess.reloginDenied(ctx, used, path, err); lerr != nil {
 			return nil, lerr
 		}
 		start = s.c.Now()
