@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,31 +14,24 @@ import (
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
-	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/meshca/meshca/signer/local"
-	"github.com/meshca/meshca/signer/vault"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// Backend kinds.
-const (
-	BackendLocal  = "local"
-	BackendCfssl  = "cfssl"
-	BackendVault  = "vault"
-	BackendK8sCSR = "k8scsr"
-)
-
 // Backend is the signer's configuration, its files already read.
 type Backend struct {
-	// Kind is BackendLocal, BackendCfssl, BackendVault or BackendK8sCSR.
-	Kind string
-	// Local: the CA state in StateDir or in the Secret StateSecret
-	// ("namespace/name", in the local cluster), whose first root is
-	// generated on first start (its organisation is the trust domain
-	// unless State says otherwise) and which the server follows as
+	// External is the signing backend when it is not the built-in CA;
+	// nil: the built-in one.
+	External External
+	// The built-in CA: the CA state in StateDir or in the Secret
+	// StateSecret ("namespace/name", in the local cluster), whose first
+	// root is generated on first start (its organisation is the trust
+	// domain unless State says otherwise) and which the server follows as
 	// `meshca root` rotates it; or a plugged-in CA in CADir. Exactly one.
+	// An external backend's trust bundle comes from a CA state too (its
+	// authorities hold certificates only), or from TrustAnchors.
 	StateDir    string
 	StateSecret string
 	State       keymgr.StateOptions
@@ -57,23 +49,16 @@ type Backend struct {
 	// no record of its leaves: the guards assume leaves that long.
 	MaxTTL time.Duration
 	// Backdate is how far before now issued certificates start, to
-	// tolerate clock skew: leaves of the built-in and cfssl backends (a
-	// cfssl config's own nonzero Backdate wins) and the serving
+	// tolerate clock skew: leaves of the built-in CA and of external
+	// backends that take it (ExternalEnv.Backdate), and the serving
 	// certificate meshca issues itself. As in keymgr.WindowOptions, zero
-	// means keymgr.Backdate and keymgr.NoBackdate means none. Vault's role
-	// decides its own (not_before_duration).
+	// means keymgr.Backdate and keymgr.NoBackdate means none.
 	Backdate time.Duration
-	// External backends (exactly one of CfsslRemote, CfsslLocal, Vault,
-	// K8sCSR):
-	// the pinned trust bundle, and the serving certificate the operator
-	// provides. Without one, meshca issues its own from the in-process
-	// cfssl CA (the only external backend whose key it holds).
+	// An external backend's pinned trust bundle, and the serving
+	// certificate the operator provides. Without one, meshca issues its
+	// own from the backend's CA when it holds its key (Opened.CA).
 	TrustAnchors []*x509.Certificate
 	Serving      *tls.Certificate
-	CfsslRemote  *cfssl.RemoteConfig
-	CfsslLocal   *cfssl.LocalConfig
-	Vault        *vault.Config
-	K8sCSR       *K8sCSR
 	// localKubeconfig is the local cluster's (Clusters.LocalKubeconfig).
 	localKubeconfig string
 	// audit receives automatic rotation steps (Config.Audit).
@@ -108,6 +93,14 @@ type backend struct {
 	version atomic.Pointer[trust.BundleVersion]
 }
 
+// name is the backend's name: --signer's value.
+func (c Backend) name() string {
+	if c.External == nil {
+		return BackendLocal
+	}
+	return c.External.Name()
+}
+
 // sequence is the Sequence of the CA state in service; zero without one.
 func (be *backend) sequence() uint64 {
 	if v := be.version.Load(); v != nil {
@@ -118,58 +111,23 @@ func (be *backend) sequence() uint64 {
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
 	leaders *ca.LeaderMetrics, log *slog.Logger) (*backend, error) {
-	if c.Kind == BackendLocal {
+	if c.External == nil {
 		return newLocal(ctx, c, td, names, newStore, reg, leaders, log)
 	}
 	if len(c.TrustAnchors) > 0 == (c.StateDir != "" || c.StateSecret != "") {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs exactly one of the pinned trust bundle and a CA state")}
 	}
-	be := &backend{name: c.Kind}
-	var err error
-	switch {
-	case c.Kind == BackendVault && c.Vault != nil:
-		var s *vault.Signer
-		vc := *c.Vault
-		// The login loop is the probe: it retries until Vault answers.
-		be.health = newBackendHealth(c.Kind, nil, log, nil)
-		vc.Observer = vaultObservers{ca.NewVaultMetrics(reg, nil), be.health}
-		if report := vc.OnLoginError; report != nil {
-			vc.OnLoginError = func(err error) { be.health.reason(err); report(err) }
-		} else {
-			vc.OnLoginError = be.health.reason
-		}
-		if s, err = vault.New(vc); err != nil {
-			return nil, &FieldError{Field: "vault-addr", Err: err}
-		}
-		be.signer, be.runners = s, append(be.runners, s.Run)
-	case c.Kind == BackendK8sCSR && c.K8sCSR != nil:
-		var probe func(context.Context) error
-		if be.signer, probe, err = newK8sCSR(*c.K8sCSR, c.localKubeconfig, td, func() x509bundle.Source { return be.bundles }, log); err != nil {
-			return nil, &FieldError{Field: "k8scsr-signer-name", Err: err}
-		}
-		be.health = newBackendHealth(c.Kind, probe, log, nil)
-	case c.Kind == BackendCfssl && c.CfsslRemote != nil:
-		rc := *c.CfsslRemote
-		rc.Backdate = cmp.Or(rc.Backdate, c.Backdate)
-		if be.signer, err = cfssl.NewRemote(rc); err != nil {
-			return nil, &FieldError{Field: "cfssl-url", Err: err}
-		}
-		// The info endpoint: what the server signs with, cheap.
-		be.health = newBackendHealth(c.Kind, func(ctx context.Context) error {
-			_, err := cfssl.RemoteIssuer(ctx, rc)
-			return err
-		}, log, nil)
-	case c.Kind == BackendCfssl && c.CfsslLocal != nil:
-		lc := *c.CfsslLocal
-		lc.Backdate = cmp.Or(lc.Backdate, c.Backdate)
-		if be.signer, err = cfssl.NewLocal(lc); err != nil {
-			return nil, &FieldError{Field: "cfssl-ca-cert", Err: err}
-		}
-	default:
-		return nil, fmt.Errorf("serve: backend %q lacks its configuration", c.Kind)
+	be := &backend{name: c.name()}
+	health := newBackendHealth(be.name, nil, log, nil)
+	opened, err := c.External.Open(ctx, ExternalEnv{TrustDomain: td, Backdate: c.Backdate, LocalKubeconfig: c.localKubeconfig,
+		Roots: be.roots(td), Health: health, Registerer: reg, Log: log})
+	if err != nil {
+		return nil, err
 	}
-	if be.health != nil {
+	be.signer, be.runners = opened.Signer, append(be.runners, opened.Runners...)
+	if opened.Remote {
 		// The backend's own answers, before the CA state judges them.
+		be.health, health.probe = health, opened.Probe
 		be.signer = signer.Observe(be.signer, be.name, be.health)
 		if be.health.probe != nil {
 			be.runners = append(be.runners, be.health.Run)
@@ -191,16 +149,30 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
 		return be, nil
 	}
-	if c.CfsslLocal == nil {
+	if opened.CA == nil {
 		return nil, &FieldError{Field: "serving-cert-file", Err: errors.New("meshca holds no CA key to issue its own serving certificate: give one")}
 	}
-	l := c.CfsslLocal
-	a := &keymgr.Authority{Cert: l.CACert, Key: l.CAKey, Chain: l.Chain, Roots: roots}
+	a := *opened.CA
+	a.Roots = roots
 	if err := a.Validate(time.Now()); err != nil {
-		return nil, &FieldError{Field: "cfssl-ca-cert", Err: fmt.Errorf("with the trusted roots: %w", err)}
+		return nil, &FieldError{Field: opened.CAFlag, Err: fmt.Errorf("with the trusted roots: %w", err)}
 	}
-	_, err = be.serving(keymgr.NewManager(td, a), names, c.Backdate, log)
+	_, err = be.serving(keymgr.NewManager(td, &a), names, c.Backdate, log)
 	return be, err
+}
+
+// roots reads the trust bundle be serves, once it serves one.
+func (be *backend) roots(td spiffeid.TrustDomain) func() []*x509.Certificate {
+	return func() []*x509.Certificate {
+		if be.bundles == nil {
+			return nil
+		}
+		b, err := be.bundles.GetX509BundleForTrustDomain(td)
+		if err != nil {
+			return nil
+		}
+		return b.X509Authorities()
+	}
 }
 
 // storeOpener opens the CA state Secret "namespace/name".
@@ -398,21 +370,6 @@ func (be *backend) serving(mgr *keymgr.Manager, names []string, backdate time.Du
 	be.getCert = rot.GetCertificate
 	be.runners = append(be.runners, rot.Run)
 	return rot, nil
-}
-
-// vaultObservers tell each of them of the Vault login.
-type vaultObservers []vault.Observer
-
-func (o vaultObservers) LoggedIn(expires time.Time) {
-	for _, x := range o {
-		x.LoggedIn(expires)
-	}
-}
-
-func (o vaultObservers) LoggedOut() {
-	for _, x := range o {
-		x.LoggedOut()
-	}
 }
 
 // anchorExpiry reports the pinned anchors' expiry for the citadel gauges.

@@ -17,7 +17,6 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
-	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
@@ -98,8 +97,8 @@ func TestAssembleBundleEndpoint(t *testing.T) {
 func TestAssembleBundleEndpointWeb(t *testing.T) {
 	issuer := testca.NewRoot(t, "issuing CA", testca.Options{})
 	c := config(t)
-	c.Backend = serve.Backend{Kind: serve.BackendCfssl, TrustAnchors: []*x509.Certificate{issuer.Cert},
-		CfsslLocal: &cfssl.LocalConfig{CACert: issuer.Cert, CAKey: issuer.Key}}
+	c.Backend = serve.Backend{TrustAnchors: []*x509.Certificate{issuer.Cert},
+		External: &external{name: "cfssl", issuer: issuer, holdsKey: true}}
 	webCA := testca.NewRoot(t, "web CA", testca.Options{})
 	certFile, keyFile := webPair(t, webCA)
 	c.BundleEndpoint = serve.BundleEndpoint{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile}
@@ -126,7 +125,7 @@ func TestAssembleBundleEndpointRefusals(t *testing.T) {
 		want   string
 	}{
 		{name: "https_spiffe with an external backend", mutate: func(_ *testing.T, c *serve.Config) {
-			c.Backend = serve.Backend{Kind: serve.BackendVault}
+			c.Backend = serve.Backend{External: &external{name: "vault"}}
 		}, field: "bundle-endpoint-profile", want: "with the vault backend meshca holds no CA key: serve https_web"},
 		{name: "unknown profile", mutate: func(_ *testing.T, c *serve.Config) { c.BundleEndpoint.Profile = "https" },
 			field: "bundle-endpoint-profile", want: `"https": want https_spiffe or https_web`},

@@ -49,8 +49,7 @@ func (c IstiodCert) split() (string, string, error) {
 }
 
 // check refuses a backend that cannot issue istiod's certificate, or is
-// not told how to: k8scsr never can; Vault and cfssl sign it under a role
-// or profile of its own.
+// not told how to (External.IstiodCert); the built-in CA always can.
 func (c IstiodCert) check(b Backend) error {
 	if c.Secret == "" {
 		return nil
@@ -61,21 +60,10 @@ func (c IstiodCert) check(b Backend) error {
 	if len(c.DNSNames) == 0 {
 		return &FieldError{Field: "istiod-cert-dns-names", Err: errors.New("istiod's certificate needs at least one DNS name")}
 	}
-	switch {
-	case b.Kind == BackendK8sCSR:
-		return &FieldError{Field: "istiod-cert-secret", Err: errors.New("cannot be used with the k8scsr signer: a CertificateSigningRequest's " +
-			"signer decides what it certifies and cannot tell istiod's DNS request from a workload's; sign with the local, cfssl or vault signer")}
-	case b.Kind == BackendVault && b.Vault != nil && b.Vault.DNSRole == "":
-		return &FieldError{Field: "vault-istiod-role", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a Vault role of its own " +
-			"(docs/signers/vault.md, \"istiod's certificate\")")}
-	case b.Kind == BackendCfssl && b.CfsslRemote != nil && b.CfsslRemote.DNSProfile == "":
-		return &FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a cfssl profile of its own " +
-			"(docs/signers/cfssl.md, \"istiod's certificate\")")}
-	case b.Kind == BackendCfssl && b.CfsslLocal != nil && b.CfsslLocal.DNSProfile == "":
-		return &FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a profile of the cfssl " +
-			"signing policy of its own (the default policy's is \"istiod\")")}
+	if b.External == nil {
+		return nil
 	}
-	return nil
+	return b.External.IstiodCert()
 }
 
 // newIstiodRunner builds the keeper of istiod's certificate, issuing

@@ -10,7 +10,6 @@ import (
 
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/signer/vault"
 )
 
 // TestAssembleIstiodCertRefusals: a keeper of istiod's certificate the
@@ -24,13 +23,9 @@ func TestAssembleIstiodCertRefusals(t *testing.T) {
 		field  string
 		msg    string
 	}{
-		{name: "k8scsr signer", mutate: func(c *serve.Config) {
-			c.Backend = serve.Backend{Kind: serve.BackendK8sCSR, TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving,
-				K8sCSR: &serve.K8sCSR{SignerName: "example.com/meshca"}}
-		}, field: "istiod-cert-secret", msg: "cannot be used with the k8scsr signer"},
-		{name: "Vault without a role of its own", mutate: func(c *serve.Config) {
-			c.Backend = serve.Backend{Kind: serve.BackendVault, TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving,
-				Vault: &vault.Config{Address: "https://127.0.0.1:8200", Role: "mesh"}}
+		{name: "a backend that cannot", mutate: func(c *serve.Config) {
+			c.Backend = serve.Backend{TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving, External: &external{name: "vault", issuer: issuer,
+				istiod: &serve.FieldError{Field: "vault-istiod-role", Err: errors.New("needs a Vault role of its own")}}}
 		}, field: "vault-istiod-role", msg: "needs a Vault role of its own"},
 		{name: "not namespace/name", mutate: func(c *serve.Config) { c.IstiodCert.Secret = "istiod-tls" },
 			field: "istiod-cert-secret", msg: `"istiod-tls": want namespace/name`},

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +14,6 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/podcert"
 	"github.com/meshca/meshca/ca/trust"
-	"github.com/meshca/meshca/signer/k8scsr"
 )
 
 // PodCertificateLease is the Lease the replicas elect the
@@ -47,23 +47,16 @@ func (c PodCertificates) linkTrust(t *Trust) error {
 	return nil
 }
 
-// errPodCertK8sCSR refuses pod certificates signed through
-// CertificateSigningRequests: the kubelet's stub CSR carries no name, the
-// k8scsr backend hands the CSR on as it is, and the Pod's SPIFFE ID would
-// only ride in an annotation that anyone who may create a
-// CertificateSigningRequest can set, so no external signer can tell
-// which identity it certifies.
-var errPodCertK8sCSR = errors.New("cannot be used with the k8scsr signer (--signer k8scsr): the kubelet's stub CSR carries no name, " +
-	"k8scsr hands the CSR as it is to the external signer, and the Pod's SPIFFE ID would only ride in the " + k8scsr.AnnotationSPIFFEID +
-	" annotation, which anyone who may create a CertificateSigningRequest can set; sign pod certificates with the local, cfssl or vault signer")
-
 // newPodCertRunner builds the PodCertificateRequest controller, which
-// issues through srv, and returns it elected on PodCertificateLease in
+// issues through srv unless the external backend ext (nil: the built-in
+// CA) refuses pod certificates, and returns it elected on PodCertificateLease in
 // leaseNS.
-func newPodCertRunner(c PodCertificates, td spiffeid.TrustDomain, client kubernetes.Interface, srv *ca.Server,
+func newPodCertRunner(c PodCertificates, ext External, td spiffeid.TrustDomain, client kubernetes.Interface, srv *ca.Server,
 	leaseNS string, reg prometheus.Registerer, leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, error) {
-	if srv.PodBackend() == BackendK8sCSR {
-		return nil, &FieldError{Field: "pod-certificate-signer-name", Err: errPodCertK8sCSR}
+	if ext != nil {
+		if err := ext.PodCertificates(); err != nil {
+			return nil, &FieldError{Field: "pod-certificate-signer-name", Err: fmt.Errorf("cannot be used with the %s signer (--signer %[1]s): %w", ext.Name(), err)}
+		}
 	}
 	if client == nil {
 		return nil, &FieldError{Field: "pod-certificate-signer-name", Err: errors.New("needs the local cluster")}

@@ -16,9 +16,9 @@ import (
 func TestAssemblePodCertificateRefusals(t *testing.T) {
 	issuer := testca.NewRoot(t, "external signer's root", testca.Options{})
 	k8scsr := func(c *serve.Config) {
-		c.Backend = serve.Backend{Kind: serve.BackendK8sCSR, TrustAnchors: []*x509.Certificate{issuer.Cert},
-			Serving: &tls.Certificate{Certificate: [][]byte{issuer.Cert.Raw}, PrivateKey: issuer.Key},
-			K8sCSR:  &serve.K8sCSR{SignerName: "example.com/meshca"}}
+		c.Backend = serve.Backend{TrustAnchors: []*x509.Certificate{issuer.Cert},
+			Serving:  &tls.Certificate{Certificate: [][]byte{issuer.Cert.Raw}, PrivateKey: issuer.Key},
+			External: &external{name: "k8scsr", issuer: issuer, pods: errors.New("the kubelet's stub CSR carries no name")}}
 	}
 	tests := []struct {
 		name   string
@@ -27,9 +27,7 @@ func TestAssemblePodCertificateRefusals(t *testing.T) {
 		msg    string
 	}{
 		{name: "k8scsr signer", mutate: k8scsr, field: "pod-certificate-signer-name",
-			msg: "serve: pod-certificate-signer-name: cannot be used with the k8scsr signer (--signer k8scsr): the kubelet's stub CSR carries no name, " +
-				"k8scsr hands the CSR as it is to the external signer, and the Pod's SPIFFE ID would only ride in the meshca.io/spiffe-id annotation, " +
-				"which anyone who may create a CertificateSigningRequest can set; sign pod certificates with the local, cfssl or vault signer"},
+			msg: "serve: pod-certificate-signer-name: cannot be used with the k8scsr signer (--signer k8scsr): the kubelet's stub CSR carries no name"},
 		{name: "k8scsr signer, the bundle's signer name given", mutate: func(c *serve.Config) {
 			k8scsr(c)
 			c.Trust.ClusterTrustBundle, c.Trust.ClusterTrustBundleSigner = true, "meshca.io/svid"

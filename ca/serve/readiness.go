@@ -202,9 +202,9 @@ func caStateCheck(be *backend, now func() time.Time) func() error {
 }
 
 // backendHealth follows whether an external signing backend works: its
-// answers to signing requests (signer.Observer), its Vault login
-// (vault.Observer) and, when nothing has told for backendProbeEvery, a
-// probe. See the readiness checks above for what it tells.
+// answers to signing requests (signer.Observer), what the backend tells
+// of itself (Health: a Vault login) and, when nothing has told for
+// backendProbeEvery, a probe. See the readiness checks above for what it tells.
 type backendHealth struct {
 	name  string
 	now   func() time.Time
@@ -226,7 +226,8 @@ func newBackendHealth(name string, probe func(context.Context) error, log *slog.
 	return &backendHealth{name: name, probe: probe, log: log, now: now}
 }
 
-func (h *backendHealth) succeeded() {
+// Worked implements Health.
+func (h *backendHealth) Worked() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.unready {
@@ -235,7 +236,8 @@ func (h *backendHealth) succeeded() {
 	h.worked, h.told, h.since, h.err, h.unready = true, h.now(), time.Time{}, nil, false
 }
 
-func (h *backendHealth) failed(err error) {
+// Failed implements Health.
+func (h *backendHealth) Failed(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.told, h.err = h.now(), err
@@ -244,10 +246,10 @@ func (h *backendHealth) failed(err error) {
 	}
 }
 
-// reason says why the backend fails, while it does (a Vault login's
-// error, after LoggedOut); otherwise it is no news of its health (a
-// failed revocation of a replaced token).
-func (h *backendHealth) reason(err error) {
+// Reason implements Health: it says why the backend fails, while it does
+// (a Vault login's error, after the token lapsed); otherwise it is no news
+// of its health (a failed revocation of a replaced token).
+func (h *backendHealth) Reason(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.since.IsZero() && err != nil {
@@ -261,19 +263,11 @@ func (h *backendHealth) reason(err error) {
 func (h *backendHealth) ObserveSign(_ string, _ time.Duration, err error) {
 	switch {
 	case err == nil || signer.KindOf(err) == signer.KindRefused:
-		h.succeeded()
+		h.Worked()
 	case errors.Is(err, context.Canceled):
 	case signer.KindOf(err) == signer.KindUnavailable:
-		h.failed(err)
+		h.Failed(err)
 	}
-}
-
-// LoggedIn implements vault.Observer.
-func (h *backendHealth) LoggedIn(time.Time) { h.succeeded() }
-
-// LoggedOut implements vault.Observer.
-func (h *backendHealth) LoggedOut() {
-	h.failed(errors.New("no Vault token: the login failed or lapsed"))
 }
 
 // ready is the signer check.
@@ -321,9 +315,9 @@ func (h *backendHealth) Run(ctx context.Context) error {
 			case ctx.Err() != nil:
 				return nil
 			case err != nil:
-				h.failed(err)
+				h.Failed(err)
 			default:
-				h.succeeded()
+				h.Worked()
 			}
 		}
 		select {

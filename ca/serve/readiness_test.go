@@ -84,25 +84,25 @@ func TestReadyzNamesTheMissingDependency(t *testing.T) {
 			w.signing = &c
 		}, 503, []string{`[-]ca-state failed: active authority "CN=root" is not valid before`}},
 		{"backend never worked", func(w *world) {
-			w.backend = func(h *backendHealth) { h.LoggedOut() }
+			w.backend = func(h *backendHealth) { h.Failed(errors.New("no Vault token: the login failed or lapsed")) }
 		}, 503, []string{"[-]signer failed: vault has not worked since start (failing for 0s): no Vault token"}},
 		{"a Vault login's error says why", func(w *world) {
 			w.backend = func(h *backendHealth) {
-				h.reason(errors.New("revoking the replaced token: 500")) // healthy: no news
-				h.LoggedOut()
-				h.reason(errors.New("permission denied"))
+				h.Reason(errors.New("revoking the replaced token: 500")) // healthy: no news
+				h.Failed(errors.New("no Vault token: the login failed or lapsed"))
+				h.Reason(errors.New("permission denied"))
 			}
 		}, 503, []string{"[-]signer failed: vault has not worked since start (failing for 0s): permission denied\n"}},
 		{"backend failing within its grace", func(w *world) {
 			w.backend = func(h *backendHealth) {
-				h.LoggedIn(time.Time{})
+				h.Worked()
 				h.ObserveSign("vault", 0, signer.Errorf("vault", signer.KindUnavailable, "sealed"))
 				clk.add(10 * time.Second)
 			}
 		}, 200, []string{"[+]signer ok: vault failing for 10s (unready after 30s): signer vault: unavailable: sealed\n"}},
 		{"backend failing past its grace", func(w *world) {
 			w.backend = func(h *backendHealth) {
-				h.LoggedIn(time.Time{})
+				h.Worked()
 				h.ObserveSign("vault", 0, signer.Errorf("vault", signer.KindUnavailable, "sealed"))
 				clk.add(31 * time.Second)
 			}

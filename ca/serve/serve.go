@@ -110,7 +110,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	bundlePlan, err := planBundleEndpoint(c.BundleEndpoint, c.TrustDomain, c.Backend.Kind)
+	bundlePlan, err := planBundleEndpoint(c.BundleEndpoint, c.TrustDomain, c.Backend.name())
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +173,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		p.runners = append(p.runners, run)
 	}
 	if c.PodCertificates.SignerName != "" {
-		run, err := newPodCertRunner(c.PodCertificates, c.TrustDomain, cl.localClient, srv,
+		run, err := newPodCertRunner(c.PodCertificates, c.Backend.External, c.TrustDomain, cl.localClient, srv,
 			c.Trust.LeaseNamespace, reg, leaders, c.Logger)
 		if err != nil {
 			p.closeListeners()

@@ -38,6 +38,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
@@ -93,7 +94,7 @@ func config(t *testing.T) serve.Config {
 		DefaultTTL: time.Hour, MaxTTL: 24 * time.Hour, KeyPolicy: csr.DefaultKeyPolicy(), CertRenewal: true,
 		Clusters: serve.Clusters{LocalID: ca.DefaultClusterID, LocalKubeconfig: kubeconfig, Audiences: []string{"istio-ca"},
 			NodeAccounts: map[string]bool{ca.DefaultNodeAccount: true}, NewClient: fakeCluster},
-		Backend: serve.Backend{Kind: serve.BackendLocal, StateDir: filepath.Join(dir, "state")},
+		Backend: serve.Backend{StateDir: filepath.Join(dir, "state")},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
@@ -261,10 +262,14 @@ func TestAssembleRefusals(t *testing.T) {
 	}{
 		{name: "two CA sources", mutate: func(t *testing.T, c *serve.Config) { c.Backend.CADir = t.TempDir() }, field: "state-dir"},
 		{name: "empty CA dir", mutate: func(t *testing.T, c *serve.Config) { c.Backend.StateDir, c.Backend.CADir = "", t.TempDir() }, field: "ca-dir"},
-		{name: "external without anchors", mutate: func(_ *testing.T, c *serve.Config) { c.Backend = serve.Backend{Kind: serve.BackendVault} }, field: "trust-anchors"},
-		{name: "external without its configuration", mutate: func(t *testing.T, c *serve.Config) {
-			c.Backend = serve.Backend{Kind: serve.BackendCfssl, TrustAnchors: anchors(t)}
-		}, field: ""},
+		{name: "external without anchors", mutate: func(_ *testing.T, c *serve.Config) { c.Backend = serve.Backend{External: &external{name: "vault"}} }, field: "trust-anchors"},
+		{name: "external that cannot open", mutate: func(t *testing.T, c *serve.Config) {
+			c.Backend = serve.Backend{External: &external{name: "cfssl", open: &serve.FieldError{Field: "cfssl-url", Err: errors.New("no URL")}},
+				TrustAnchors: anchors(t)}
+		}, field: "cfssl-url"},
+		{name: "external holding no key, no serving certificate", mutate: func(t *testing.T, c *serve.Config) {
+			c.Backend = serve.Backend{External: &external{name: "vault", issuer: testca.NewRoot(t, "vault", testca.Options{})}, TrustAnchors: anchors(t)}
+		}, field: "serving-cert-file"},
 		{name: "listen address taken", mutate: func(_ *testing.T, c *serve.Config) { c.Listen = "127.0.0.1:-1" }, field: "listen"},
 		{name: "admin address bad", mutate: func(_ *testing.T, c *serve.Config) { c.AdminListen = "nowhere:x" }, field: "admin-listen"},
 		{name: "kubeconfig missing", mutate: func(_ *testing.T, c *serve.Config) { c.Clusters.LocalKubeconfig = "/nonexistent/kubeconfig" }, field: "kubeconfig"},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -19,9 +20,11 @@ import (
 	"github.com/spf13/pflag"
 )
 
+const signerCfssl = "cfssl"
+
 func init() {
 	registerSigner(&signerBackend{
-		name: serve.BackendCfssl, usage: "cfssl (a cfssl server, or cfssl in process)",
+		name: signerCfssl, usage: "cfssl (a cfssl server, or cfssl in process)",
 		helpGroup: "cfssl backend", keyFlags: []string{"cfssl-url", "cfssl-ca-cert", "cfssl-profile"},
 		serve: func() serveOptions { return &cfsslFlags{} },
 		root:  func() rootOptions { return &cfsslRootFlags{} }, rootUsage: "cfssl (a server whose key its operator changes)",
@@ -89,16 +92,68 @@ func (c *cfsslFlags) load(_ *backendFlags, cfg *serve.Backend, _ *slog.Logger) e
 		if err != nil {
 			return err
 		}
-		cfg.CfsslRemote = &rc
+		cfg.External = &cfsslExternal{remote: &rc}
 		return nil
 	}
 	lc, err := c.localConfig(chain)
 	if err != nil {
 		return err
 	}
-	cfg.CfsslLocal = &lc
+	cfg.External = &cfsslExternal{local: &lc}
 	return nil
 }
+
+// cfsslExternal is the cfssl backend as serve opens it: a remote server,
+// or cfssl's signer in process. Exactly one is set.
+type cfsslExternal struct {
+	remote *cfssl.RemoteConfig
+	local  *cfssl.LocalConfig
+}
+
+func (c *cfsslExternal) Name() string { return signerCfssl }
+
+// Open builds the signer: a remote one with a probe of the server's info
+// endpoint (what it signs with, cheap), or the one in process with its CA,
+// which issues meshca's own serving certificate when none is given. A
+// cfssl configuration's own nonzero Backdate wins over the common one.
+func (c *cfsslExternal) Open(_ context.Context, env serve.ExternalEnv) (*serve.Opened, error) {
+	if c.remote != nil {
+		rc := *c.remote
+		rc.Backdate = cmp.Or(rc.Backdate, env.Backdate)
+		s, err := cfssl.NewRemote(rc)
+		if err != nil {
+			return nil, &serve.FieldError{Field: "cfssl-url", Err: err}
+		}
+		probe := func(ctx context.Context) error {
+			_, err := cfssl.RemoteIssuer(ctx, rc)
+			return err
+		}
+		return &serve.Opened{Signer: s, Remote: true, Probe: probe}, nil
+	}
+	lc := *c.local
+	lc.Backdate = cmp.Or(lc.Backdate, env.Backdate)
+	s, err := cfssl.NewLocal(lc)
+	if err != nil {
+		return nil, &serve.FieldError{Field: "cfssl-ca-cert", Err: err}
+	}
+	return &serve.Opened{Signer: s, CA: &keymgr.Authority{Cert: lc.CACert, Key: lc.CAKey, Chain: lc.Chain}, CAFlag: "cfssl-ca-cert"}, nil
+}
+
+// IstiodCert asks for the profile istiod's certificate is signed under.
+func (c *cfsslExternal) IstiodCert() error {
+	switch {
+	case c.remote != nil && c.remote.DNSProfile == "":
+		return &serve.FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a cfssl profile of its own " +
+			"(docs/signers/cfssl.md, \"istiod's certificate\")")}
+	case c.local != nil && c.local.DNSProfile == "":
+		return &serve.FieldError{Field: "cfssl-istiod-profile", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a profile of the cfssl " +
+			"signing policy of its own (the default policy's is \"istiod\")")}
+	}
+	return nil
+}
+
+// PodCertificates: cfssl signs them.
+func (c *cfsslExternal) PodCertificates() error { return nil }
 
 // localConfig is the in-process cfssl backend's configuration from the
 // flags, with chain above its CA.

@@ -1,17 +1,24 @@
 package main
 
 import (
+	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/signer/k8scsr"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 )
+
+const signerK8sCSR = "k8scsr"
 
 func init() {
 	registerSigner(&signerBackend{
-		name: serve.BackendK8sCSR, usage: "k8scsr (Kubernetes CertificateSigningRequests)",
+		name: signerK8sCSR, usage: "k8scsr (Kubernetes CertificateSigningRequests)",
 		helpGroup: "k8scsr backend", keyFlags: []string{"k8scsr-signer-name", "k8scsr-kubeconfig"},
 		serve: func() serveOptions { return &k8scsrFlags{} },
 		noPodCertificates: "the kubelet's stub CSR carries no name, the k8scsr signer hands the CSR as it is to the external signer, " +
@@ -41,6 +48,52 @@ func (k *k8scsrFlags) validate(b *backendFlags) error {
 }
 
 func (k *k8scsrFlags) load(_ *backendFlags, c *serve.Backend, _ *slog.Logger) error {
-	c.K8sCSR = &serve.K8sCSR{SignerName: k.signerName, Kubeconfig: k.kubeconfig}
+	c.External = &k8scsrExternal{signerName: k.signerName, kubeconfig: k.kubeconfig}
 	return nil
+}
+
+// k8scsrExternal is the CertificateSigningRequest backend as serve opens
+// it: requests named signerName in the cluster of kubeconfig (empty: the
+// local cluster's).
+type k8scsrExternal struct {
+	signerName, kubeconfig string
+}
+
+func (k *k8scsrExternal) Name() string { return signerK8sCSR }
+
+// Open builds the signer, and a probe of its apiserver (its version).
+func (k *k8scsrExternal) Open(_ context.Context, env serve.ExternalEnv) (*serve.Opened, error) {
+	fail := func(err error) error { return &serve.FieldError{Field: "k8scsr-signer-name", Err: err} }
+	cfg, err := clientcmd.BuildConfigFromFlags("", cmp.Or(k.kubeconfig, env.LocalKubeconfig))
+	if err != nil {
+		return nil, fail(fmt.Errorf("kubernetes client configuration: %w", err))
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fail(err)
+	}
+	s, err := k8scsr.New(k8scsr.Config{Client: client, SignerName: k.signerName, Roots: env.Roots,
+		OnDeleteError: func(err error) { env.Log.Warn("CertificateSigningRequest left behind", logError, err) }})
+	if err != nil {
+		return nil, fail(err)
+	}
+	probe := func(ctx context.Context) error {
+		_, err := client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
+		return err
+	}
+	return &serve.Opened{Signer: s, Remote: true, Probe: probe}, nil
+}
+
+// IstiodCert refuses: see the message.
+func (k *k8scsrExternal) IstiodCert() error {
+	return &serve.FieldError{Field: "istiod-cert-secret", Err: errors.New("cannot be used with the k8scsr signer: a CertificateSigningRequest's " +
+		"signer decides what it certifies and cannot tell istiod's DNS request from a workload's; sign with the " +
+		signerNames(func(b *signerBackend) bool { return b.name != signerK8sCSR }) + " signer")}
+}
+
+// PodCertificates refuses: the descriptor's noPodCertificates says why.
+func (k *k8scsrExternal) PodCertificates() error {
+	return errors.New(signerNamed(signerK8sCSR).noPodCertificates + "; sign pod certificates with the " +
+		signerNames(func(b *signerBackend) bool { return b.noPodCertificates == "" }) + " signer")
 }

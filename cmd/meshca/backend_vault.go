@@ -12,15 +12,18 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer/vault"
 	"github.com/spf13/pflag"
 )
 
+const signerVault = "vault"
+
 func init() {
 	registerSigner(&signerBackend{
-		name: serve.BackendVault, usage: "vault (Vault's PKI secrets engine)",
+		name: signerVault, usage: "vault (Vault's PKI secrets engine)",
 		helpGroup: "Vault backend", keyFlags: []string{"vault-addr", "vault-role", "vault-kubernetes-role"},
 		serve: func() serveOptions { return &vaultFlags{} },
 		root:  func() rootOptions { return &vaultRootFlags{} }, rootUsage: "vault (issuers of its PKI mount)",
@@ -102,8 +105,61 @@ func (v *vaultFlags) load(_ *backendFlags, c *serve.Backend, log *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	c.Vault = &vc
+	c.External = &vaultExternal{c: vc}
 	return nil
+}
+
+// vaultExternal is the Vault backend as serve opens it.
+type vaultExternal struct{ c vault.Config }
+
+func (v *vaultExternal) Name() string { return signerVault }
+
+// Open builds the signer; its login loop is the probe, retrying until
+// Vault answers, and tells the health and the login metrics.
+func (v *vaultExternal) Open(_ context.Context, env serve.ExternalEnv) (*serve.Opened, error) {
+	c := v.c
+	c.Observer = vaultLogin{metrics: ca.NewVaultMetrics(env.Registerer, nil), health: env.Health}
+	report := c.OnLoginError
+	c.OnLoginError = func(err error) {
+		env.Health.Reason(err)
+		if report != nil {
+			report(err)
+		}
+	}
+	s, err := vault.New(c)
+	if err != nil {
+		return nil, &serve.FieldError{Field: "vault-addr", Err: err}
+	}
+	return &serve.Opened{Signer: s, Remote: true, Runners: []func(context.Context) error{s.Run}}, nil
+}
+
+// IstiodCert asks for the role istiod's certificate is signed under.
+func (v *vaultExternal) IstiodCert() error {
+	if v.c.DNSRole != "" {
+		return nil
+	}
+	return &serve.FieldError{Field: "vault-istiod-role", Err: errors.New("istiod's certificate (--istiod-cert-secret) needs a Vault role of its own " +
+		"(docs/signers/vault.md, \"istiod's certificate\")")}
+}
+
+// PodCertificates: Vault signs them.
+func (v *vaultExternal) PodCertificates() error { return nil }
+
+// vaultLogin tells the login metrics and the backend's health of the
+// Vault login (vault.Observer).
+type vaultLogin struct {
+	metrics vault.Observer
+	health  serve.Health
+}
+
+func (o vaultLogin) LoggedIn(expires time.Time) {
+	o.metrics.LoggedIn(expires)
+	o.health.Worked()
+}
+
+func (o vaultLogin) LoggedOut() {
+	o.metrics.LoggedOut()
+	o.health.Failed(errors.New("no Vault token: the login failed or lapsed"))
 }
 
 // validateLogin checks the mount and that exactly one login is given.

@@ -138,7 +138,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		MaxInFlight: f.maxInFlight, MaxAuthnPerPeer: f.maxAuthnPeer, MaxTokenBytes: f.maxTokenBytes, MaxHeaderBytes: f.maxHeaderBytes,
 		CertRenewal: f.certRenewal, CertSigners: f.certSigners, EnablePprof: f.enablePprof,
 		Backend: serve.Backend{
-			Kind: f.b.signer, StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
+			StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
 			AutoRotateInterval: f.autoInterval,
