@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -154,7 +154,7 @@ func newIssuingPath(b *x509bundle.Bundle, issuer *x509.Certificate, intermediate
 	}
 	p := &issuingPath{issuer: issuer}
 	for i, chain := range chains {
-		if keymgr.CanIssueLeaves(chain) != nil {
+		if certs.CanIssueLeaves(chain) != nil {
 			return nil // x509svid.Verify of each leaf refuses it, and says why
 		}
 		for j, cert := range chain {

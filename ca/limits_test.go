@@ -19,7 +19,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
@@ -210,9 +210,9 @@ func TestCertificateRenewalTTL(t *testing.T) {
 		ask     time.Duration
 		want    time.Duration // NotAfter less NotBefore of the renewal
 	}{
-		{name: "a 1h certificate asking for 80 days gets 1h", first: time.Hour, ask: 80 * 24 * time.Hour, want: time.Hour + keymgr.Backdate},
-		{name: "a 1h certificate asking for nothing gets 1h, not the default", first: time.Hour, want: time.Hour + keymgr.Backdate},
-		{name: "a 1h certificate asking for 24h gets 1h", first: time.Hour, ask: 24 * time.Hour, want: time.Hour + keymgr.Backdate},
+		{name: "a 1h certificate asking for 80 days gets 1h", first: time.Hour, ask: 80 * 24 * time.Hour, want: time.Hour + certs.Backdate},
+		{name: "a 1h certificate asking for nothing gets 1h, not the default", first: time.Hour, want: time.Hour + certs.Backdate},
+		{name: "a 1h certificate asking for 24h gets 1h", first: time.Hour, ask: 24 * time.Hour, want: time.Hour + certs.Backdate},
 		{name: "a 24h certificate asking for 80 days gets the default", first: 24 * time.Hour, ask: 80 * 24 * time.Hour, want: ca.DefaultTTL},
 		{name: "a shorter renewal TTL", renewal: 6 * time.Hour, first: 24 * time.Hour, ask: 80 * 24 * time.Hour, want: 6 * time.Hour},
 		{name: "asks for less, gets it", first: 24 * time.Hour, ask: 2 * time.Hour, want: 2 * time.Hour},

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -63,7 +63,7 @@ func (c *clientCAConfig) get(*tls.ClientHelloInfo) (*tls.Config, error) {
 	if c.cfg == nil || !slices.EqualFunc(roots, c.roots, (*x509.Certificate).Equal) {
 		cfg := c.base.Clone()
 		cfg.GetConfigForClient = nil
-		cfg.ClientCAs = keymgr.Pool(roots...)
+		cfg.ClientCAs = certs.Pool(roots...)
 		c.cfg, c.roots = cfg, roots
 	}
 	return c.cfg, nil

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -68,7 +69,7 @@ func (a *Authority) Validate(now time.Time) error {
 }
 
 func (a *Authority) verifyChain(now time.Time) error {
-	roots, inter := Pool(a.Roots...), Pool(a.Chain...)
+	roots, inter := certs.Pool(a.Roots...), certs.Pool(a.Chain...)
 	chains, err := a.Cert.Verify(x509.VerifyOptions{
 		Roots:         roots,
 		Intermediates: inter,
@@ -79,7 +80,7 @@ func (a *Authority) verifyChain(now time.Time) error {
 		return err
 	}
 	for _, c := range chains {
-		if err = CanIssueLeaves(c); err == nil {
+		if err = certs.CanIssueLeaves(c); err == nil {
 			return nil
 		}
 	}
@@ -168,5 +169,5 @@ func (a *Authority) Bundle(td spiffeid.TrustDomain) *x509bundle.Bundle {
 // NotAfter is the time the first certificate in the signing path expires:
 // nothing a signs may outlive it.
 func (a *Authority) NotAfter() time.Time {
-	return PathExpiry(a.Cert, a.Chain...)
+	return certs.PathExpiry(a.Cert, a.Chain...)
 }

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // DefaultAutoRotateInterval is how often an AutoRotator looks for a due
@@ -118,7 +120,7 @@ func (r *AutoRotator) now() time.Time {
 // NextRoot generates the root that follows active: a new, independent key
 // of the same type, the same organisation, the same lifetime.
 func NextRoot(active *AuthorityRecord) (*AuthorityRecord, error) {
-	o := RootOptions{KeyType: keyTypeOf(active.Root.PublicKey), TTL: active.Root.NotAfter.Sub(active.Root.NotBefore) - Backdate}
+	o := RootOptions{KeyType: keyTypeOf(active.Root.PublicKey), TTL: active.Root.NotAfter.Sub(active.Root.NotBefore) - certs.Backdate}
 	if org := active.Root.Subject.Organization; len(org) > 0 {
 		o.Organization = org[0]
 	}
@@ -129,22 +131,22 @@ func NextRoot(active *AuthorityRecord) (*AuthorityRecord, error) {
 	return &AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
 }
 
-// keyTypeOf is the KeyType of pub; KeyECP256 for a key of a type meshca
+// keyTypeOf is the KeyType of pub; certs.KeyECP256 for a key of a type meshca
 // does not generate.
-func keyTypeOf(pub any) KeyType {
+func keyTypeOf(pub any) certs.KeyType {
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:
 		if k.Curve.Params().BitSize == 384 {
-			return KeyECP384
+			return certs.KeyECP384
 		}
 	case *rsa.PublicKey:
 		switch k.N.BitLen() {
 		case 3072:
-			return KeyRSA3072
+			return certs.KeyRSA3072
 		case 4096:
-			return KeyRSA4096
+			return certs.KeyRSA4096
 		}
-		return KeyRSA2048
+		return certs.KeyRSA2048
 	}
-	return KeyECP256
+	return certs.KeyECP256
 }

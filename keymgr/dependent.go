@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // A Dependent is a certificate outside the workload path that rides on the
@@ -83,7 +85,7 @@ func (d *Dependent) retireHold(s *State, rec *AuthorityRecord, now time.Time) st
 		return fmt.Sprintf("%s expired at %s under root %.16s and was not renewed under a root that stays", d.Name,
 			leaf.NotAfter.UTC().Format(time.RFC3339), rec.RootID())
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: Pool(after...), Intermediates: Pool(d.Chain[1:]...),
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: certs.Pool(after...), Intermediates: certs.Pool(d.Chain[1:]...),
 		CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	if err == nil {
 		return ""

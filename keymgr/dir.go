@@ -11,12 +11,13 @@ import (
 
 	"github.com/meshca/meshca/internal/atomicfile"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // StateOptions configure LoadOrCreate.
 type StateOptions struct {
 	// KeyType of a root generated on first start.
-	KeyType KeyType
+	KeyType certs.KeyType
 	// Organization of a generated root's subject (the trust domain).
 	Organization string
 	// RootTTL of a generated root; DefaultRootTTL when zero.

@@ -10,6 +10,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // ExternalTrust serves the trust bundle of a CA state whose keys live in
@@ -80,7 +82,7 @@ func (e *ExternalTrust) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x
 // RootNotAfter is when the earliest trusted root expires.
 func (e *ExternalTrust) RootNotAfter() time.Time {
 	if c := e.cur.Load(); c != nil {
-		return EarliestExpiry(c.bundle.X509Authorities()...)
+		return certs.EarliestExpiry(c.bundle.X509Authorities()...)
 	}
 	return time.Time{}
 }
@@ -92,7 +94,7 @@ func (e *ExternalTrust) ChainNotAfter() time.Time {
 		return time.Time{}
 	}
 	a := c.state.Active()
-	return PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)
+	return certs.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)
 }
 
 // Judge returns the authority of the served state that issued leaf (with
@@ -125,7 +127,7 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 	// The backend bounds a leaf by the chain it believes in (a reissued
 	// issuer on the same key may outlive the one the state holds); the
 	// leaf is handed out with the state's path, and must not outlive it.
-	if end := PathExpiry(rec.Cert, append(slices.Clone(rec.Chain), rec.Root)...); leaf.NotAfter.After(end) {
+	if end := certs.PathExpiry(rec.Cert, append(slices.Clone(rec.Chain), rec.Root)...); leaf.NotAfter.After(end) {
 		return nil, fmt.Errorf("keymgr: the backend's leaf is valid until %s, past the end of authority %.16s's path to its root (%s): "+
 			"renew the authority, or make the backend cut its leaves at its issuer's expiry",
 			leaf.NotAfter.UTC().Format(time.RFC3339), rec.ID(), end.UTC().Format(time.RFC3339))

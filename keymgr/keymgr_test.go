@@ -18,10 +18,11 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 func TestLoadOrCreate(t *testing.T) {
-	for _, kt := range []keymgr.KeyType{keymgr.KeyECP256, keymgr.KeyECP384, keymgr.KeyRSA2048} {
+	for _, kt := range []certs.KeyType{certs.KeyECP256, certs.KeyECP384, certs.KeyRSA2048} {
 		t.Run(string(kt), func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "state")
 			a, created, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{KeyType: kt, Organization: "cluster.local"})
@@ -53,16 +54,16 @@ func TestLoadOrCreate(t *testing.T) {
 	}
 }
 
-func checkKeyType(t *testing.T, a *keymgr.Authority, kt keymgr.KeyType) {
+func checkKeyType(t *testing.T, a *keymgr.Authority, kt certs.KeyType) {
 	t.Helper()
 	switch k := a.Cert.PublicKey.(type) {
 	case *ecdsa.PublicKey:
-		want := map[keymgr.KeyType]elliptic.Curve{keymgr.KeyECP256: elliptic.P256(), keymgr.KeyECP384: elliptic.P384()}[kt]
+		want := map[certs.KeyType]elliptic.Curve{certs.KeyECP256: elliptic.P256(), certs.KeyECP384: elliptic.P384()}[kt]
 		if k.Curve != want {
 			t.Fatalf("curve %v for %s", k.Curve.Params().Name, kt)
 		}
 	case *rsa.PublicKey:
-		if kt != keymgr.KeyRSA2048 || k.N.BitLen() != 2048 {
+		if kt != certs.KeyRSA2048 || k.N.BitLen() != 2048 {
 			t.Fatalf("RSA %d for %s", k.N.BitLen(), kt)
 		}
 	}
@@ -79,12 +80,6 @@ func TestLoadOrCreateRefusesPartialState(t *testing.T) {
 	_, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{})
 	if err == nil || !strings.Contains(err.Error(), "holds only") {
 		t.Fatalf("err = %v, want a refusal to overwrite partial state", err)
-	}
-}
-
-func TestGenerateKeyUnknown(t *testing.T) {
-	if _, err := keymgr.GenerateKey("dsa-1024"); err == nil {
-		t.Fatal("want an error")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 func TestDue(t *testing.T) {
@@ -153,7 +154,7 @@ func TestAutoRotationKeepsEveryHandshake(t *testing.T) {
 	}
 	renew := func(w *lcWorkload, now time.Time) {
 		act := s.Active()
-		_, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: leafTTL}, act.Cert, act.Chain...)
+		_, notAfter := certs.Window(certs.WindowOptions{Now: now, TTL: leafTTL}, act.Cert, act.Chain...)
 		s.RecordIssued(act.ID(), notAfter, leafTTL)
 		w.issuer, w.issued, w.notAfter = act.ID(), now, notAfter
 		w.trusts = map[string]bool{}

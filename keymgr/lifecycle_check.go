@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // checkNew checks that rec may join s at now, by Prepare or Bootstrap.
@@ -73,7 +74,7 @@ func recordRule(rec *AuthorityRecord) string {
 		return "the record already has a phase or a history: give a new authority"
 	case !rec.Root.BasicConstraintsValid || !rec.Root.IsCA:
 		return "the root is not a CA certificate (basicConstraints CA:true is missing)"
-	case !IsSelfSigned(rec.Root):
+	case !certs.IsSelfSigned(rec.Root):
 		return "the root is not self-signed"
 	case !rec.Cert.BasicConstraintsValid || !rec.Cert.IsCA:
 		return "the signing certificate is not a CA (basicConstraints CA:true is missing)"
@@ -129,8 +130,8 @@ func chainRule(rec *AuthorityRecord, now time.Time) string {
 		return ""
 	}
 	_, err := rec.Cert.Verify(x509.VerifyOptions{
-		Roots:         Pool(rec.Root),
-		Intermediates: Pool(rec.Chain...),
+		Roots:         certs.Pool(rec.Root),
+		Intermediates: certs.Pool(rec.Chain...),
 		CurrentTime:   now,
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
 	})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/csr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // MinIDPrefix is the fewest hex digits of an id that Lookup accepts.
@@ -310,7 +311,7 @@ func (s *State) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
 // certificate's NotBefore to the first NotAfter of its signing path.
 func prepareStep(active *AuthorityRecord, p AutoPolicy) Step {
 	start := active.Cert.NotBefore
-	end := EarliestExpiry(append([]*x509.Certificate{active.Cert, active.Root}, active.Chain...)...)
+	end := certs.EarliestExpiry(append([]*x509.Certificate{active.Cert, active.Root}, active.Chain...)...)
 	life := max(end.Sub(start), 0)
 	at := end.Add(-time.Duration(p.prepareAt() * float64(life)))
 	return Step{Verb: VerbPrepare, SafeAt: at, Why: fmt.Sprintf("%.0f%% of the lifetime of the active authority %.16s is left at %s; it expires at %s",

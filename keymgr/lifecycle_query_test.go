@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // lcCollidingRecords returns two records whose ids share their first
@@ -187,7 +188,7 @@ func TestNextStepSafeAt(t *testing.T) {
 	g := keymgr.DefaultGuards()
 	issue := func(at time.Time) {
 		act := s.Active()
-		_, notAfter := keymgr.Window(keymgr.WindowOptions{Now: at, TTL: 24 * time.Hour}, act.Cert, act.Chain...)
+		_, notAfter := certs.Window(certs.WindowOptions{Now: at, TTL: 24 * time.Hour}, act.Cert, act.Chain...)
 		s.RecordIssued(act.ID(), notAfter, 24*time.Hour)
 	}
 	var steps []string

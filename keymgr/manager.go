@@ -9,6 +9,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // Manager holds the current signing authority of one trust domain and
@@ -93,7 +95,7 @@ func (m *Manager) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bun
 
 // RootNotAfter is when the earliest trusted root expires.
 func (m *Manager) RootNotAfter() time.Time {
-	return EarliestExpiry(m.Authority().Roots...)
+	return certs.EarliestExpiry(m.Authority().Roots...)
 }
 
 // ChainNotAfter is when the signing path expires.

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // PluggedReason is the history reason of the authorities a PluggedDir
@@ -68,7 +70,7 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if bundle := s.Bundle(); p.seq == 0 || !SameCerts(bundle, p.roots) {
+	if bundle := s.Bundle(); p.seq == 0 || !certs.SameCerts(bundle, p.roots) {
 		p.roots, p.seq = bundle, p.seq+1
 	}
 	s.Sequence = p.seq
@@ -123,18 +125,4 @@ func (t PluggedTarget) Use(s *State, now time.Time) error {
 			active.Cert.Subject, active.Root.Subject)
 	}
 	return t.Manager.Use(s, now)
-}
-
-// SameCerts reports whether a and b hold the same certificates in the
-// same order.
-func SameCerts(a, b []*x509.Certificate) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(b[i]) {
-			return false
-		}
-	}
-	return true
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // ServingOptions describe the TLS certificate meshca serves its API with.
@@ -22,7 +24,7 @@ type ServingOptions struct {
 	Names []string
 	TTL   time.Duration
 	Now   time.Time
-	// Backdate is as in WindowOptions: zero means the default Backdate.
+	// Backdate is as in certs.WindowOptions: zero means the default certs.Backdate.
 	Backdate time.Duration
 	// ID, when not zero, is the certificate's one URI SAN: it is then an
 	// X509-SVID (the SPIFFE bundle endpoint's https_spiffe profile serves
@@ -46,11 +48,11 @@ func IssueServing(a *Authority, o ServingOptions) (*tls.Certificate, error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}
-	key, serial, skid, err := newKeySerialID(KeyECP256)
+	key, serial, skid, err := newKeySerialID(certs.KeyECP256)
 	if err != nil {
 		return nil, err
 	}
-	notBefore, notAfter := Window(WindowOptions{Now: o.Now, TTL: o.TTL, Backdate: o.Backdate}, a.Cert, a.Chain...)
+	notBefore, notAfter := certs.Window(certs.WindowOptions{Now: o.Now, TTL: o.TTL, Backdate: o.Backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             notBefore,

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // Reasons the keeper writes the Secret: a metric label and a log field.
@@ -83,7 +83,7 @@ func sameCerts(a, b []*x509.Certificate) bool {
 // verifies reports whether chain (leaf first) verifies to roots at now as
 // a server certificate.
 func verifies(chain, roots []*x509.Certificate, now time.Time) bool {
-	_, err := chain[0].Verify(x509.VerifyOptions{Roots: keymgr.Pool(roots...), Intermediates: keymgr.Pool(chain[1:]...),
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: certs.Pool(roots...), Intermediates: certs.Pool(chain[1:]...),
 		CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	return err == nil
 }

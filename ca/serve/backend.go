@@ -13,6 +13,7 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,8 +52,8 @@ type Backend struct {
 	// Backdate is how far before now issued certificates start, to
 	// tolerate clock skew: leaves of the built-in CA and of external
 	// backends that take it (ExternalEnv.Backdate), and the serving
-	// certificate meshca issues itself. As in keymgr.WindowOptions, zero
-	// means keymgr.Backdate and keymgr.NoBackdate means none.
+	// certificate meshca issues itself. As in certs.WindowOptions, zero
+	// means certs.Backdate and certs.NoBackdate means none.
 	Backdate time.Duration
 	// An external backend's pinned trust bundle, and the serving
 	// certificate the operator provides. Without one, meshca issues its
@@ -376,7 +377,7 @@ func (be *backend) serving(mgr *keymgr.Manager, names []string, backdate time.Du
 type anchorExpiry []*x509.Certificate
 
 // RootNotAfter implements ca.ExpirySource.
-func (a anchorExpiry) RootNotAfter() time.Time { return keymgr.EarliestExpiry(a...) }
+func (a anchorExpiry) RootNotAfter() time.Time { return certs.EarliestExpiry(a...) }
 
 // ChainNotAfter is the anchors' too: an external backend's issuing chain is
 // not known before it signs.

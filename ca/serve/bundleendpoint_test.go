@@ -17,6 +17,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
@@ -104,7 +105,7 @@ func TestAssembleBundleEndpointWeb(t *testing.T) {
 	c.BundleEndpoint = serve.BundleEndpoint{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile}
 	p := start(t, c)
 	b, err := federation.FetchBundle(context.Background(), td, "https://"+p.Addresses().BundleEndpoint+"/",
-		federation.WithWebPKIRoots(keymgr.Pool(webCA.Cert)))
+		federation.WithWebPKIRoots(certs.Pool(webCA.Cert)))
 	if err != nil {
 		t.Fatalf("https_web fetch: %v", err)
 	}

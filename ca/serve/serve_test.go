@@ -40,6 +40,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
 
@@ -136,7 +137,7 @@ func client(t *testing.T, p *serve.Parts, c serve.Config, tok string, svid *cacl
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := caclient.Config{Addr: p.Addresses().GRPC, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(st.Bundle()...)}
+	cfg := caclient.Config{Addr: p.Addresses().GRPC, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(st.Bundle()...)}
 	if tok != "" {
 		cfg.TokenFile = filepath.Join(t.TempDir(), "token")
 		if err := os.WriteFile(cfg.TokenFile, []byte(tok), 0o600); err != nil {

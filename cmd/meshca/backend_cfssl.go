@@ -16,6 +16,7 @@ import (
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer/cfssl"
 	"github.com/spf13/pflag"
 )
@@ -212,7 +213,7 @@ func cfsslTLS(flag, file string) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: keymgr.Pool(roots...)}, nil
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: certs.Pool(roots...)}, nil
 }
 
 // cfsslRootFlags are the cfssl flags of a rotation step: activate checks

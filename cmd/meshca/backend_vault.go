@@ -15,6 +15,7 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer/vault"
 	"github.com/spf13/pflag"
 )
@@ -290,7 +291,7 @@ func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlag
 	// prepares in one second.
 	stamp := now.Format("20060102T150405Z") + "-" + rand.Text()[:6]
 	root := vault.IssuerSpec{CommonName: "meshca root " + now.Format(time.RFC3339), Organization: org,
-		KeyType: keymgr.KeyType(f.keyType), TTL: f.lifetime, Name: "meshca-root-" + stamp}
+		KeyType: certs.KeyType(f.keyType), TTL: f.lifetime, Name: "meshca-root-" + stamp}
 	if v.flags.issuerType == vaultIssuerRoot {
 		cert, err := v.issuers.CreateRoot(ctx, root)
 		if err != nil {
@@ -299,7 +300,7 @@ func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlag
 		return &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: true}, nil
 	}
 	inter := vault.IssuerSpec{CommonName: "meshca intermediate " + now.Format(time.RFC3339), Organization: org,
-		KeyType: keymgr.KeyType(f.keyType), TTL: f.lifetime - time.Hour, Name: "meshca-intermediate-" + stamp}
+		KeyType: certs.KeyType(f.keyType), TTL: f.lifetime - time.Hour, Name: "meshca-intermediate-" + stamp}
 	rootCert, cert, err := v.issuers.CreateIntermediate(ctx, v.flags.rootMount, root, inter)
 	if err != nil {
 		return nil, err

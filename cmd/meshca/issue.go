@@ -13,7 +13,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -127,7 +127,7 @@ func (f *issueFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return fmt.Errorf("--ca-roots: %w", err)
 	}
-	pool := keymgr.Pool(roots...)
+	pool := certs.Pool(roots...)
 	id, impersonate, err := f.identity()
 	if err != nil {
 		return err

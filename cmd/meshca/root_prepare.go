@@ -12,6 +12,7 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spf13/cobra"
 )
 
@@ -54,7 +55,7 @@ func newRootPrepareCommand() *cobra.Command {
 func (f *prepareFlags) register(cmd *cobra.Command) {
 	f.store.register(cmd)
 	fl := cmd.Flags()
-	fl.StringVar(&f.keyType, "key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
+	fl.StringVar(&f.keyType, "key-type", string(certs.KeyECP256), fmt.Sprintf("key type of a generated root: %v", certs.KeyTypes))
 	fl.DurationVar(&f.lifetime, "lifetime", keymgr.DefaultRootTTL, "lifetime of a generated root")
 	fl.StringVar(&f.trustDomain, "trust-domain", "", "organisation of a generated root's subject; default: the active root's, else cluster.local")
 	fl.StringVar(&f.certFile, "cert", "", "import: the signing certificate (a root, or an intermediate with --root)")
@@ -215,7 +216,7 @@ func (f *prepareFlags) record(s *keymgr.State) (*keymgr.AuthorityRecord, error) 
 	case f.certFile != "":
 		return f.imported()
 	}
-	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: keymgr.KeyType(f.keyType), Organization: f.organization(s), TTL: f.lifetime})
+	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: certs.KeyType(f.keyType), Organization: f.organization(s), TTL: f.lifetime})
 	if err != nil {
 		return nil, fmt.Errorf("--key-type: %w", err)
 	}
@@ -239,7 +240,7 @@ func (f *prepareFlags) imported() (*keymgr.AuthorityRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.rootFile == "" && !keymgr.IsSelfSigned(cert) {
+	if f.rootFile == "" && !certs.IsSelfSigned(cert) {
 		return nil, fmt.Errorf("--cert %s is not a root (its issuer is %q): give its root with --root, and --chain for the intermediates between", f.certFile, cert.Issuer)
 	}
 	rec := &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: f.external}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
@@ -143,7 +144,7 @@ func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 		}
 		if !a.SignsWithRoot() {
 			av.Signing = &signingView{Subject: a.Cert.Subject.String(), NotAfter: a.Cert.NotAfter,
-				PathNotAfter: keymgr.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)}
+				PathNotAfter: certs.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)}
 		}
 		v.Authorities = append(v.Authorities, av)
 	}

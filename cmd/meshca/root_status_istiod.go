@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // istiodView is istiod's certificate as `meshca root status
@@ -63,7 +64,7 @@ func istiodViewOf(secret string, d keymgr.Dependent, st *keymgr.State, now time.
 	for _, r := range d.Roots {
 		v.Roots = append(v.Roots, rootName(st, r))
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: keymgr.Pool(st.Bundle()...), Intermediates: keymgr.Pool(d.Chain[1:]...),
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: certs.Pool(st.Bundle()...), Intermediates: certs.Pool(d.Chain[1:]...),
 		CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	v.Verifies = err == nil
 	return v

@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -139,7 +140,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		CertRenewal: f.certRenewal, CertSigners: f.certSigners, EnablePprof: f.enablePprof,
 		Backend: serve.Backend{
 			StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
-			State:      keymgr.StateOptions{KeyType: keymgr.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
+			State:      keymgr.StateOptions{KeyType: certs.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
 			AutoRotateInterval: f.autoInterval,
 			Backdate:           backdateOption(f.backdate),
@@ -266,11 +267,11 @@ func (f *serveFlags) clusters() (serve.Clusters, error) {
 // than tolerate a skewed one.
 const maxBackdate = 10 * time.Minute
 
-// backdateOption is --backdate as keymgr.WindowOptions takes it, where
+// backdateOption is --backdate as certs.WindowOptions takes it, where
 // zero means the default.
 func backdateOption(d time.Duration) time.Duration {
 	if d == 0 {
-		return keymgr.NoBackdate
+		return certs.NoBackdate
 	}
 	return d
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // validServeFlags are flags that validate.
@@ -122,9 +123,9 @@ func TestServeBackdate(t *testing.T) {
 	tests := []struct {
 		flag, want time.Duration
 	}{
-		{flag: keymgr.Backdate, want: keymgr.Backdate},
+		{flag: certs.Backdate, want: certs.Backdate},
 		{flag: time.Second, want: time.Second},
-		{flag: 0, want: keymgr.NoBackdate},
+		{flag: 0, want: certs.NoBackdate},
 		{flag: 10 * time.Minute, want: 10 * time.Minute},
 	}
 	for _, tt := range tests {
@@ -135,8 +136,8 @@ func TestServeBackdate(t *testing.T) {
 			t.Errorf("--backdate %v: Backend.Backdate %v, err %v; want %v", tt.flag, c.Backend.Backdate, err, tt.want)
 		}
 	}
-	if fl := newServeCommand().Flags().Lookup("backdate"); fl == nil || fl.DefValue != keymgr.Backdate.String() {
-		t.Fatalf("--backdate flag %+v, want default %v", fl, keymgr.Backdate)
+	if fl := newServeCommand().Flags().Lookup("backdate"); fl == nil || fl.DefValue != certs.Backdate.String() {
+		t.Fatalf("--backdate flag %+v, want default %v", fl, certs.Backdate)
 	}
 }
 

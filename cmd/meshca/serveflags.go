@@ -9,6 +9,7 @@ import (
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -76,7 +77,7 @@ func (f *serveFlags) registerIssued(fl *pflag.FlagSet) {
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.DurationVar(&f.defaultTTL, "default-ttl", ca.DefaultTTL, "certificate lifetime when the client asks for none")
 	fl.DurationVar(&f.maxTTL, "max-ttl", ca.DefaultMaxTTL, "longest lifetime a client may ask for; longer requests are refused")
-	fl.DurationVar(&f.backdate, "backdate", keymgr.Backdate, fmt.Sprintf("how far before now issued certificates start, to tolerate clock skew (0 to %v)", maxBackdate))
+	fl.DurationVar(&f.backdate, "backdate", certs.Backdate, fmt.Sprintf("how far before now issued certificates start, to tolerate clock skew (0 to %v)", maxBackdate))
 	fl.StringVar(&f.keyPolicy, "key-policy", "ecdsa-p256,ecdsa-p384,ed25519,rsa-2048-8192", "workload key algorithms and sizes allowed")
 	fl.StringSliceVar(&f.certSigners, "cert-signers", nil, "CertSigner names (a proxy's ISTIO_META_CERT_SIGNER) answered by this CA's one signer; a request naming another is refused (InvalidArgument, unknown_cert_signer); an empty CertSigner is always served")
 }
@@ -86,7 +87,7 @@ func (f *serveFlags) registerState(fl *pflag.FlagSet) {
 	fl.StringVar(&f.stateSecret, "state-secret", "", "the CA state in a Secret of the local cluster, namespace/name, instead of --state-dir")
 	fl.StringVar(&f.caDir, "ca-dir", "", "directory holding a plugged-in CA in Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem, root-cert.pem) or tls.crt/tls.key/ca.crt")
 	f.b.registerSigner(fl)
-	fl.StringVar(&f.rootKeyType, "root-key-type", string(keymgr.KeyECP256), fmt.Sprintf("key type of a generated root: %v", keymgr.KeyTypes))
+	fl.StringVar(&f.rootKeyType, "root-key-type", string(certs.KeyECP256), fmt.Sprintf("key type of a generated root: %v", certs.KeyTypes))
 	fl.DurationVar(&f.rootLifetime, "root-lifetime", keymgr.DefaultRootTTL, "lifetime of a root meshca generates")
 	fl.BoolVar(&f.autoRotate, "auto-rotate", true, "rotate roots meshca generated on its own: prepare the next when --auto-rotate-prepare-at of the active root's life is left, activate and retire as soon as the guards allow (imported roots are left to \"meshca root\")")
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")

@@ -73,7 +73,7 @@ var layers = []layer{
 		Why: "internal/ helpers are the bottom layer",
 	},
 	{
-		Name: "internal/testca", Pkgs: []string{"internal/testca"}, May: []string{"internal", "keymgr"},
+		Name: "internal/testca", Pkgs: []string{"internal/testca"}, May: []string{"internal", "keymgr/certs", "keymgr"},
 		Why: "the test CA builder makes keymgr material; it is the one internal package above keymgr",
 	},
 	{
@@ -81,7 +81,11 @@ var layers = []layer{
 		Why: "csr is the bottom of the domain and must not import signer, keymgr or ca",
 	},
 	{
-		Name: "keymgr", Pkgs: []string{"keymgr/..."}, May: []string{"internal", "csr", "keymgr"},
+		Name: "keymgr/certs", Pkgs: []string{"keymgr/certs"}, May: []string{"internal", "csr"},
+		Why: "the certificate primitives (windows, serials, key types) are the bottom of the domain beside csr: every backend takes them without the CA lifecycle",
+	},
+	{
+		Name: "keymgr", Pkgs: []string{"keymgr/..."}, May: []string{"internal", "csr", "keymgr/certs", "keymgr"},
 		Why: "keymgr owns key material and must not import signer, its backends, ca or cmd",
 	},
 	{
@@ -89,32 +93,36 @@ var layers = []layer{
 		Why: "the Signer interface rests on csr alone; backends import it, never the reverse, and it must not import ca",
 	},
 	{
-		Name: "signer backend", Pkgs: []string{"signer/..."}, May: []string{"internal", "csr", "keymgr", "signer"},
-		Why: "a backend implements signer; it must not import another backend, ca or cmd",
+		Name: "signer backend", Pkgs: []string{"signer/..."}, May: []string{"internal", "csr", "keymgr/certs", "signer"},
+		Why: "a backend implements signer; it takes certificate primitives from keymgr/certs, never the CA lifecycle of keymgr, and must not import another backend, ca or cmd",
 	},
 	{
-		Name: "signertest", Pkgs: []string{"signer/signertest"},
-		May: []string{"internal", "internal/testca", "csr", "keymgr", "signer"},
-		Why: "the contract suite tests backends through signer and must not import one",
+		Name: "signer/local", Pkgs: []string{"signer/local"}, May: []string{"internal", "csr", "keymgr/certs", "keymgr", "signer"},
+		Why: "the in-process backend signs with keymgr's authorities; it must not import another backend, ca or cmd",
+	},
+	{
+		Name: "signertest", Pkgs: []string{"signer/signertest", "signer/k8scsr/k8scsrtest"},
+		May: []string{"internal", "internal/testca", "csr", "keymgr/certs", "keymgr", "signer"},
+		Why: "the contract suite and the backends' fakes test through signer and keymgr's authorities and must not import a backend",
 	},
 	{
 		Name: "ca part", Pkgs: []string{"ca/..."},
-		May: []string{"internal", "proto", "csr", "keymgr", "signer", "ca part"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "ca part"},
 		Why: "ca/<part> (kube, caclient, trust, podcert) is a part ca assembles; it must not import ca, its parent, or cmd",
 	},
 	{
 		Name: "ca", Pkgs: []string{"ca"},
-		May: []string{"internal", "proto", "csr", "keymgr", "signer", "ca part"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "ca part"},
 		Why: "ca is the server; it uses the domain packages and its own parts, and must not import a signer backend or cmd",
 	},
 	{
 		Name: "assembly", Pkgs: []string{"ca/serve"},
-		May: []string{"internal", "proto", "csr", "keymgr", "signer", "signer backend", "ca part", "ca"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "ca part", "ca"},
 		Why: "ca/serve assembles meshca serve from every part; only cmd imports it",
 	},
 	{
 		Name: "cmd", Pkgs: []string{"cmd/..."},
-		May: []string{"internal", "proto", "csr", "keymgr", "signer", "signer backend", "ca part", "ca", "assembly"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "ca part", "ca", "assembly"},
 		Why: "cmd turns flags into configurations and wires the parts; nothing imports cmd",
 	},
 	{

@@ -15,7 +15,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,7 +74,7 @@ func TestChartDefaultInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := cluster.NewWorkload(t, apps, "frontend", "node-a")
-	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: keymgr.Pool(roots...),
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: certs.Pool(roots...),
 		ClusterID: "Kubernetes", TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)

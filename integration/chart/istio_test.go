@@ -4,17 +4,19 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	appsv1 "k8s.io/api/apps/v1"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/meshca/meshca/ca/istiodcert"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,7 +100,7 @@ func TestChartIstioInstall(t *testing.T) {
 		checkConfigMapAccess(t, kubeconfig, ns, string(pemutil.EncodeCertificates(roots...)))
 	})
 	for _, name := range wantNames {
-		if _, err := held.Leaf().Verify(x509.VerifyOptions{DNSName: name, Roots: keymgr.Pool(roots...), Intermediates: keymgr.Pool(held.Chain[1:]...)}); err != nil {
+		if _, err := held.Leaf().Verify(x509.VerifyOptions{DNSName: name, Roots: certs.Pool(roots...), Intermediates: certs.Pool(held.Chain[1:]...)}); err != nil {
 			t.Errorf("istiod's certificate does not verify for %s against istio-ca-root-cert: %v", name, err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer/k8scsr/k8scsrtest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	appsv1 "k8s.io/api/apps/v1"
@@ -216,7 +217,7 @@ func TestChartK8sCSR(t *testing.T) {
 
 	apps := cluster.Namespace(t, "chart-k8scsr-apps")
 	w := cluster.NewWorkload(t, apps, "frontend", "node-a")
-	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: serverName, Roots: keymgr.Pool(root.Cert),
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: serverName, Roots: certs.Pool(root.Cert),
 		ClusterID: "Kubernetes", TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,7 +75,7 @@ func TestChartRemoteSecrets(t *testing.T) {
 	apps := cluster.Namespace(t, "remote-apps")
 	w := cluster.NewWorkload(t, apps, "cart", "node-a")
 	fetch := func(clusterID string) error {
-		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: keymgr.Pool(roots...),
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "meshca." + ns + ".svc", Roots: certs.Pool(roots...),
 			ClusterID: clusterID, TokenFile: harness.WriteToken(t, w.Token)})
 		if err != nil {
 			t.Fatal(err)

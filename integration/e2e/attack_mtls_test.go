@@ -15,7 +15,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
@@ -128,14 +128,14 @@ func (a *arena) retireRoot(t *testing.T) {
 			t.Fatalf("meshca root %s: exit %d\n%s", step[0], code, out)
 		}
 	}
-	certs, _, err := harness.RootBundle(context.Background(), bin, "--state-dir", a.s.stateDir)
-	if err != nil || len(certs) != 1 {
-		t.Fatalf("bundle after retire: %d roots, %v", len(certs), err)
+	roots, _, err := harness.RootBundle(context.Background(), bin, "--state-dir", a.s.stateDir)
+	if err != nil || len(roots) != 1 {
+		t.Fatalf("bundle after retire: %d roots, %v", len(roots), err)
 	}
-	if a.webCert.Leaf.CheckSignatureFrom(certs[0]) == nil {
+	if a.webCert.Leaf.CheckSignatureFrom(roots[0]) == nil {
 		t.Fatal("the new root signed the web workload's certificate")
 	}
-	a.roots = keymgr.Pool(certs...)
+	a.roots = certs.Pool(roots...)
 	c, err := checked.NewClient(t, caclient.Config{Addr: a.s.Addr, ServerName: "istiod.istio-system.svc", Roots: a.roots,
 		TokenFile: harness.WriteToken(t, a.web.Token), ClusterID: authpb.DefaultClusterID})
 	if err != nil {
@@ -144,7 +144,7 @@ func (a *arena) retireRoot(t *testing.T) {
 	defer c.Close()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		svid, err := c.Fetch(context.Background(), a.webID, caclient.Options{})
-		if err == nil && len(svid.Roots) == 1 && svid.Roots[0].Equal(certs[0]) {
+		if err == nil && len(svid.Roots) == 1 && svid.Roots[0].Equal(roots[0]) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -179,7 +179,7 @@ func (a *arena) accepted(t *testing.T) []acceptance {
 		// --default-ttl.
 		{name: "accepted/control: renewal by client certificate gets its hour", cert: a.webCert, ttl: 86400, lifetime: time.Hour},
 		{name: "accepted/renewal asking for 90 days gets its hour", cert: a.webCert, ttl: 90 * 86400, lifetime: time.Hour},
-		{name: "accepted/renewal of a 24h certificate asking for 90 days gets 24h", cert: dayCert, ttl: 90 * 86400, lifetime: day - keymgr.Backdate},
+		{name: "accepted/renewal of a 24h certificate asking for 90 days gets 24h", cert: dayCert, ttl: 90 * 86400, lifetime: day - certs.Backdate},
 		// Wire contract: validity_duration <= 0 asks for the default TTL.
 		{name: "accepted/TTL zero gets the default", token: web, ttl: 0, lifetime: day},
 		{name: "accepted/TTL -1 gets the default", token: web, ttl: -1, lifetime: day},

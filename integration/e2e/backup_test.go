@@ -21,6 +21,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
@@ -155,7 +156,7 @@ func checkRestored(t *testing.T, m *harness.Meshca, roots []*x509.Certificate, b
 // certificate, with w's token, or by mTLS with the SVID renew.
 func fetchSVID(t *testing.T, m *harness.Meshca, roots []*x509.Certificate, w *harness.Workload, renew *caclient.SVID) *caclient.SVID {
 	t.Helper()
-	cfg := caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(roots...), ClusterID: "Kubernetes"}
+	cfg := caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(roots...), ClusterID: "Kubernetes"}
 	if renew != nil {
 		cfg.Certificate = renew.TLSCertificate()
 	} else {

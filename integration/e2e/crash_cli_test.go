@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // rotation is the order of the steps a walk takes, round and round.
@@ -19,7 +20,7 @@ var rotation = []string{"prepare", "activate", "retire"}
 func stepArgs(s *crashStore, verb string) []string {
 	args := []string{"root", verb}
 	if verb == "prepare" {
-		args = append(args, "--key-type", string(keymgr.KeyECP256), "--lifetime", "24h", "--reason", "crash test")
+		args = append(args, "--key-type", string(certs.KeyECP256), "--lifetime", "24h", "--reason", "crash test")
 	} else {
 		args = append(args, "--force", "--reason", "crash test")
 	}
@@ -234,7 +235,7 @@ func TestCrashCLI(t *testing.T) {
 			}
 			for i, f := range spread(tt.migrate, 0, 1) {
 				s := openCrashStore(t, tt.kind, ns, fmt.Sprintf("single-root-%d", i))
-				if _, _, err := keymgr.LoadOrCreate(s.dir, keymgr.StateOptions{KeyType: keymgr.KeyECP256, Organization: "cluster.local", RootTTL: 24 * time.Hour}); err != nil {
+				if _, _, err := keymgr.LoadOrCreate(s.dir, keymgr.StateOptions{KeyType: certs.KeyECP256, Organization: "cluster.local", RootTTL: 24 * time.Hour}); err != nil {
 					t.Fatal(err)
 				}
 				s.crashStep(t, "prepare", at(f, took["prepare"]), false, where)

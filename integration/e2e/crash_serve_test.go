@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -81,7 +82,7 @@ func (g *issuer) start(workers int) {
 // use points the issuer at m, trusting roots.
 func (g *issuer) use(t *testing.T, m *harness.Meshca, roots []*x509.Certificate) *checked.Client {
 	t.Helper()
-	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(roots...),
+	c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(roots...),
 		ClusterID: "Kubernetes", TokenFile: g.tok})
 	if err != nil {
 		t.Fatal(err)

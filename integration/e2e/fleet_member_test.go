@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
@@ -85,9 +85,9 @@ func (m *member) renew(ctx context.Context, f *fleet) error {
 func (m *member) fetch(ctx context.Context, f *fleet) (*caclient.SVID, error) {
 	m.mu.Lock()
 	if m.client == nil {
-		roots := keymgr.Pool(f.oldRoot)
+		roots := certs.Pool(f.oldRoot)
 		if st := m.current(); st != nil {
-			roots = keymgr.Pool(st.caSVID.Roots...)
+			roots = certs.Pool(st.caSVID.Roots...)
 		}
 		c, err := caclient.New(caclient.Config{Addr: m.caAddr, ServerName: "istiod.istio-system.svc", Roots: roots,
 			ClusterID: "Kubernetes", TokenFile: m.tokenFile})

@@ -18,7 +18,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,7 +100,7 @@ func TestHAFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "ha-wl"), "web", "node-a")
-	load := newHALoad(t, replicas, keymgr.Pool(st.Bundle()...), w)
+	load := newHALoad(t, replicas, certs.Pool(st.Bundle()...), w)
 	lctx, stop := context.WithCancel(ctx)
 	loadDone := load.run(lctx)
 	waitUntil(t, "requests served by every replica", 10*time.Second, func() bool { return load.allServed() })

@@ -12,7 +12,7 @@ import (
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -60,8 +60,8 @@ func invariant(h *istiodcert.Held, published []*x509.Certificate, ns string) str
 	case !h.KeyMatches:
 		return "tls.key is not the leaf's key"
 	}
-	if _, err := h.Leaf().Verify(x509.VerifyOptions{DNSName: "istiod." + ns + ".svc", Roots: keymgr.Pool(published...),
-		Intermediates: keymgr.Pool(h.Chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+	if _, err := h.Leaf().Verify(x509.VerifyOptions{DNSName: "istiod." + ns + ".svc", Roots: certs.Pool(published...),
+		Intermediates: certs.Pool(h.Chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 		return fmt.Sprintf("istiod's certificate does not verify against istio-ca-root-cert: %v", err)
 	}
 	for _, r := range published {

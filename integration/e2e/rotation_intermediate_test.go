@@ -19,6 +19,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
 
@@ -156,7 +157,7 @@ func TestPluggedCARenewalLive(t *testing.T) {
 	root := testca.NewRoot(t, "e2e plugged root", testca.Options{})
 	first := root.NewIntermediate(t, "e2e plugged issuing 1", testca.Options{})
 	first.WriteCACerts(t, dir, root.Cert)
-	s := &server{Meshca: harness.StartMeshca(t, bin, "--ca-dir", dir, "--kubeconfig", cluster.Kubeconfig), roots: keymgr.Pool(root.Cert)}
+	s := &server{Meshca: harness.StartMeshca(t, bin, "--ca-dir", dir, "--kubeconfig", cluster.Kubeconfig), roots: certs.Pool(root.Cert)}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "plugged"), "web", "node-a")
 	id := workloadID(w)
 	c := s.client(t, w.Token)

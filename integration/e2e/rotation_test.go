@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // rootStep runs `meshca root args...` and returns its output and exit code.
@@ -45,8 +45,8 @@ func TestRootRotationLive(t *testing.T) {
 			t.Fatal(err)
 		}
 		if last != nil {
-			if _, err := svid.Chain[0].Verify(x509.VerifyOptions{Roots: keymgr.Pool(last.Roots...),
-				Intermediates: keymgr.Pool(svid.Chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			if _, err := svid.Chain[0].Verify(x509.VerifyOptions{Roots: certs.Pool(last.Roots...),
+				Intermediates: certs.Pool(svid.Chain[1:]...), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 				t.Fatalf("a new leaf does not verify against the bundle of the reply before it: %v", err)
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
@@ -49,7 +49,7 @@ func TestTwoServersOneStateSecret(t *testing.T) {
 		t.Fatalf("%d authorities after two replicas bootstrapped at once, want 1", n)
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "state-wl"), "web", "node-a")
-	roots := keymgr.Pool(st.Bundle()...)
+	roots := certs.Pool(st.Bundle()...)
 	clients := make([]*checked.Client, len(replicas))
 	for i, m := range replicas {
 		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: roots,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // BuildMeshca builds the meshca binary into dir and returns its path.
@@ -227,11 +227,11 @@ func StartSelfSigned(tb testing.TB, bin, kubeconfig string, extra ...string) *Se
 	state := filepath.Join(tb.TempDir(), "state")
 	m := StartMeshca(tb, bin, append([]string{"--state-dir", state, "--kubeconfig", kubeconfig}, extra...)...)
 	tb.Logf("meshca ready after %v", m.Started)
-	certs, raw, err := RootBundle(context.Background(), bin, "--state-dir", state)
+	parsed, raw, err := RootBundle(context.Background(), bin, "--state-dir", state)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &SelfSigned{Meshca: m, StateDir: state, Roots: keymgr.Pool(certs...), RootsPEM: raw}
+	return &SelfSigned{Meshca: m, StateDir: state, Roots: certs.Pool(parsed...), RootsPEM: raw}
 }
 
 // RootBundle runs `meshca root bundle` for a state or CA directory; a
@@ -241,12 +241,12 @@ func RootBundle(ctx context.Context, bin, flag, dir string) ([]*x509.Certificate
 	if err != nil {
 		return nil, nil, fmt.Errorf("meshca root bundle: %w", err)
 	}
-	certs, err := pemutil.ParseCertificates(out)
+	parsed, err := pemutil.ParseCertificates(out)
 	if err != nil {
 		return nil, nil, err
 	}
 	var findings []string
-	for _, c := range certs {
+	for _, c := range parsed {
 		for _, f := range Lint(c) {
 			findings = append(findings, f.String())
 		}
@@ -254,7 +254,7 @@ func RootBundle(ctx context.Context, bin, flag, dir string) ([]*x509.Certificate
 	if len(findings) > 0 {
 		return nil, nil, fmt.Errorf("meshca root bundle:\n%s", strings.Join(findings, "\n"))
 	}
-	return certs, out, nil
+	return parsed, out, nil
 }
 
 // WaitForLog waits until meshca logged a line containing every fragment.

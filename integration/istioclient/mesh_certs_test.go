@@ -24,7 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // issued is one certificate the agent wrote, with the published root it
@@ -88,7 +88,7 @@ func (w *certWatcher) check(ctx context.Context, raw []byte) {
 		fail("istio-ca-root-cert in %s: %v", w.namespace, err)
 		return
 	}
-	verified, err := leaf.Verify(x509.VerifyOptions{Roots: keymgr.Pool(roots...), Intermediates: keymgr.Pool(chain[1:]...),
+	verified, err := leaf.Verify(x509.VerifyOptions{Roots: certs.Pool(roots...), Intermediates: certs.Pool(chain[1:]...),
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	if err != nil {
 		fail("certificate %x (issuer %q) does not verify against the %d roots published to %s: %v",

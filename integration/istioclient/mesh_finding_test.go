@@ -11,7 +11,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // TestIstiodClientRootsLoadedAtStart documents why meshca restarts
@@ -59,7 +59,7 @@ func TestIstiodClientRootsLoadedAtStart(t *testing.T) {
 	id := "spiffe://cluster.local/ns/" + ns + "/sa/probe"
 	underA, underB := clientCert(t, rootA, id), clientCert(t, rootB, id)
 	probe := func(d *istiod) (errA, errB error) {
-		pool := keymgr.Pool(rootA.Cert)
+		pool := certs.Pool(rootA.Cert)
 		return tlsProbe(d.secureAddr, san, pool, underA), tlsProbe(d.secureAddr, san, pool, underB)
 	}
 
@@ -71,7 +71,7 @@ func TestIstiodClientRootsLoadedAtStart(t *testing.T) {
 
 	leaf := write(rootA.Cert, rootB.Cert)
 	if !eventually(10*time.Second, func() bool {
-		chain, err := harness.ServingChain(d.secureAddr, san, keymgr.Pool(rootA.Cert))
+		chain, err := harness.ServingChain(d.secureAddr, san, certs.Pool(rootA.Cert))
 		return err == nil && chain[0].Equal(leaf)
 	}) {
 		t.Fatal("istiod did not reload its serving certificate within 10s of the files' change")

@@ -24,7 +24,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // report checks the figures of the run and reports them.
@@ -128,7 +128,7 @@ func (m *mesh) controls() {
 	_, pods, _ := m.dep.snapshot()
 	pod := pods[len(pods)-1]
 	mark := pod.mark()
-	if err := tlsProbe(m.svc.addr(), m.istiodSAN(), keymgr.Pool(m.published(m.appNS)...), clientCert(t, foreign, m.certs.id)); err == nil {
+	if err := tlsProbe(m.svc.addr(), m.istiodSAN(), certs.Pool(m.published(m.appNS)...), clientCert(t, foreign, m.certs.id)); err == nil {
 		t.Error("control: istiod accepted a client certificate of a foreign CA")
 	}
 	if !eventually(5*time.Second, func() bool { return len(certErrors(pod.since(mark))) > 0 }) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // TestIstioMeshThroughRootRotations runs a mesh of the real istiod and
@@ -230,7 +231,7 @@ func (m *mesh) check(phase string) {
 // published to the workload.
 func (m *mesh) servesSecret() string {
 	want := m.secret().leaf()
-	chain, err := harness.ServingChain(m.svc.addr(), m.istiodSAN(), keymgr.Pool(m.published(m.appNS)...))
+	chain, err := harness.ServingChain(m.svc.addr(), m.istiodSAN(), certs.Pool(m.published(m.appNS)...))
 	switch {
 	case err != nil:
 		return err.Error()
@@ -246,7 +247,7 @@ func verifiesTo(chain []*x509.Certificate, root *x509.Certificate) bool {
 	if len(chain) == 0 {
 		return false
 	}
-	_, err := chain[0].Verify(x509.VerifyOptions{Roots: keymgr.Pool(root), Intermediates: keymgr.Pool(chain[1:]...),
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: certs.Pool(root), Intermediates: certs.Pool(chain[1:]...),
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	return err == nil
 }

@@ -30,7 +30,7 @@ import (
 	"istio.io/istio/pkg/adsc"
 
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // xdsClient is one adsc client. adsc reconnects on its own when its
@@ -256,7 +256,7 @@ func (f *xdsFleet) dropStale(chain []*x509.Certificate) []string {
 		if x.roots == nil {
 			continue
 		}
-		_, err := chain[0].Verify(x509.VerifyOptions{Roots: keymgr.Pool(x.roots...), Intermediates: keymgr.Pool(chain[1:]...),
+		_, err := chain[0].Verify(x509.VerifyOptions{Roots: certs.Pool(x.roots...), Intermediates: certs.Pool(chain[1:]...),
 			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 		if err != nil {
 			x.close()

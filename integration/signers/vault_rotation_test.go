@@ -22,6 +22,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -82,7 +83,7 @@ func (e *extIssuer) issue(t *testing.T) (*caclient.SVID, error) {
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "rot"), "app", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
-	c, err := checked.NewClient(t, caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: keymgr.Pool(e.serving.Cert),
+	c, err := checked.NewClient(t, caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(e.serving.Cert),
 		TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // CA is a certificate and key that can sign further CAs.
@@ -84,7 +85,7 @@ func issue(tb testing.TB, parent *CA, name string, o Options) *CA {
 		}
 		o.Key = k
 	}
-	skid, err := keymgr.SubjectKeyID(o.Key.Public())
+	skid, err := certs.SubjectKeyID(o.Key.Public())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // phaseOrder is the order an authority goes through its phases.
@@ -21,10 +22,10 @@ var phaseOrder = []keymgr.Phase{keymgr.PhasePrepared, keymgr.PhaseActive, keymgr
 // through every phase up to p, one minute apart, ending at at.
 func NewRecord(tb testing.TB, p keymgr.Phase, at time.Time) *keymgr.AuthorityRecord {
 	tb.Helper()
-	return newRecord(tb, p, at, keymgr.KeyECP256)
+	return newRecord(tb, p, at, certs.KeyECP256)
 }
 
-func newRecord(tb testing.TB, p keymgr.Phase, at time.Time, kt keymgr.KeyType) *keymgr.AuthorityRecord {
+func newRecord(tb testing.TB, p keymgr.Phase, at time.Time, kt certs.KeyType) *keymgr.AuthorityRecord {
 	tb.Helper()
 	a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: kt, Organization: "storetest.example", Now: at})
 	if err != nil {
@@ -62,11 +63,11 @@ func NewIntermediateRecords(tb testing.TB, at time.Time, phases ...keymgr.Phase)
 // issueCA signs a new CA certificate with parent.
 func issueCA(tb testing.TB, parent *keymgr.Authority, name string, at time.Time) *keymgr.Authority {
 	tb.Helper()
-	key, err := keymgr.GenerateKey(keymgr.KeyECP256)
+	key, err := certs.GenerateKey(certs.KeyECP256)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	serial, err := keymgr.NewSerial()
+	serial, err := certs.NewSerial()
 	if err != nil {
 		tb.Fatal(err)
 	}

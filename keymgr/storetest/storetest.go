@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // concurrentSavers is how many writers race in the concurrency cases.
@@ -67,7 +68,7 @@ func newFixtures(t *testing.T) *fixtures {
 	f := &fixtures{at: at, one: NewRecord(t, keymgr.PhaseActive, at)}
 	retired := NewRecord(t, keymgr.PhaseRetired, at.Add(-48*time.Hour))
 	retired.LatestLeafNotAfter, retired.LongestLeafTTL = at.Add(-49*time.Hour), 24*time.Hour
-	previous := newRecord(t, keymgr.PhasePrevious, at.Add(-time.Hour), keymgr.KeyRSA2048)
+	previous := newRecord(t, keymgr.PhasePrevious, at.Add(-time.Hour), certs.KeyRSA2048)
 	previous.LatestLeafNotAfter, previous.LongestLeafTTL = at.Add(23*time.Hour+500*time.Millisecond), 24*time.Hour
 	active := NewIntermediateRecords(t, at, keymgr.PhaseActive)[0]
 	active.LatestLeafNotAfter, active.LongestLeafTTL = at.Add(time.Hour), 90*time.Minute+time.Millisecond

@@ -26,7 +26,7 @@ import (
 	cfsigner "github.com/cloudflare/cfssl/signer"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -76,8 +76,8 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, err
 	}
 	now := s.now()
-	limit := keymgr.PathExpiry(issuer, s.chain...)
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, issuer, s.chain...)
+	limit := certs.PathExpiry(issuer, s.chain...)
+	notBefore, notAfter := certs.Window(certs.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, issuer, s.chain...)
 	out, err := s.backend.sign(ctx, cfsigner.SignRequest{
 		Hosts:     hosts(req),
 		Request:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
@@ -89,16 +89,16 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err != nil {
 		return nil, err
 	}
-	certs, err := pemutil.ParseCertificates(out)
-	if err != nil || len(certs) != 1 {
+	parsed, err := pemutil.ParseCertificates(out)
+	if err != nil || len(parsed) != 1 {
 		return nil, signer.Errorf(name, signer.KindInternal, "cfssl returned no single certificate: %v", err)
 	}
-	leaf := certs[0]
+	leaf := parsed[0]
 	if leaf.CheckSignatureFrom(issuer) != nil {
 		// The server signs with another key than the one meshca read: an
 		// operator changed it. Learn the new certificate (once per change).
 		if fresh, err := s.backend.reissuer(ctx, issuer); err == nil && leaf.CheckSignatureFrom(fresh) == nil {
-			issuer, limit = fresh, keymgr.PathExpiry(fresh, s.chain...)
+			issuer, limit = fresh, certs.PathExpiry(fresh, s.chain...)
 		}
 	}
 	if err := signer.CheckIssued(name, req, leaf, signer.Lifetime{Start: now, IssuerNotAfter: limit}); err != nil {
@@ -153,7 +153,7 @@ func withHint(err error, leaf *x509.Certificate) error {
 // intermediates is the issuer (unless it is a root) and the configured
 // chain above it.
 func (s *Signer) intermediates(issuer *x509.Certificate) []*x509.Certificate {
-	if keymgr.IsSelfSigned(issuer) {
+	if certs.IsSelfSigned(issuer) {
 		return s.chain
 	}
 	for _, c := range s.chain {

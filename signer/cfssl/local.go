@@ -15,7 +15,7 @@ import (
 	cfsigner "github.com/cloudflare/cfssl/signer"
 	cflocal "github.com/cloudflare/cfssl/signer/local"
 	"github.com/meshca/meshca/csr"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -43,7 +43,7 @@ type LocalConfig struct {
 	// Empty: DNS requests are refused.
 	DNSProfile string
 	// Backdate is how far before now leaves start, as in
-	// keymgr.WindowOptions: zero means keymgr.Backdate.
+	// certs.WindowOptions: zero means certs.Backdate.
 	Backdate time.Duration
 	Now      func() time.Time
 }
@@ -100,7 +100,7 @@ func NewLocal(c LocalConfig) (*Signer, error) {
 		return nil, fmt.Errorf("cfssl: %w", err)
 	}
 	chain := c.Chain
-	if !keymgr.IsSelfSigned(c.CACert) {
+	if !certs.IsSelfSigned(c.CACert) {
 		chain = append([]*x509.Certificate{c.CACert}, c.Chain...)
 	}
 	return &Signer{backend: b, chain: chain, profile: c.Profile, dnsProfile: c.DNSProfile, backdate: c.Backdate, now: nowOr(c.Now)}, nil

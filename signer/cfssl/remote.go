@@ -61,7 +61,7 @@ type RemoteConfig struct {
 	// Timeout bounds every call to the server; 30s when zero.
 	Timeout time.Duration
 	// Backdate is how far before now leaves start, as in
-	// keymgr.WindowOptions: zero means keymgr.Backdate.
+	// certs.WindowOptions: zero means certs.Backdate.
 	Backdate time.Duration
 	Now      func() time.Time
 }

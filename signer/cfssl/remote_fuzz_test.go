@@ -14,7 +14,7 @@ import (
 
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -116,7 +116,7 @@ func FuzzRemoteAnswer(f *testing.F) {
 			t.Fatalf("Sign returned a certificate that breaks the rules: %v", err)
 		}
 		for _, c := range resp.Intermediates {
-			if keymgr.IsSelfSigned(c) {
+			if certs.IsSelfSigned(c) {
 				t.Fatalf("Sign returned the root %q among the intermediates", c.Subject)
 			}
 		}

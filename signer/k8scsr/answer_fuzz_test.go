@@ -12,7 +12,7 @@ import (
 
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -152,13 +152,13 @@ func FuzzCSRAnswer(f *testing.F) {
 		}
 
 		resp, err := s.response(req, c, fuzzNow)
-		certs, perr := pemutil.ParseCertificates(certificate)
+		parsed, perr := pemutil.ParseCertificates(certificate)
 		if perr != nil {
 			requireKind(t, resp, err, signer.KindInternal)
 			return
 		}
-		first, rest := certs[0], certs[1:]
-		limit := keymgr.EarliestExpiry(rest...)
+		first, rest := parsed[0], parsed[1:]
+		limit := certs.EarliestExpiry(rest...)
 		if len(rest) == 0 && roots {
 			limit = root.Cert.NotAfter
 		}
@@ -172,7 +172,7 @@ func FuzzCSRAnswer(f *testing.F) {
 		if !resp.Leaf.Equal(first) {
 			t.Fatalf("response returned the leaf %q, not the first certificate %q", resp.Leaf.Subject, first.Subject)
 		}
-		want := slices.DeleteFunc(slices.Clone(rest), keymgr.IsSelfSigned)
+		want := slices.DeleteFunc(slices.Clone(rest), certs.IsSelfSigned)
 		if !slices.EqualFunc(resp.Intermediates, want, (*x509.Certificate).Equal) {
 			t.Fatalf("response returned %d intermediates, want the %d of the chain that are not roots, in order", len(resp.Intermediates), len(want))
 		}

@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -129,14 +129,14 @@ func (s *Signer) settled(c *certv1.CertificateSigningRequest) (bool, error) {
 // (signer.CheckIssued), with the issuer's expiry as a limit and start as
 // when the lifetime requested began.
 func (s *Signer) response(req *signer.Request, c *certv1.CertificateSigningRequest, start time.Time) (*signer.Response, error) {
-	certs, err := pemutil.ParseCertificates(c.Status.Certificate)
+	parsed, err := pemutil.ParseCertificates(c.Status.Certificate)
 	if err != nil {
 		return nil, signer.Errorf(name, signer.KindInternal, "CertificateSigningRequest %s: status.certificate: %v", c.Name, err)
 	}
-	leaf, chain := certs[0], certs[1:]
+	leaf, chain := parsed[0], parsed[1:]
 	var intermediates []*x509.Certificate
 	for _, ca := range chain {
-		if !keymgr.IsSelfSigned(ca) { // a root travels only in meshca's own bundle
+		if !certs.IsSelfSigned(ca) { // a root travels only in meshca's own bundle
 			intermediates = append(intermediates, ca)
 		}
 	}
@@ -152,7 +152,7 @@ func (s *Signer) response(req *signer.Request, c *certv1.CertificateSigningReque
 // nil.
 func (s *Signer) limit(leaf *x509.Certificate, chain []*x509.Certificate) time.Time {
 	if len(chain) > 0 {
-		return keymgr.EarliestExpiry(chain...)
+		return certs.EarliestExpiry(chain...)
 	}
 	if s.c.Roots == nil {
 		return time.Time{}
@@ -163,7 +163,7 @@ func (s *Signer) limit(leaf *x509.Certificate, chain []*x509.Certificate) time.T
 			return r.NotAfter
 		}
 	}
-	return keymgr.EarliestExpiry(roots...)
+	return certs.EarliestExpiry(roots...)
 }
 
 // classify maps a failed API call to whether a retry can help: the

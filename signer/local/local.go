@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -30,8 +31,8 @@ type Config struct {
 	// leaf it cannot record is never handed out.
 	Record func(ctx context.Context, issuer, leaf *x509.Certificate) error
 	// Backdate is how far before now leaves start, to tolerate clock
-	// skew; as in keymgr.WindowOptions, zero means keymgr.Backdate and
-	// keymgr.NoBackdate means none.
+	// skew; as in certs.WindowOptions, zero means certs.Backdate and
+	// certs.NoBackdate means none.
 	Backdate time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -70,15 +71,15 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, signer.Errorf(name, signer.KindUnavailable, "no signing authority loaded")
 	}
 	now := s.now()
-	serial, err := keymgr.NewSerial()
+	serial, err := certs.NewSerial()
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
 	}
-	skid, err := keymgr.SubjectKeyID(req.CSR.PublicKey)
+	skid, err := certs.SubjectKeyID(req.CSR.PublicKey)
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
 	}
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, a.Cert, a.Chain...)
+	notBefore, notAfter := certs.Window(certs.WindowOptions{Now: now, TTL: req.TTL, Lifetime: req.Lifetime, Backdate: s.backdate}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             notBefore,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
 	"github.com/meshca/meshca/signer/signertest"
@@ -36,9 +37,9 @@ func TestBackdate(t *testing.T) {
 	tests := []struct {
 		backdate, want time.Duration
 	}{
-		{0, keymgr.Backdate},
+		{0, certs.Backdate},
 		{time.Second, time.Second},
-		{keymgr.NoBackdate, 0},
+		{certs.NoBackdate, 0},
 	}
 	for _, tt := range tests {
 		s := local.New(local.Config{Authorities: keymgr.NewManager(req.ID.TrustDomain(), root.Authority()), Backdate: tt.backdate,

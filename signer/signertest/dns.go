@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -74,8 +75,8 @@ func testDNS(t *testing.T, s signer.Signer, a *keymgr.Authority, issues bool, tt
 	}
 	for _, use := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
 		for _, name := range DNSNames {
-			_, err := leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: keymgr.Pool(a.Roots...),
-				Intermediates: keymgr.Pool(res.Intermediates...), KeyUsages: []x509.ExtKeyUsage{use}})
+			_, err := leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: certs.Pool(a.Roots...),
+				Intermediates: certs.Pool(res.Intermediates...), KeyUsages: []x509.ExtKeyUsage{use}})
 			if err != nil {
 				t.Fatalf("leaf does not verify for %s and %v: %v", name, use, err)
 			}

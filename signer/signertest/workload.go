@@ -11,7 +11,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -62,7 +62,7 @@ func WorkloadLeaf(tb testing.TB, ca *testca.CA, req *signer.Request, notBefore, 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	serial, err := keymgr.NewSerial()
+	serial, err := certs.NewSerial()
 	if err != nil {
 		tb.Fatal(err)
 	}

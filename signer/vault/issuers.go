@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 // Issuers manages the issuers of a PKI mount, Vault's side of the
@@ -29,7 +29,7 @@ type Issuers struct {
 type IssuerSpec struct {
 	CommonName   string
 	Organization string
-	KeyType      keymgr.KeyType
+	KeyType      certs.KeyType
 	TTL          time.Duration
 	// Name is the issuer's (and its key's) name in Vault.
 	Name string
@@ -61,20 +61,20 @@ func NewIssuers(ctx context.Context, c Config) (*Issuers, error) {
 }
 
 // keyParams are Vault's key_type and key_bits for t.
-func keyParams(t keymgr.KeyType) (string, int, error) {
+func keyParams(t certs.KeyType) (string, int, error) {
 	switch t {
-	case keymgr.KeyECP256:
+	case certs.KeyECP256:
 		return "ec", 256, nil
-	case keymgr.KeyECP384:
+	case certs.KeyECP384:
 		return "ec", 384, nil
-	case keymgr.KeyRSA2048:
+	case certs.KeyRSA2048:
 		return "rsa", 2048, nil
-	case keymgr.KeyRSA3072:
+	case certs.KeyRSA3072:
 		return "rsa", 3072, nil
-	case keymgr.KeyRSA4096:
+	case certs.KeyRSA4096:
 		return "rsa", 4096, nil
 	}
-	return "", 0, fmt.Errorf("vault: unknown key type %q (want one of %v)", t, keymgr.KeyTypes)
+	return "", 0, fmt.Errorf("vault: unknown key type %q (want one of %v)", t, certs.KeyTypes)
 }
 
 func (s IssuerSpec) params() (map[string]any, error) {

@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/signertest"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -92,9 +92,9 @@ func FuzzSignResponse(f *testing.F) {
 			t.Fatalf("response returned a certificate that breaks the rules: %v", err)
 		}
 		certPEM, _ := secret.Data["certificate"].(string)
-		if certs, err := pemutil.ParseCertificates([]byte(certPEM)); err == nil && len(certs) == 1 {
+		if parsed, err := pemutil.ParseCertificates([]byte(certPEM)); err == nil && len(parsed) == 1 {
 			for _, c := range resp.Intermediates {
-				if keymgr.IsSelfSigned(c) {
+				if certs.IsSelfSigned(c) {
 					t.Fatalf("response returned the root %q among the intermediates", c.Subject)
 				}
 			}

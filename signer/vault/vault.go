@@ -27,7 +27,7 @@ import (
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/internal/pemutil"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -260,11 +260,11 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 		return nil, signer.Errorf(name, signer.KindInternal, "empty answer from %s/sign/%s", s.c.Mount, role)
 	}
 	certPEM, _ := secret.Data["certificate"].(string)
-	certs, err := pemutil.ParseCertificates([]byte(certPEM))
-	if err != nil || len(certs) == 0 {
+	parsed, err := pemutil.ParseCertificates([]byte(certPEM))
+	if err != nil || len(parsed) == 0 {
 		return nil, signer.Errorf(name, signer.KindInternal, "answer holds no certificate: %v", err)
 	}
-	leaf := certs[0]
+	leaf := parsed[0]
 	var chain []string
 	if list, ok := secret.Data["ca_chain"].([]any); ok {
 		for _, v := range list {
@@ -278,8 +278,8 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 			chain = []string{p}
 		}
 	}
-	intermediates := certs[1:]
-	path := slices.Clone(certs[1:])
+	intermediates := parsed[1:]
+	path := slices.Clone(parsed[1:])
 	for _, p := range chain {
 		cs, err := s.chains.parse(p)
 		if err != nil {
@@ -287,7 +287,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 		}
 		path = append(path, cs...)
 		for _, c := range cs {
-			if !keymgr.IsSelfSigned(c) { // a root travels only in meshca's own bundle
+			if !certs.IsSelfSigned(c) { // a root travels only in meshca's own bundle
 				intermediates = append(intermediates, c)
 			}
 		}
@@ -295,7 +295,7 @@ func (s *Signer) response(req *signer.Request, secret *api.Secret, role string, 
 	if len(path) == 0 {
 		return nil, signer.Errorf(name, signer.KindInternal, "answer from %s/sign/%s holds no issuing CA (issuing_ca or ca_chain): the leaf cannot be held to its issuer's expiry", s.c.Mount, role)
 	}
-	lt := signer.Lifetime{Start: start, IssuerNotAfter: keymgr.EarliestExpiry(path...)}
+	lt := signer.Lifetime{Start: start, IssuerNotAfter: certs.EarliestExpiry(path...)}
 	if err := signer.CheckIssued(name, req, leaf, lt); err != nil {
 		return nil, s.withRoleHint(err, req, leaf, role)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/federation"
 )
 
@@ -74,7 +75,7 @@ func TestWebProfile(t *testing.T) {
 	src := bundleendpoint.NewSource(td, keymgr.NewManager(td, meshRoot.Authority()), 0)
 	url := serve(t, bundleendpoint.Config{Source: src, GetCertificate: keys.GetCertificate})
 	fetch := func(ca *testca.CA) error {
-		b, err := federation.FetchBundle(context.Background(), td, url, federation.WithWebPKIRoots(keymgr.Pool(ca.Cert)))
+		b, err := federation.FetchBundle(context.Background(), td, url, federation.WithWebPKIRoots(certs.Pool(ca.Cert)))
 		if err == nil && (len(b.X509Authorities()) != 1 || !b.X509Authorities()[0].Equal(meshRoot.Cert)) {
 			t.Fatalf("fetched %d roots, want the mesh root", len(b.X509Authorities()))
 		}
@@ -104,7 +105,7 @@ func TestWebProfile(t *testing.T) {
 func TestKeyPairRefusals(t *testing.T) {
 	webCA := testca.NewRoot(t, "web CA", testca.Options{})
 	good := webCert(t, webCA, keymgr.ServingOptions{})
-	expired := webCert(t, webCA, keymgr.ServingOptions{Now: time.Now().Add(-2 * time.Hour), TTL: time.Hour, Backdate: keymgr.NoBackdate})
+	expired := webCert(t, webCA, keymgr.ServingOptions{Now: time.Now().Add(-2 * time.Hour), TTL: time.Hour, Backdate: certs.NoBackdate})
 	other := webCert(t, webCA, keymgr.ServingOptions{})
 	tests := []struct {
 		name  string

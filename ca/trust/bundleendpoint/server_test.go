@@ -16,6 +16,7 @@ import (
 	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -147,7 +148,7 @@ func TestFederationFollowsRotation(t *testing.T) {
 		if seq, _ := b.SequenceNumber(); seq != wantSeq {
 			t.Errorf("%s: spiffe_sequence %d, want %d", step, seq, wantSeq)
 		}
-		if got := b.X509Authorities(); !keymgr.SameCerts(got, want) {
+		if got := b.X509Authorities(); !certs.SameCerts(got, want) {
 			t.Errorf("%s: %d roots, want %d", step, len(got), len(want))
 		}
 		trusted = b

@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -104,7 +104,7 @@ func (s *Source) number(observed uint64, roots []*x509.Certificate) uint64 {
 	switch {
 	case s.seq == 0:
 		s.seq = max(observed, 1)
-	case !keymgr.SameCerts(roots, s.roots):
+	case !certs.SameCerts(roots, s.roots):
 		s.seq = max(observed, s.seq+1)
 	default:
 		s.seq = max(observed, s.seq)

@@ -40,7 +40,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/load"
 	"github.com/meshca/meshca/internal/benchbase"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 type options struct {
@@ -148,11 +148,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer func() { m.Stop() }()
-	certs, _, err := harness.RootBundle(ctx, bin, "--state-dir", state)
+	roots, _, err := harness.RootBundle(ctx, bin, "--state-dir", state)
 	if err != nil {
 		return err
 	}
-	t := load.Target{Addr: m.Addr, Roots: keymgr.Pool(certs...)}
+	t := load.Target{Addr: m.Addr, Roots: certs.Pool(roots...)}
 	reqs, pems, err := load.Requests(nodes[0].ids, 2, true)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	certv1 "k8s.io/api/certificates/v1"
@@ -164,15 +165,15 @@ func Issue(a *keymgr.Authority, extra time.Duration) func(*certv1.CertificateSig
 }
 
 func issue(a *keymgr.Authority, req *signer.Request, ttl time.Duration) (*x509.Certificate, error) {
-	serial, err := keymgr.NewSerial()
+	serial, err := certs.NewSerial()
 	if err != nil {
 		return nil, err
 	}
-	skid, err := keymgr.SubjectKeyID(req.CSR.PublicKey)
+	skid, err := certs.SubjectKeyID(req.CSR.PublicKey)
 	if err != nil {
 		return nil, err
 	}
-	notBefore, notAfter := keymgr.Window(keymgr.WindowOptions{Now: time.Now(), TTL: ttl}, a.Cert, a.Chain...)
+	notBefore, notAfter := certs.Window(certs.WindowOptions{Now: time.Now(), TTL: ttl}, a.Cert, a.Chain...)
 	tmpl := &x509.Certificate{
 		SerialNumber: serial, NotBefore: notBefore, NotAfter: notAfter, URIs: []*url.URL{req.ID.URL()},
 		KeyUsage: req.Usages.Key, ExtKeyUsage: req.Usages.Ext, BasicConstraintsValid: true, SubjectKeyId: skid,

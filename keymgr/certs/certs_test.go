@@ -1,4 +1,4 @@
-package keymgr_test
+package certs_test
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/internal/testca"
-	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/certs"
 )
 
 func TestWindow(t *testing.T) {
@@ -22,19 +22,19 @@ func TestWindow(t *testing.T) {
 	young := testca.NewRoot(t, "young root", testca.Options{NotBefore: now.Add(-30 * time.Second), NotAfter: now.Add(time.Hour)})
 	tests := []struct {
 		name          string
-		o             keymgr.WindowOptions
+		o             certs.WindowOptions
 		issuer        *testca.CA
 		before, after time.Time
 	}{
-		{"default backdate", keymgr.WindowOptions{Now: now, TTL: time.Minute}, root, now.Add(-keymgr.Backdate), now.Add(time.Minute)},
-		{"one second", keymgr.WindowOptions{Now: now, TTL: time.Minute, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Minute)},
-		{"none", keymgr.WindowOptions{Now: now, TTL: time.Minute, Backdate: keymgr.NoBackdate}, root, now, now.Add(time.Minute)},
-		{"not before the issuer", keymgr.WindowOptions{Now: now, TTL: time.Minute}, young, now.Add(-30 * time.Second), now.Add(time.Minute)},
-		{"not after the issuer", keymgr.WindowOptions{Now: now, TTL: 2 * time.Hour, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Hour)},
+		{"default backdate", certs.WindowOptions{Now: now, TTL: time.Minute}, root, now.Add(-certs.Backdate), now.Add(time.Minute)},
+		{"one second", certs.WindowOptions{Now: now, TTL: time.Minute, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Minute)},
+		{"none", certs.WindowOptions{Now: now, TTL: time.Minute, Backdate: certs.NoBackdate}, root, now, now.Add(time.Minute)},
+		{"not before the issuer", certs.WindowOptions{Now: now, TTL: time.Minute}, young, now.Add(-30 * time.Second), now.Add(time.Minute)},
+		{"not after the issuer", certs.WindowOptions{Now: now, TTL: 2 * time.Hour, Backdate: time.Second}, root, now.Add(-time.Second), now.Add(time.Hour)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			nb, na := keymgr.Window(tt.o, tt.issuer.Cert)
+			nb, na := certs.Window(tt.o, tt.issuer.Cert)
 			if !nb.Equal(tt.before) || !na.Equal(tt.after) {
 				t.Fatalf("Window = %v..%v, want %v..%v", nb, na, tt.before, tt.after)
 			}
@@ -49,14 +49,14 @@ func TestPathExpiry(t *testing.T) {
 	root := testca.NewRoot(t, "path root", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(3 * time.Hour)})
 	inter := root.NewIntermediate(t, "path intermediate", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(2 * time.Hour)})
 	short := root.NewIntermediate(t, "short intermediate", testca.Options{NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour)})
-	if got := keymgr.PathExpiry(inter.Cert, root.Cert); !got.Equal(inter.Cert.NotAfter) {
+	if got := certs.PathExpiry(inter.Cert, root.Cert); !got.Equal(inter.Cert.NotAfter) {
 		t.Errorf("issuer first to expire: got %v, want %v", got, inter.Cert.NotAfter)
 	}
-	if got := keymgr.PathExpiry(root.Cert, short.Cert); !got.Equal(short.Cert.NotAfter) {
+	if got := certs.PathExpiry(root.Cert, short.Cert); !got.Equal(short.Cert.NotAfter) {
 		t.Errorf("chain first to expire: got %v, want %v", got, short.Cert.NotAfter)
 	}
 	chain := []*x509.Certificate{root.Cert}
-	if n := testing.AllocsPerRun(100, func() { _ = keymgr.PathExpiry(inter.Cert, chain...) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = certs.PathExpiry(inter.Cert, chain...) }); n != 0 {
 		t.Errorf("PathExpiry allocates %v times per call", n)
 	}
 }
@@ -81,9 +81,15 @@ func TestSubjectKeyIDOfECKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := sha1.Sum(spki.PublicKey.Bytes)
-		got, err := keymgr.SubjectKeyID(key.Public())
+		got, err := certs.SubjectKeyID(key.Public())
 		if err != nil || !bytes.Equal(got, want[:]) {
 			t.Errorf("%s: got %x (%v), want %x", curve.Params().Name, got, err, want)
 		}
+	}
+}
+
+func TestGenerateKeyUnknown(t *testing.T) {
+	if _, err := certs.GenerateKey("dsa-1024"); err == nil {
+		t.Fatal("want an error")
 	}
 }

@@ -1,4 +1,10 @@
-package keymgr
+// Package certs holds the certificate primitives every part of meshca
+// that issues shares: the validity window of an issued certificate and
+// its backdate, key types and key generation, serial numbers, key
+// identifiers, and pure checks on certificates and paths. It imports
+// nothing of keymgr, so that signer backends take these without the CA
+// lifecycle.
+package certs
 
 import (
 	"crypto/x509"
@@ -113,4 +119,18 @@ func Pool(certs ...*x509.Certificate) *x509.CertPool {
 		p.AddCert(c)
 	}
 	return p
+}
+
+// SameCerts reports whether a and b hold the same certificates in the
+// same order.
+func SameCerts(a, b []*x509.Certificate) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
 }
