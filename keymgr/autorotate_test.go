@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // TestAutoRotatorFullCycle drives a generated root through a whole
@@ -26,7 +27,7 @@ func TestAutoRotatorFullCycle(t *testing.T) {
 		}
 		return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
 	}
-	store := &keymgr.DirStore{Dir: filepath.Join(t.TempDir(), "state")}
+	store := &dirstore.Store{Dir: filepath.Join(t.TempDir(), "state")}
 	ctx := context.Background()
 	if _, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) { return gen(nil) }, clock()); err != nil {
 		t.Fatal(err)

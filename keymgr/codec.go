@@ -271,9 +271,9 @@ func idNames(format int) string {
 	return "signing certificate"
 }
 
-// stateKeyEntries lists the key entries a state.json document refers to,
+// StateKeyEntries lists the key entries a state.json document refers to,
 // so that a store can fetch exactly those.
-func stateKeyEntries(data []byte) ([]string, error) {
+func StateKeyEntries(data []byte) ([]string, error) {
 	doc, err := parseStateDoc(data, true)
 	if err != nil {
 		return nil, &EntryError{Entry: EntryState, Err: err}
@@ -283,7 +283,7 @@ func stateKeyEntries(data []byte) ([]string, error) {
 		if ad.Key == "" {
 			continue
 		}
-		if !validKeyEntryName(ad.Key) {
+		if !IsKeyEntry(ad.Key) {
 			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): %q is not a key entry name", i+1, ad.ID, ad.Key)}
 		}
 		names = append(names, ad.Key)
@@ -397,7 +397,9 @@ func decodeKey(entries map[string][]byte, name string, cert *x509.Certificate) (
 	return key, nil
 }
 
-func validKeyEntryName(name string) bool {
+// IsKeyEntry reports whether name is the name KeyEntry gives a key, so
+// that a store can tell a key it holds from anything else.
+func IsKeyEntry(name string) bool {
 	hex, ok := strings.CutPrefix(name, "key-")
 	if !ok {
 		return false

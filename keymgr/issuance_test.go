@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
-// countingStore counts the loads and saves of a DirStore, and can hold
+// countingStore counts the loads and saves of a dirstore.Store, and can hold
 // every Load until released.
 type countingStore struct {
 	keymgr.StateStore
@@ -38,7 +39,7 @@ func (c *countingStore) Save(ctx context.Context, s *keymgr.State, base keymgr.V
 func issuanceStore(t *testing.T) (*countingStore, *keymgr.AuthorityRecord) {
 	t.Helper()
 	s, a := lcBootstrapped(t)
-	store := &keymgr.DirStore{Dir: t.TempDir()}
+	store := &dirstore.Store{Dir: t.TempDir()}
 	if _, err := store.Save(context.Background(), s, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestIssuanceLogRefusesRetired(t *testing.T) {
 	ctx := context.Background()
 	s := lcAllPhases(t)
 	retired := s.Authorities[0]
-	store := &keymgr.DirStore{Dir: t.TempDir()}
+	store := &dirstore.Store{Dir: t.TempDir()}
 	if _, err := store.Save(ctx, s, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,8 @@ type ServingOptions struct {
 	Names []string
 	TTL   time.Duration
 	Now   time.Time
-	// Backdate is as in certs.WindowOptions: zero means the default certs.Backdate.
+	// Backdate is as in certs.WindowOptions: zero means the default
+	// certs.Backdate.
 	Backdate time.Duration
 	// ID, when not zero, is the certificate's one URI SAN: it is then an
 	// X509-SVID (the SPIFFE bundle endpoint's https_spiffe profile serves

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // TestLoadOrBootstrapConcurrent: replicas starting at once on one empty
@@ -22,7 +23,7 @@ func TestLoadOrBootstrapConcurrent(t *testing.T) {
 	for i := range replicas {
 		wg.Go(func() {
 			<-start
-			store := &keymgr.DirStore{Dir: dir} // each its own handle, as separate processes have
+			store := &dirstore.Store{Dir: dir} // each its own handle, as separate processes have
 			s, err := keymgr.LoadOrBootstrap(context.Background(), store, func() (*keymgr.AuthorityRecord, error) {
 				a, err := keymgr.NewRoot(keymgr.RootOptions{Organization: "cluster.local"})
 				if err != nil {
@@ -39,7 +40,7 @@ func TestLoadOrBootstrapConcurrent(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	s, _, err := (&keymgr.DirStore{Dir: dir}).Load(context.Background())
+	s, _, err := (&dirstore.Store{Dir: dir}).Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

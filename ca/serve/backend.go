@@ -14,6 +14,7 @@ import (
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +36,7 @@ type Backend struct {
 	// authorities hold certificates only), or from TrustAnchors.
 	StateDir    string
 	StateSecret string
-	State       keymgr.StateOptions
+	State       dirstore.StateOptions
 	CADir       string
 	// AutoRotate takes rotation steps for generated roots on its own
 	// (keymgr.AutoRotator), looking every AutoRotateInterval
@@ -183,7 +184,7 @@ type storeOpener func(secret string) (keymgr.StateStore, error)
 // the flag that named it.
 func openState(c Backend, newStore storeOpener) (keymgr.StateStore, string, error) {
 	if c.StateSecret == "" {
-		return &keymgr.DirStore{Dir: c.StateDir, LockTimeout: c.State.LockTimeout, MigrationTTL: c.MaxTTL}, "state-dir", nil
+		return &dirstore.Store{Dir: c.StateDir, LockTimeout: c.State.LockTimeout, MigrationTTL: c.MaxTTL}, "state-dir", nil
 	}
 	store, err := newStore(c.StateSecret)
 	if err != nil {
@@ -195,7 +196,7 @@ func openState(c Backend, newStore storeOpener) (keymgr.StateStore, string, erro
 // tidy completes, on a state directory, the cleanup a crash cut short
 // (a retired key left on disk, say); a failure is logged, not fatal.
 func tidy(ctx context.Context, store keymgr.StateStore, log *slog.Logger) {
-	if d, ok := store.(*keymgr.DirStore); ok {
+	if d, ok := store.(*dirstore.Store); ok {
 		if err := d.Tidy(ctx); err != nil {
 			log.Warn("CA state directory not tidied", "error", err)
 		}
@@ -300,7 +301,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
 			v := &trust.BundleVersion{Lineage: s.Lineage(), Sequence: s.Sequence}
-			if _, plugged := store.(*keymgr.PluggedDir); plugged {
+			if _, plugged := store.(*dirstore.PluggedDir); plugged {
 				// A plugged-in directory's sequence counts the changes
 				// one process has seen: not comparable across replicas.
 				v.Lineage = ""
@@ -317,10 +318,10 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 }
 
 // completeMigration saves a state directory found in the single-root
-// layout as a state (keymgr.MigrateSingleRoot), with the record that
+// layout as a state (dirstore.MigrateSingleRoot), with the record that
 // leaves of up to maxTTL (the store's MigrationTTL) were issued under it.
 func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time.Duration, log *slog.Logger) error {
-	migrated, err := keymgr.MigrateSingleRoot(ctx, store)
+	migrated, err := dirstore.MigrateSingleRoot(ctx, store)
 	if migrated {
 		log.Warn("CA state migrated from the single-root layout; rotation guards assume leaves of up to --max-ttl were issued under it",
 			"max_ttl", maxTTL)
@@ -329,11 +330,11 @@ func completeMigration(ctx context.Context, store keymgr.StateStore, maxTTL time
 }
 
 // newPlugged is the built-in CA on a plugged-in CA directory, followed as
-// its owner renews it (keymgr.PluggedDir): a new CA under a root already
+// its owner renews it (dirstore.PluggedDir): a new CA under a root already
 // served signs within one follow interval; one under a root workloads do
 // not trust yet is refused, and the last good CA keeps signing.
 func newPlugged(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
-	dir := &keymgr.PluggedDir{Dir: c.CADir}
+	dir := &dirstore.PluggedDir{Dir: c.CADir}
 	st, _, err := dir.Load(ctx)
 	if err != nil {
 		return nil, &FieldError{Field: "ca-dir", Err: err}
@@ -350,7 +351,7 @@ func newPlugged(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	if err != nil {
 		return nil, err
 	}
-	f := be.follower(dir, keymgr.PluggedTarget{Manager: mgr}, ca.NewRotationMetrics(reg), log, func() {
+	f := be.follower(dir, dirstore.PluggedTarget{Manager: mgr}, ca.NewRotationMetrics(reg), log, func() {
 		if err := rot.Renew(); err != nil {
 			log.Error("serving certificate renewal failed", "error", err)
 		}

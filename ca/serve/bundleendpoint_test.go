@@ -18,6 +18,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/federation"
@@ -36,7 +37,7 @@ func TestAssembleBundleEndpoint(t *testing.T) {
 	c.BundleEndpoint = serve.BundleEndpoint{Listen: "127.0.0.1:0", ID: endpointID, RefreshHint: time.Minute}
 	p := start(t, c)
 	url := "https://" + p.Addresses().BundleEndpoint
-	store := &keymgr.DirStore{Dir: c.Backend.StateDir}
+	store := &dirstore.Store{Dir: c.Backend.StateDir}
 	st, _, err := store.Load(context.Background())
 	if err != nil {
 		t.Fatal(err)

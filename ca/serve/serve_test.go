@@ -41,6 +41,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
 
@@ -133,7 +134,7 @@ func start(t *testing.T, c serve.Config) *serve.Parts {
 
 func client(t *testing.T, p *serve.Parts, c serve.Config, tok string, svid *caclient.SVID) *caclient.Client {
 	t.Helper()
-	st, _, err := (&keymgr.DirStore{Dir: c.Backend.StateDir}).Load(context.Background())
+	st, _, err := (&dirstore.Store{Dir: c.Backend.StateDir}).Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // TestPrepareExternal: --external imports an external backend's signing
@@ -81,7 +82,7 @@ func TestPrepareExternal(t *testing.T) {
 			if tt.check == nil {
 				return
 			}
-			s, _, err := keymgr.DirStore{Dir: dir}.Load(context.Background())
+			s, _, err := dirstore.Store{Dir: dir}.Load(context.Background())
 			if err != nil || s.Active() == nil {
 				t.Fatalf("state after import: %v", err)
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
@@ -128,7 +129,7 @@ func statusState(ctx context.Context, store *storeFlags, caDir string) (*keymgr.
 	if store.stateDir != "" || store.stateSecret != "" {
 		return nil, &exitError{code: exitUsage, err: errors.New("give --ca-dir or a CA state (--state-dir, --state-secret), not both")}
 	}
-	st, _, err := (&keymgr.PluggedDir{Dir: caDir}).Load(ctx)
+	st, _, err := (&dirstore.PluggedDir{Dir: caDir}).Load(ctx)
 	if err != nil {
 		return nil, &exitError{code: exitUsage, err: err}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/spf13/cobra"
 )
 
@@ -135,7 +136,7 @@ func (f *stepFlags) open(ctx context.Context, cmd *cobra.Command) (keymgr.StateS
 	if f.dependents, err = f.store.dependents(ctx, f.istiod); err != nil {
 		return nil, "", nil, &exitError{code: exitUsage, err: err}
 	}
-	if d, ok := store.(*keymgr.DirStore); ok {
+	if d, ok := store.(*dirstore.Store); ok {
 		// Finish a step a crash cut short after its commit (a retired
 		// key left on disk), even if this one is refused.
 		if err := d.Tidy(ctx); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/istiodcert"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
@@ -85,7 +86,7 @@ func (s *storeFlags) open() (keymgr.StateStore, error) {
 	case (s.stateDir == "") == (s.stateSecret == ""):
 		return nil, errors.New("give the CA state with --state-dir or with --state-secret, one of them")
 	case s.stateDir != "":
-		return &keymgr.DirStore{Dir: s.stateDir, MigrationTTL: s.maxTTL}, nil
+		return &dirstore.Store{Dir: s.stateDir, MigrationTTL: s.maxTTL}, nil
 	}
 	ns, name, ok := strings.Cut(s.stateSecret, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
@@ -128,7 +129,7 @@ func (s *storeFlags) openForStep(ctx context.Context) (keymgr.StateStore, string
 		return nil, "", &exitError{code: exitUsage, err: err}
 	}
 	var notice string
-	if old, err := keymgr.Unmigrated(ctx, store); err == nil && old {
+	if old, err := dirstore.Unmigrated(ctx, store); err == nil && old {
 		notice = fmt.Sprintf("migrated %s from the single-root layout: the guards assume leaves of up to %s (--max-ttl) were issued under its roots",
 			s.stateDir, s.maxTTL)
 	}

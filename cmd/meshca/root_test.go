@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // rootCmd runs `meshca root args...` and returns its output and exit code.
@@ -101,7 +102,7 @@ func TestRootRotationCLI(t *testing.T) {
 // as the server does before handing it out.
 func recordLeaf(t *testing.T, dir string, ttl time.Duration) {
 	t.Helper()
-	store := &keymgr.DirStore{Dir: dir}
+	store := &dirstore.Store{Dir: dir}
 	_, err := keymgr.Update(context.Background(), store, func(s *keymgr.State) error {
 		s.RecordIssued(s.Active().ID(), time.Now().Add(ttl), ttl)
 		return nil
@@ -153,7 +154,7 @@ func TestRootStatusCADir(t *testing.T) {
 // says so; the guards then count from that.
 func TestRootStepsMigrateSingleRoot(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
+	if _, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{Organization: "cluster.local"}); err != nil {
 		t.Fatal(err)
 	}
 	st := "--state-dir=" + dir

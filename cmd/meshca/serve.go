@@ -19,6 +19,7 @@ import (
 	"github.com/meshca/meshca/internal/addrfile"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -140,7 +141,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 		CertRenewal: f.certRenewal, CertSigners: f.certSigners, EnablePprof: f.enablePprof,
 		Backend: serve.Backend{
 			StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
-			State:      keymgr.StateOptions{KeyType: certs.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
+			State:      dirstore.StateOptions{KeyType: certs.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
 			AutoRotateInterval: f.autoInterval,
 			Backdate:           backdateOption(f.backdate),

@@ -22,6 +22,7 @@ import (
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
@@ -88,13 +89,13 @@ func TestBackupRestoreStateDir(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "state")
 	args := []string{"--state-dir", dir, "--kubeconfig", cluster.Kubeconfig}
-	store := keymgr.DirStore{Dir: dir}
+	store := dirstore.Store{Dir: dir}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "backup-dir"), "web", "node-a")
 
 	m := harness.StartMeshca(t, bin, args...)
 	roots := storedRoots(t, store)
 	before := fetchSVID(t, m, roots, w, nil)
-	unlock, err := keymgr.LockDir(context.Background(), dir)
+	unlock, err := dirstore.LockDir(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/integration/harness"
-	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // rotation is the order of the steps a walk takes, round and round.
@@ -235,7 +235,7 @@ func TestCrashCLI(t *testing.T) {
 			}
 			for i, f := range spread(tt.migrate, 0, 1) {
 				s := openCrashStore(t, tt.kind, ns, fmt.Sprintf("single-root-%d", i))
-				if _, _, err := keymgr.LoadOrCreate(s.dir, keymgr.StateOptions{KeyType: certs.KeyECP256, Organization: "cluster.local", RootTTL: 24 * time.Hour}); err != nil {
+				if _, _, err := dirstore.LoadOrCreate(s.dir, dirstore.StateOptions{KeyType: certs.KeyECP256, Organization: "cluster.local", RootTTL: 24 * time.Hour}); err != nil {
 					t.Fatal(err)
 				}
 				s.crashStep(t, "prepare", at(f, took["prepare"]), false, where)

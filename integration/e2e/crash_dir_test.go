@@ -17,6 +17,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // dirLook is what a state directory holds besides its state: what a
@@ -91,7 +92,7 @@ func lookDir(t *testing.T, dir string, st *keymgr.State) dirLook {
 		switch {
 		case bytes.Contains(data, []byte("PRIVATE KEY")) && mode != 0o600:
 			t.Fatalf("%s holds a private key with mode %v, want 0600", name, mode)
-		case name == keymgr.FileState && mode != 0o644:
+		case name == dirstore.FileState && mode != 0o644:
 			t.Fatalf("%s mode %v, want 0644", name, mode)
 		case strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-"):
 			l.temps = append(l.temps, name)
@@ -112,7 +113,7 @@ func lookDir(t *testing.T, dir string, st *keymgr.State) dirLook {
 		}
 		delete(named, name)
 	}
-	if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, dirstore.FileState)); err != nil {
 		return l // the single-root layout: its key is ca-key.pem
 	}
 	for name := range named {
@@ -147,7 +148,7 @@ func layoutFollows(dir string, st *keymgr.State) bool {
 func TestCrashDirLock(t *testing.T) {
 	s := openCrashStore(t, "dir", "", "state")
 	s.runStep(t, "prepare")
-	lockFile := filepath.Join(s.dir, keymgr.FileLock)
+	lockFile := filepath.Join(s.dir, dirstore.FileLock)
 	held := 0
 	for i := range 6 {
 		verb := rotation[i%len(rotation)]
@@ -191,7 +192,7 @@ func TestCrashDirLock(t *testing.T) {
 
 	// A step killed while it waits for the lock changes nothing.
 	ctx := context.Background()
-	unlock, err := keymgr.LockDir(ctx, s.dir)
+	unlock, err := dirstore.LockDir(ctx, s.dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
@@ -51,7 +52,7 @@ func openCrashStore(t *testing.T, kind, ns, name string) *crashStore {
 	if kind == "dir" {
 		dir := filepath.Join(t.TempDir(), name)
 		return &crashStore{kind: kind, flags: []string{"--state-dir", dir}, dir: dir,
-			store: &keymgr.DirStore{Dir: dir, LockTimeout: 5 * time.Second}}
+			store: &dirstore.Store{Dir: dir, LockTimeout: 5 * time.Second}}
 	}
 	return &crashStore{kind: kind, flags: []string{"--state-secret", ns + "/" + name, "--kubeconfig", cluster.Kubeconfig},
 		store: secretstore.Store{Client: cluster.Client, Namespace: ns, Name: name}}
@@ -339,7 +340,7 @@ func waitFor(pid int, cond func(pid int) bool) bool {
 // the apiserver (the CLI reads the Secret, then writes it).
 func (s *crashStore) writing() func(pid int) bool {
 	if s.dir != "" {
-		lock := filepath.Join(s.dir, keymgr.FileLock)
+		lock := filepath.Join(s.dir, dirstore.FileLock)
 		return func(pid int) bool { return holdsFlock(pid, lock) }
 	}
 	u, err := url.Parse(cluster.APIURL)
@@ -411,7 +412,7 @@ func checkUnlocked(t *testing.T, dir string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	unlock, err := keymgr.LockDir(ctx, dir)
+	unlock, err := dirstore.LockDir(ctx, dir)
 	if err != nil {
 		t.Fatalf("after the kill, the state directory's lock is still taken: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
@@ -53,7 +54,7 @@ func TestRotationFleetAutoRotation(t *testing.T) {
 		start: func(t *testing.T) fleetCA {
 			s := startServer(t, autoFlags()...)
 			servers = []*harness.Meshca{s.Meshca}
-			return fleetCA{addrs: []string{s.Addr}, store: keymgr.DirStore{Dir: s.stateDir}}
+			return fleetCA{addrs: []string{s.Addr}, store: dirstore.Store{Dir: s.stateDir}}
 		},
 	}.run(t)
 	checkAutoSteps(t, final, servers)

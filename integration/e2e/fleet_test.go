@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -52,7 +53,7 @@ func TestRotationFleetHandshakes(t *testing.T) {
 	fleetRun{
 		start: func(t *testing.T) fleetCA {
 			s := startServer(t, "--backdate", fleetBackdate.String(), "--auto-rotate=false")
-			return fleetCA{addrs: []string{s.Addr}, store: keymgr.DirStore{Dir: s.stateDir}, cli: []string{"--state-dir", s.stateDir}}
+			return fleetCA{addrs: []string{s.Addr}, store: dirstore.Store{Dir: s.stateDir}, cli: []string{"--state-dir", s.stateDir}}
 		},
 		rotate: cliRotation,
 	}.run(t)

@@ -23,6 +23,7 @@ import (
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -150,7 +151,7 @@ func writeFile(t *testing.T, path string, data []byte) {
 // stateRoots reads the CA state directory's authorities by phase.
 func stateRoots(t *testing.T, dir string) map[keymgr.Phase][]*keymgr.AuthorityRecord {
 	t.Helper()
-	st, _, err := (&keymgr.DirStore{Dir: dir}).Load(context.Background())
+	st, _, err := (&dirstore.Store{Dir: dir}).Load(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

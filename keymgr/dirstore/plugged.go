@@ -1,4 +1,4 @@
-package keymgr
+package dirstore
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
 )
 
@@ -22,16 +23,16 @@ const PluggedReason = "plugged-in CA directory"
 // ErrPluggedReadOnly is PluggedDir's answer to Save.
 var ErrPluggedReadOnly = errors.New("keymgr: a plugged-in CA directory is read-only: its owner (an operator, cert-manager) writes it; rotate with a CA state to let meshca write")
 
-// PluggedDir is a plugged-in CA directory (LoadCACerts' layouts: Istio's
-// cacerts, or a cert-manager Certificate's tls.crt, tls.key and ca.crt) as
-// a read-only StateStore, so that a Follower keeps a server on it while
-// its owner renews it: the active authority signs with the directory's
-// CA, every other root of its bundle is a previous, external one. The
-// Version is a digest of the files; the Sequence starts at 1 and grows
-// whenever the bundle changes. Each Load checks the directory as
-// LoadCACerts does at that time; a directory caught halfway through a
-// change (a key that does not match its certificate) fails to load, and
-// the Follower keeps the last good CA until the next look.
+// PluggedDir is a plugged-in CA directory (keymgr.LoadCACerts' layouts:
+// Istio's cacerts, or a cert-manager Certificate's tls.crt, tls.key and
+// ca.crt) as a read-only keymgr.StateStore, so that a keymgr.Follower keeps a
+// server on it while its owner renews it: the active authority signs with the
+// directory's CA, every other root of its bundle is a previous, external one.
+// The keymgr.Version is a digest of the files; the Sequence starts at 1 and
+// grows whenever the bundle changes. Each Load checks the directory as
+// keymgr.LoadCACerts does at that time; a directory caught halfway through a
+// change (a key that does not match its certificate) fails to load, and the
+// keymgr.Follower keeps the last good CA until the next look.
 type PluggedDir struct {
 	Dir string
 	// Now is the clock; time.Now when nil.
@@ -43,10 +44,10 @@ type PluggedDir struct {
 }
 
 // pluggedFiles are the files of both layouts; the digest covers those present.
-var pluggedFiles = []string{FileCACert, FileCAKey, FileCertChain, FileRootCert, FileTLSCert, FileTLSKey, FileTLSCA}
+var pluggedFiles = []string{keymgr.FileCACert, keymgr.FileCAKey, keymgr.FileCertChain, keymgr.FileRootCert, keymgr.FileTLSCert, keymgr.FileTLSKey, keymgr.FileTLSCA}
 
-// Load implements StateStore.
-func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
+// Load implements keymgr.StateStore.
+func (p *PluggedDir) Load(context.Context) (*keymgr.State, keymgr.Version, error) {
 	v, err := p.digest()
 	if err != nil {
 		return nil, "", err
@@ -55,18 +56,18 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 	if p.Now != nil {
 		now = p.Now()
 	}
-	a, err := LoadCACerts(p.Dir, now)
+	a, err := keymgr.LoadCACerts(p.Dir, now)
 	if err != nil {
 		return nil, "", err
 	}
 	// Its owner may have been writing it meanwhile: what was read must be
 	// what the version names.
 	if again, err := p.digest(); err != nil || again != v {
-		return nil, "", &FileError{Path: p.Dir, Err: errors.New("changed while it was read; read again at the next look")}
+		return nil, "", &keymgr.FileError{Path: p.Dir, Err: errors.New("changed while it was read; read again at the next look")}
 	}
 	s, err := stateOfAuthority(a, a.Cert.NotBefore.UTC(), PluggedReason, false)
 	if err != nil {
-		return nil, "", &FileError{Path: p.Dir, Err: err}
+		return nil, "", &keymgr.FileError{Path: p.Dir, Err: err}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -78,16 +79,16 @@ func (p *PluggedDir) Load(context.Context) (*State, Version, error) {
 }
 
 // AnyLineage says the directory's states may change lineage in service
-// (Follower): its owner replaces its authority at will.
+// (keymgr.Follower): its owner replaces its authority at will.
 func (p *PluggedDir) AnyLineage() bool { return true }
 
 // Save implements StateStore: it never writes.
-func (p *PluggedDir) Save(context.Context, *State, Version) (Version, error) {
+func (p *PluggedDir) Save(context.Context, *keymgr.State, keymgr.Version) (keymgr.Version, error) {
 	return "", ErrPluggedReadOnly
 }
 
-// digest is the Version of the directory's files as they are now.
-func (p *PluggedDir) digest() (Version, error) {
+// digest is the keymgr.Version of the directory's files as they are now.
+func (p *PluggedDir) digest() (keymgr.Version, error) {
 	h := sha256.New()
 	for _, name := range pluggedFiles {
 		b, err := os.ReadFile(filepath.Join(p.Dir, name))
@@ -95,26 +96,26 @@ func (p *PluggedDir) digest() (Version, error) {
 		case errors.Is(err, os.ErrNotExist):
 			continue
 		case err != nil:
-			return "", &FileError{Path: filepath.Join(p.Dir, name), Err: err}
+			return "", &keymgr.FileError{Path: filepath.Join(p.Dir, name), Err: err}
 		}
 		fmt.Fprintf(h, "%s %d\n", name, len(b))
 		h.Write(b)
 	}
-	return Version(hex.EncodeToString(h.Sum(nil))[:16]), nil
+	return keymgr.Version(hex.EncodeToString(h.Sum(nil))[:16]), nil
 }
 
-// PluggedTarget is the Follower's Target for a PluggedDir: a Manager that
-// takes a new CA from the directory only when its root is one the Manager
-// already serves. A root that is new to workloads must first be served
-// beside the old one (added to root-cert.pem or ca.crt) for half a leaf's
-// lifetime before a CA under it signs, and no state records when it was
-// added: that timing is the directory's owner's, as with istiod.
+// PluggedTarget is the keymgr.Follower's keymgr.Target for a PluggedDir: a
+// keymgr.Manager that takes a new CA from the directory only when its root is
+// one the keymgr.Manager already serves. A root that is new to workloads must
+// first be served beside the old one (added to root-cert.pem or ca.crt) for
+// half a leaf's lifetime before a CA under it signs, and no state records when
+// it was added: that timing is the directory's owner's, as with istiod.
 type PluggedTarget struct {
-	Manager *Manager
+	Manager *keymgr.Manager
 }
 
-// Use implements Target.
-func (t PluggedTarget) Use(s *State, now time.Time) error {
+// Use implements keymgr.Target.
+func (t PluggedTarget) Use(s *keymgr.State, now time.Time) error {
 	active := s.Active()
 	if active == nil {
 		return errors.New("keymgr: the plugged-in CA directory has no signing CA")

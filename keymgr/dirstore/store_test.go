@@ -1,4 +1,4 @@
-package keymgr_test
+package dirstore_test
 
 import (
 	"bytes"
@@ -13,12 +13,13 @@ import (
 
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/storetest"
 )
 
-func TestDirStoreContract(t *testing.T) {
+func TestStoreContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) keymgr.StateStore {
-		return keymgr.DirStore{Dir: filepath.Join(t.TempDir(), "state")}
+		return dirstore.Store{Dir: filepath.Join(t.TempDir(), "state")}
 	})
 }
 
@@ -45,14 +46,14 @@ func rotation(t *testing.T) []*keymgr.State {
 	}
 }
 
-// TestDirStoreFiles follows a rotation through the directory: modes, the
+// TestStoreFiles follows a rotation through the directory: modes, the
 // key files (the retired key and a stray one removed), and the cacerts
 // layout that LoadCACerts and LoadOrCreate read, in step with the active
 // authority and the bundle at every step.
-func TestDirStoreFiles(t *testing.T) {
+func TestStoreFiles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state[*]") // no globbing of the path
 	leftover := filepath.Join(dir, "key-0123456789abcdef.pem")
-	st := keymgr.DirStore{Dir: dir}
+	st := dirstore.Store{Dir: dir}
 	steps := rotation(t)
 	wantRoots := [][]int{{0}, {0, 1}, {0, 1}, {1}}
 	wantActive := []int{0, 0, 1, 1}
@@ -84,14 +85,14 @@ func TestDirStoreFiles(t *testing.T) {
 		if len(a.Roots) != len(wantRoots[i]) {
 			t.Errorf("step %d: root-cert.pem holds %d roots, want %d", i, len(a.Roots), len(wantRoots[i]))
 		}
-		b, created, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{})
+		b, created, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{})
 		if err != nil || created || !b.Cert.Equal(a.Cert) {
 			t.Errorf("step %d: LoadOrCreate: created=%v err=%v", i, created, err)
 		}
 	}
 	wantModes := map[string]os.FileMode{
-		".": 0o700, keymgr.FileState: 0o644, keymgr.FileCAKey: 0o600, keymgr.FileCACert: 0o644,
-		keymgr.FileRootCert: 0o644, keymgr.FileCertChain: 0o644, keymgr.FileLock: 0o600,
+		".": 0o700, dirstore.FileState: 0o644, keymgr.FileCAKey: 0o600, keymgr.FileCACert: 0o644,
+		keymgr.FileRootCert: 0o644, keymgr.FileCertChain: 0o644, dirstore.FileLock: 0o600,
 		keymgr.KeyEntry(steps[3].Authorities[1].Cert): 0o600,
 	}
 	entries, err := os.ReadDir(dir)
@@ -122,18 +123,18 @@ func TestDirStoreFiles(t *testing.T) {
 	}
 }
 
-// TestDirStoreTwoHandles: two DirStores on one directory, as the CLI and
+// TestStoreTwoHandles: two dirstore.Stores on one directory, as the CLI and
 // a running server are, saving on one version at once: the lock lets one
 // win and the other sees ErrConflict.
-func TestDirStoreTwoHandles(t *testing.T) {
+func TestStoreTwoHandles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	steps := rotation(t)
-	base, err := keymgr.DirStore{Dir: dir}.Save(context.Background(), steps[0], "")
+	base, err := dirstore.Store{Dir: dir}.Save(context.Background(), steps[0], "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for round := range 10 {
-		stores := []keymgr.DirStore{{Dir: dir}, {Dir: dir}}
+		stores := []dirstore.Store{{Dir: dir}, {Dir: dir}}
 		next := []*keymgr.State{steps[1], {Sequence: 7, Authorities: steps[1].Authorities}}
 		errs := make([]error, 2)
 		versions := make([]keymgr.Version, 2)
@@ -155,26 +156,26 @@ func TestDirStoreTwoHandles(t *testing.T) {
 		if won != 1 {
 			t.Fatalf("round %d: %d writers won, want 1", round, won)
 		}
-		if base, err = (keymgr.DirStore{Dir: dir}).Save(context.Background(), steps[0], base); err != nil {
+		if base, err = (dirstore.Store{Dir: dir}).Save(context.Background(), steps[0], base); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-func TestDirStoreLockTimeout(t *testing.T) {
+func TestStoreLockTimeout(t *testing.T) {
 	dir := t.TempDir()
-	unlock, err := keymgr.LockDir(context.Background(), dir)
+	unlock, err := dirstore.LockDir(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unlock()
-	st := keymgr.DirStore{Dir: dir, LockTimeout: 100 * time.Millisecond}
+	st := dirstore.Store{Dir: dir, LockTimeout: 100 * time.Millisecond}
 	_, err = st.Save(context.Background(), rotation(t)[0], "")
-	var le *keymgr.LockedError
+	var le *dirstore.LockedError
 	if !errors.As(err, &le) {
 		t.Fatalf("Save while another holds the lock: %v, want a LockedError", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, dirstore.FileState)); err == nil {
 		t.Fatal("Save wrote without the lock")
 	}
 	// Load takes no lock.
@@ -183,14 +184,14 @@ func TestDirStoreLockTimeout(t *testing.T) {
 	}
 }
 
-// TestDirStoreLoadDuringSaves: Load takes no lock, so it must cope with
+// TestStoreLoadDuringSaves: Load takes no lock, so it must cope with
 // a writer that replaces state.json and removes destroyed keys while it
 // reads: every Load returns a whole state. The writer here is harsher
 // than any rotation: it goes back and forth between two states, so that
 // a key Load misses can reappear under the very state.json it read.
-func TestDirStoreLoadDuringSaves(t *testing.T) {
+func TestStoreLoadDuringSaves(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	st := keymgr.DirStore{Dir: dir}
+	st := dirstore.Store{Dir: dir}
 	steps := rotation(t)
 	v, err := st.Save(context.Background(), steps[0], "")
 	if err != nil {
@@ -224,7 +225,7 @@ func TestDirStoreLoadDuringSaves(t *testing.T) {
 	t.Logf("%d loads during 200 saves", loads)
 }
 
-func TestDirStoreBrokenFiles(t *testing.T) {
+func TestStoreBrokenFiles(t *testing.T) {
 	s := rotation(t)[1]
 	keyFile := keymgr.KeyEntry(s.Authorities[1].Cert)
 	stranger, err := pemutil.EncodePrivateKey(storetest.NewRecord(t, keymgr.PhaseActive, time.Now()).Key)
@@ -240,26 +241,26 @@ func TestDirStoreBrokenFiles(t *testing.T) {
 		{"key file missing", func(dir string) error { return os.Remove(filepath.Join(dir, keyFile)) }, keyFile, "missing"},
 		{"key file of another key", func(dir string) error { return os.WriteFile(filepath.Join(dir, keyFile), stranger, 0o600) }, keyFile, "does not match"},
 		{"state.json truncated", func(dir string) error {
-			p := filepath.Join(dir, keymgr.FileState)
+			p := filepath.Join(dir, dirstore.FileState)
 			data, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(p, data[:len(data)/2], 0o644)
-		}, keymgr.FileState, "not a CA state document"},
+		}, dirstore.FileState, "not a CA state document"},
 		{"state.json names a path", func(dir string) error {
-			p := filepath.Join(dir, keymgr.FileState)
+			p := filepath.Join(dir, dirstore.FileState)
 			data, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
 			return os.WriteFile(p, bytes.Replace(data, []byte(keyFile), []byte("../../etc/passwd"), 1), 0o644)
-		}, keymgr.FileState, "is not a key entry name"},
+		}, dirstore.FileState, "is not a key entry name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			st := keymgr.DirStore{Dir: dir}
+			st := dirstore.Store{Dir: dir}
 			if _, err := st.Save(context.Background(), s, ""); err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package keymgr
+package dirstore
 
 import (
 	"context"

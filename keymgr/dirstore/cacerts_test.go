@@ -1,4 +1,4 @@
-package keymgr_test
+package dirstore_test
 
 import (
 	"bytes"
@@ -14,44 +14,46 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/storetest"
 )
 
-// TestDirStoreMigratesSingleRoot: a directory LoadOrCreate filled loads
+// TestStoreMigratesSingleRoot: a directory LoadOrCreate filled loads
 // as one active authority at the zero Version, and the first Save writes
 // state.json beside it without a new root.
-func TestDirStoreMigratesSingleRoot(t *testing.T) {
+func TestStoreMigratesSingleRoot(t *testing.T) {
 	tests := []struct {
 		name string
-		opts keymgr.StateOptions
+		opts dirstore.StateOptions
 	}{
-		{"current", keymgr.StateOptions{Organization: "cluster.local"}},
+		{"current", dirstore.StateOptions{Organization: "cluster.local"}},
 		// A store loads an expired CA too; its caller judges.
-		{"expired", keymgr.StateOptions{Now: time.Now().Add(-48 * time.Hour), RootTTL: 24 * time.Hour}},
+		{"expired", dirstore.StateOptions{Now: time.Now().Add(-48 * time.Hour), RootTTL: 24 * time.Hour}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "state")
-			a, _, err := keymgr.LoadOrCreate(dir, tt.opts)
+			a, _, err := dirstore.LoadOrCreate(dir, tt.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			before := readFiles(t, dir, keymgr.FileCACert, keymgr.FileCAKey, keymgr.FileRootCert, keymgr.FileCertChain)
-			st := keymgr.DirStore{Dir: dir}
+			st := dirstore.Store{Dir: dir}
 			s, v, err := st.Load(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := &keymgr.State{Sequence: 1, Authorities: []*keymgr.AuthorityRecord{{
 				Phase: keymgr.PhaseActive, Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true,
-				History: []keymgr.Transition{{To: keymgr.PhaseActive, At: a.Cert.NotBefore, Reason: keymgr.MigratedReason}},
+				History: []keymgr.Transition{{To: keymgr.PhaseActive, At: a.Cert.NotBefore, Reason: dirstore.MigratedReason}},
 			}}}
-			// What the layout may have issued: TestMigrateSingleRoot.
-			want.Authorities[0].LatestLeafNotAfter, want.Authorities[0].LongestLeafTTL = s.Authorities[0].LatestLeafNotAfter, keymgr.DefaultMigrationTTL
+			// What the layout may have issued:
+			// TestMigrateSingleRoot.
+			want.Authorities[0].LatestLeafNotAfter, want.Authorities[0].LongestLeafTTL = s.Authorities[0].LatestLeafNotAfter, dirstore.DefaultMigrationTTL
 			if d := storetest.Diff(s, want); d != "" || v != "" {
 				t.Fatalf("migrated state at version %q: %s", v, d)
 			}
-			if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, dirstore.FileState)); err == nil {
 				t.Fatal("Load wrote state.json")
 			}
 			v, err = st.Save(context.Background(), s, "")
@@ -74,11 +76,11 @@ func TestDirStoreMigratesSingleRoot(t *testing.T) {
 	}
 }
 
-// TestDirStoreMigratesPluggedInLayout: an intermediate under one root,
+// TestStoreMigratesPluggedInLayout: an intermediate under one root,
 // with a second root trusted beside it (a rotation by hand): the
 // intermediate becomes the active authority, imported, and the other root
 // stays in the bundle as a previous, external authority.
-func TestDirStoreMigratesPluggedInLayout(t *testing.T) {
+func TestStoreMigratesPluggedInLayout(t *testing.T) {
 	root := testca.NewRoot(t, "corp root", testca.Options{})
 	other := testca.NewRoot(t, "corp other root", testca.Options{})
 	inter := root.NewIntermediate(t, "mesh intermediate", testca.Options{})
@@ -93,7 +95,7 @@ func TestDirStoreMigratesPluggedInLayout(t *testing.T) {
 		keymgr.FileCertChain: pemutil.EncodeCertificates(inter.Cert, root.Cert),
 		keymgr.FileRootCert:  pemutil.EncodeCertificates(other.Cert, root.Cert),
 	})
-	st := keymgr.DirStore{Dir: dir}
+	st := dirstore.Store{Dir: dir}
 	s, v, err := st.Load(context.Background())
 	if err != nil || v != "" {
 		t.Fatalf("Load: version %q, %v", v, err)
@@ -122,7 +124,7 @@ func TestDirStoreMigratesPluggedInLayout(t *testing.T) {
 	}
 }
 
-func TestDirStoreNothingOrSome(t *testing.T) {
+func TestStoreNothingOrSome(t *testing.T) {
 	a, err := keymgr.NewRoot(keymgr.RootOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +137,7 @@ func TestDirStoreNothingOrSome(t *testing.T) {
 	}{
 		{name: "no directory", missing: true},
 		{name: "empty directory"},
-		{name: "only the lock file", files: map[string][]byte{keymgr.FileLock: nil}},
+		{name: "only the lock file", files: map[string][]byte{dirstore.FileLock: nil}},
 		{name: "only ca-cert.pem", files: map[string][]byte{keymgr.FileCACert: pemutil.EncodeCertificates(a.Cert)}, want: "holds only [ca-cert.pem]"},
 		{name: "no key", files: map[string][]byte{
 			keymgr.FileCACert: pemutil.EncodeCertificates(a.Cert), keymgr.FileRootCert: pemutil.EncodeCertificates(a.Cert),
@@ -148,7 +150,7 @@ func TestDirStoreNothingOrSome(t *testing.T) {
 				dir = filepath.Join(dir, "missing")
 			}
 			writeFiles(t, dir, tt.files)
-			st := keymgr.DirStore{Dir: dir}
+			st := dirstore.Store{Dir: dir}
 			_, _, err := st.Load(context.Background())
 			if tt.want == "" {
 				if !errors.Is(err, keymgr.ErrNoState) {
@@ -164,22 +166,22 @@ func TestDirStoreNothingOrSome(t *testing.T) {
 			if _, err := st.Save(context.Background(), s, ""); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Save: %v, want %q", err, tt.want)
 			}
-			if _, err := os.Stat(filepath.Join(dir, keymgr.FileState)); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, dirstore.FileState)); err == nil {
 				t.Fatal("Save wrote state.json over the remains of a CA")
 			}
 		})
 	}
 }
 
-// TestDirStoreFirstSaveKeepsSingleRoot: a writer that found the directory
+// TestStoreFirstSaveKeepsSingleRoot: a writer that found the directory
 // empty must not overwrite the root LoadOrCreate put there since.
-func TestDirStoreFirstSaveKeepsSingleRoot(t *testing.T) {
+func TestStoreFirstSaveKeepsSingleRoot(t *testing.T) {
 	dir := t.TempDir()
-	st := keymgr.DirStore{Dir: dir}
+	st := dirstore.Store{Dir: dir}
 	if _, _, err := st.Load(context.Background()); !errors.Is(err, keymgr.ErrNoState) {
 		t.Fatal(err)
 	}
-	a, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{})
+	a, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +235,7 @@ func writeFiles(t *testing.T, dir string, files map[string][]byte) {
 func TestMigrateSingleRoot(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "state")
-	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{Organization: "cluster.local"}); err != nil {
+	if _, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{Organization: "cluster.local"}); err != nil {
 		t.Fatal(err)
 	}
 	// An older root, still trusted beside the one that signs, expiring
@@ -256,11 +258,11 @@ func TestMigrateSingleRoot(t *testing.T) {
 		want time.Duration
 	}{
 		{name: "the server's --max-ttl", ttl: 24 * time.Hour, want: 24 * time.Hour},
-		{name: "unset: meshca's default", want: keymgr.DefaultMigrationTTL},
+		{name: "unset: meshca's default", want: dirstore.DefaultMigrationTTL},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := &keymgr.DirStore{Dir: dir, MigrationTTL: tt.ttl}
+			st := &dirstore.Store{Dir: dir, MigrationTTL: tt.ttl}
 			before := time.Now()
 			s, v, err := st.Load(ctx)
 			if err != nil || v != "" {
@@ -280,24 +282,24 @@ func TestMigrateSingleRoot(t *testing.T) {
 			}
 		})
 	}
-	st := &keymgr.DirStore{Dir: dir, MigrationTTL: 24 * time.Hour}
-	if old, err := keymgr.Unmigrated(ctx, st); !old || err != nil {
+	st := &dirstore.Store{Dir: dir, MigrationTTL: 24 * time.Hour}
+	if old, err := dirstore.Unmigrated(ctx, st); !old || err != nil {
 		t.Fatalf("Unmigrated before = %v, %v", old, err)
 	}
-	if ok, err := keymgr.MigrateSingleRoot(ctx, st); !ok || err != nil {
+	if ok, err := dirstore.MigrateSingleRoot(ctx, st); !ok || err != nil {
 		t.Fatalf("MigrateSingleRoot = %v, %v", ok, err)
 	}
 	s, v, err := st.Load(ctx)
 	if err != nil || v == "" || s.Active().LongestLeafTTL != 24*time.Hour {
 		t.Fatalf("after the migration: version %q, %v, %+v", v, err, s.Active())
 	}
-	if old, err := keymgr.Unmigrated(ctx, st); old || err != nil {
+	if old, err := dirstore.Unmigrated(ctx, st); old || err != nil {
 		t.Fatalf("Unmigrated after = %v, %v", old, err)
 	}
-	if ok, err := keymgr.MigrateSingleRoot(ctx, st); ok || err != nil {
+	if ok, err := dirstore.MigrateSingleRoot(ctx, st); ok || err != nil {
 		t.Fatalf("MigrateSingleRoot of a state = %v, %v; want nothing done", ok, err)
 	}
-	if old, err := keymgr.Unmigrated(ctx, &keymgr.DirStore{Dir: t.TempDir()}); old || err != nil {
+	if old, err := dirstore.Unmigrated(ctx, &dirstore.Store{Dir: t.TempDir()}); old || err != nil {
 		t.Fatalf("Unmigrated of an empty directory = %v, %v", old, err)
 	}
 }

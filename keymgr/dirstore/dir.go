@@ -1,4 +1,4 @@
-package keymgr
+package dirstore
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshca/meshca/internal/atomicfile"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
 )
 
@@ -20,7 +21,7 @@ type StateOptions struct {
 	KeyType certs.KeyType
 	// Organization of a generated root's subject (the trust domain).
 	Organization string
-	// RootTTL of a generated root; DefaultRootTTL when zero.
+	// RootTTL of a generated root; keymgr.DefaultRootTTL when zero.
 	RootTTL time.Duration
 	Now     time.Time
 	// LockTimeout bounds the wait for the state directory's lock while
@@ -29,7 +30,7 @@ type StateOptions struct {
 }
 
 // LoadOrCreate is the single-root state directory of meshca before root
-// rotation: meshca serve now runs on a DirStore, which migrates such a
+// rotation: meshca serve now runs on a Store, which migrates such a
 // directory in place, and LoadOrCreate remains to write and read that
 // layout (the migration's tests make their directories with it).
 //
@@ -44,7 +45,7 @@ type StateOptions struct {
 // processes starting together on an empty directory agree on one root.
 // LoadOrCreate waits o.LockTimeout for a holder to let go, then returns a
 // *LockedError.
-func LoadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err error) {
+func LoadOrCreate(dir string, o StateOptions) (a *keymgr.Authority, created bool, err error) {
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}
@@ -69,8 +70,8 @@ func LoadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err e
 }
 
 // loadOrCreate is LoadOrCreate for a caller holding the directory's lock.
-func loadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err error) {
-	files := []string{FileCAKey, FileCACert, FileRootCert}
+func loadOrCreate(dir string, o StateOptions) (a *keymgr.Authority, created bool, err error) {
+	files := []string{keymgr.FileCAKey, keymgr.FileCACert, keymgr.FileRootCert}
 	var present []string
 	for _, f := range files {
 		if exists(filepath.Join(dir, f)) {
@@ -79,27 +80,27 @@ func loadOrCreate(dir string, o StateOptions) (a *Authority, created bool, err e
 	}
 	switch len(present) {
 	case len(files):
-		a, err := LoadCACerts(dir, o.Now)
+		a, err := keymgr.LoadCACerts(dir, o.Now)
 		return a, false, err
 	case 0:
 	default:
-		return nil, false, &FileError{Path: dir, Err: fmt.Errorf("holds only %v of %v: restore the missing files, or move the directory away to start a new root", present, files)}
+		return nil, false, &keymgr.FileError{Path: dir, Err: fmt.Errorf("holds only %v of %v: restore the missing files, or move the directory away to start a new root", present, files)}
 	}
-	a, err = NewRoot(RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL, Now: o.Now})
+	a, err = keymgr.NewRoot(keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL, Now: o.Now})
 	if err != nil {
 		return nil, false, err
 	}
-	if err := Store(dir, a); err != nil {
+	if err := WriteCACerts(dir, a); err != nil {
 		return nil, false, err
 	}
 	return a, true, nil
 }
 
-// Store writes a to dir in the cacerts layout. The key file is written last
-// so that a crash leaves a directory LoadOrCreate refuses, never a key
+// WriteCACerts writes a to dir in the cacerts layout. The key file is written
+// last so that a crash leaves a directory LoadOrCreate refuses, never a key
 // without its certificate chain. The caller must hold the directory's lock
 // (LockDir) across the read that decided to store and the store itself.
-func Store(dir string, a *Authority) error {
+func WriteCACerts(dir string, a *keymgr.Authority) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("keymgr: state directory: %w", err)
 	}
@@ -113,10 +114,10 @@ func Store(dir string, a *Authority) error {
 		data []byte
 		perm os.FileMode
 	}{
-		{FileRootCert, pemutil.EncodeCertificates(a.Roots...), 0o644},
-		{FileCertChain, pemutil.EncodeCertificates(chain...), 0o644},
-		{FileCACert, pemutil.EncodeCertificates(a.Cert), 0o644},
-		{FileCAKey, keyPEM, 0o600},
+		{keymgr.FileRootCert, pemutil.EncodeCertificates(a.Roots...), 0o644},
+		{keymgr.FileCertChain, pemutil.EncodeCertificates(chain...), 0o644},
+		{keymgr.FileCACert, pemutil.EncodeCertificates(a.Cert), 0o644},
+		{keymgr.FileCAKey, keyPEM, 0o600},
 	}
 	for _, w := range writes {
 		if err := atomicfile.WriteFile(filepath.Join(dir, w.name), w.data, w.perm); err != nil {

@@ -1,4 +1,9 @@
-package keymgr
+// Package dirstore keeps a CA state in a local directory (meshca serve
+// --state-dir): Store, a keymgr.StateStore with compare-and-swap under the
+// directory's lock (LockDir), which keeps Istio's cacerts layout in step
+// and migrates the single-root layout of LoadOrCreate in place; and
+// PluggedDir, a plugged-in CA directory as a read-only keymgr.StateStore.
+package dirstore
 
 import (
 	"bytes"
@@ -16,11 +21,12 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/internal/atomicfile"
+	"github.com/meshca/meshca/keymgr"
 )
 
 // FileState is the CA state document in a state directory; the keys sit
-// beside it, one file per KeyEntry.
-const FileState = EntryState
+// beside it, one file per keymgr.KeyEntry.
+const FileState = keymgr.EntryState
 
 // File modes in a state directory.
 const (
@@ -33,19 +39,19 @@ const (
 // do not fit together, as when a writer replaced state.json meanwhile.
 const loadAttempts = 4
 
-// DirStore is a StateStore on a local state directory (meshca serve
-// --state-dir). The directory holds the EncodeState entries as files
+// Store is a keymgr.StateStore on a local state directory (meshca serve
+// --state-dir). The directory holds the keymgr.EncodeState entries as files
 // (FileState, 0644, and the keys, 0600), every one written atomically, and
 // keeps Istio's cacerts layout (ca-cert.pem, ca-key.pem, cert-chain.pem,
 // root-cert.pem) in step with the active authority and the trust bundle,
-// for LoadCACerts, LoadOrCreate and older meshca versions.
+// for keymgr.LoadCACerts, LoadOrCreate and older meshca versions.
 //
-// The Version is the hex SHA-256 of FileState. A directory in the
-// single-root layout of LoadOrCreate, without FileState, loads as a State
-// of one active authority at the zero Version, so that the first Save
-// migrates it in place (see loadSingleRoot); an empty or missing directory
-// is ErrNoState.
-type DirStore struct {
+// The keymgr.Version is the hex SHA-256 of FileState. A directory in the
+// single-root layout of LoadOrCreate, without FileState, loads as a
+// keymgr.State of one active authority at the zero keymgr.Version, so that the
+// first Save migrates it in place (see loadSingleRoot); an empty or missing
+// directory is keymgr.ErrNoState.
+type Store struct {
 	Dir string
 	// LockTimeout bounds Save's wait for the directory's lock (LockDir)
 	// while another writer holds it; DefaultLockTimeout when zero or
@@ -65,7 +71,7 @@ type DirStore struct {
 // names it. So when a file Load needs is gone or does not match, a writer
 // may have moved on while Load read: Load starts over, a few times,
 // before it reports what it found.
-func (d DirStore) Load(ctx context.Context) (*State, Version, error) {
+func (d Store) Load(ctx context.Context) (*keymgr.State, keymgr.Version, error) {
 	var err error
 	for range loadAttempts {
 		if cerr := ctx.Err(); cerr != nil {
@@ -75,9 +81,9 @@ func (d DirStore) Load(ctx context.Context) (*State, Version, error) {
 		if doc, err = d.readState(); err != nil {
 			return nil, "", err
 		}
-		var s *State
-		var v Version
-		if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, ErrNoState) {
+		var s *keymgr.State
+		var v keymgr.Version
+		if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, keymgr.ErrNoState) {
 			return s, v, err
 		}
 	}
@@ -85,13 +91,13 @@ func (d DirStore) Load(ctx context.Context) (*State, Version, error) {
 }
 
 // readState returns FileState's content, or nil when there is none.
-func (d DirStore) readState() ([]byte, error) {
+func (d Store) readState() ([]byte, error) {
 	data, err := os.ReadFile(d.path(FileState))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, nil
 	case err != nil:
-		return nil, &FileError{Path: d.path(FileState), Err: errors.Unwrap(err)}
+		return nil, &keymgr.FileError{Path: d.path(FileState), Err: errors.Unwrap(err)}
 	case data == nil:
 		return []byte{}, nil
 	}
@@ -100,12 +106,12 @@ func (d DirStore) readState() ([]byte, error) {
 
 // loadFrom decodes the state whose document is doc (nil: none, so the
 // single-root layout or nothing).
-func (d DirStore) loadFrom(doc []byte) (*State, Version, error) {
+func (d Store) loadFrom(doc []byte) (*keymgr.State, keymgr.Version, error) {
 	if doc == nil {
 		s, err := d.loadSingleRoot()
 		return s, "", err
 	}
-	names, err := stateKeyEntries(doc)
+	names, err := keymgr.StateKeyEntries(doc)
 	if err != nil {
 		return nil, "", d.fileError(err)
 	}
@@ -114,13 +120,13 @@ func (d DirStore) loadFrom(doc []byte) (*State, Version, error) {
 		data, err := os.ReadFile(d.path(name))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			continue // DecodeState names the missing key
+			continue // keymgr.DecodeState names the missing key
 		case err != nil:
-			return nil, "", &FileError{Path: d.path(name), Err: errors.Unwrap(err)}
+			return nil, "", &keymgr.FileError{Path: d.path(name), Err: errors.Unwrap(err)}
 		}
 		entries[name] = data
 	}
-	s, err := DecodeState(entries)
+	s, err := keymgr.DecodeState(entries)
 	if err != nil {
 		return nil, "", d.fileError(err)
 	}
@@ -143,8 +149,8 @@ func (d DirStore) loadFrom(doc []byte) (*State, Version, error) {
 //
 // An error in steps 3 and 4 comes with the new Version: the state is
 // saved, and the error says so.
-func (d DirStore) Save(ctx context.Context, s *State, base Version) (v Version, err error) {
-	entries, err := EncodeState(s)
+func (d Store) Save(ctx context.Context, s *keymgr.State, base keymgr.Version) (v keymgr.Version, err error) {
+	entries, err := keymgr.EncodeState(s)
 	if err != nil {
 		return "", err
 	}
@@ -198,17 +204,17 @@ type saveStep struct {
 // plan checks, under the lock, that the directory still holds version
 // base, and returns the steps that store entries: the commit (the keys,
 // then FileState) and what follows it.
-func (d DirStore) plan(s *State, entries map[string][]byte, base Version) (commit, cleanup []saveStep, err error) {
+func (d Store) plan(s *keymgr.State, entries map[string][]byte, base keymgr.Version) (commit, cleanup []saveStep, err error) {
 	doc, err := d.readState()
 	if err != nil {
 		return nil, nil, err
 	}
-	current := Version("")
+	current := keymgr.Version("")
 	if doc != nil {
 		current = docVersion(doc)
 	}
 	if current != base {
-		return nil, nil, ErrConflict
+		return nil, nil, keymgr.ErrConflict
 	}
 	if doc == nil {
 		if err := d.checkSingleRootKept(s); err != nil {
@@ -229,7 +235,7 @@ func (d DirStore) plan(s *State, entries map[string][]byte, base Version) (commi
 }
 
 // writeStep writes data to name atomically, unless name already holds it.
-func (d DirStore) writeStep(name string, data []byte, mode os.FileMode) saveStep {
+func (d Store) writeStep(name string, data []byte, mode os.FileMode) saveStep {
 	return saveStep{name: "writing " + name, run: func() error {
 		p := d.path(name)
 		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data) {
@@ -243,7 +249,7 @@ func (d DirStore) writeStep(name string, data []byte, mode os.FileMode) saveStep
 }
 
 // removeStep removes name, if it exists.
-func (d DirStore) removeStep(name string) saveStep {
+func (d Store) removeStep(name string) saveStep {
 	return saveStep{name: "removing " + name, run: func() error {
 		if err := os.Remove(d.path(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -254,7 +260,7 @@ func (d DirStore) removeStep(name string) saveStep {
 
 // removeUnnamed removes every key file that is not one of entries and
 // every temporary file a cut-short atomic write left.
-func (d DirStore) removeUnnamed(entries map[string][]byte) error {
+func (d Store) removeUnnamed(entries map[string][]byte) error {
 	files, err := os.ReadDir(d.Dir)
 	if err != nil {
 		return err
@@ -264,7 +270,7 @@ func (d DirStore) removeUnnamed(entries map[string][]byte) error {
 		name := f.Name()
 		_, keep := entries[name]
 		temp := strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
-		if keep || !temp && !validKeyEntryName(name) {
+		if keep || !temp && !keymgr.IsKeyEntry(name) {
 			continue
 		}
 		if err := os.Remove(d.path(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -278,22 +284,22 @@ func (d DirStore) removeUnnamed(entries map[string][]byte) error {
 	return syncDir(d.Dir)
 }
 
-func (d DirStore) path(name string) string { return filepath.Join(d.Dir, name) }
+func (d Store) path(name string) string { return filepath.Join(d.Dir, name) }
 
-// fileError turns a DecodeState *EntryError into a *FileError naming the
-// file.
-func (d DirStore) fileError(err error) error {
-	var ee *EntryError
+// fileError turns a keymgr.DecodeState *keymgr.EntryError into a
+// *keymgr.FileError naming the file.
+func (d Store) fileError(err error) error {
+	var ee *keymgr.EntryError
 	if errors.As(err, &ee) {
-		return &FileError{Path: d.path(ee.Entry), Err: ee.Err}
+		return &keymgr.FileError{Path: d.path(ee.Entry), Err: ee.Err}
 	}
 	return err
 }
 
-// docVersion is the Version of a state directory whose FileState is doc.
-func docVersion(doc []byte) Version {
+// docVersion is the keymgr.Version of a state directory whose FileState is doc.
+func docVersion(doc []byte) keymgr.Version {
 	sum := sha256.Sum256(doc)
-	return Version(hex.EncodeToString(sum[:]))
+	return keymgr.Version(hex.EncodeToString(sum[:]))
 }
 
 func syncDir(dir string) error {
@@ -310,17 +316,17 @@ func syncDir(dir string) error {
 // authorities destroyed, temporary files removed. It saves the stored
 // state on its own version, which writes only what differs; with nothing
 // stored it does nothing.
-func (d DirStore) Tidy(ctx context.Context) error {
+func (d Store) Tidy(ctx context.Context) error {
 	s, v, err := d.Load(ctx)
 	switch {
-	case errors.Is(err, ErrNoState):
+	case errors.Is(err, keymgr.ErrNoState):
 		return nil
 	case err != nil:
 		return err
 	case v == "":
 		return nil // the single-root layout: migrating it is the server's job
 	}
-	if _, err := d.Save(ctx, s, v); err != nil && !errors.Is(err, ErrConflict) {
+	if _, err := d.Save(ctx, s, v); err != nil && !errors.Is(err, keymgr.ErrConflict) {
 		return err
 	}
 	return nil

@@ -1,4 +1,4 @@
-package keymgr_test
+package dirstore_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 	"github.com/meshca/meshca/keymgr/storetest"
 )
 
@@ -98,13 +99,13 @@ func requireFileError(t *testing.T, err error, dir string) {
 	}
 }
 
-// FuzzDirStoreLoad feeds a state directory (meshca serve --state-dir)
+// FuzzLoad feeds a state directory (meshca serve --state-dir)
 // what anyone who can write to it could leave there: any state.json and
-// any two key files, through DirStore.Load, the loader serve and
+// any two key files, through dirstore.Store.Load, the loader serve and
 // `meshca root` use. It must never panic; a refusal is a *FileError naming
 // a file of the directory; a state it loads carries the Version of its
 // state.json, encodes, and decodes again to itself.
-func FuzzDirStoreLoad(f *testing.F) {
+func FuzzLoad(f *testing.F) {
 	s := fuzzState(f)
 	entries, err := keymgr.EncodeState(s)
 	if err != nil {
@@ -113,7 +114,7 @@ func FuzzDirStoreLoad(f *testing.F) {
 	if len(entries) != 3 {
 		f.Fatalf("the seed state has %d entries, want state.json and 2 keys", len(entries))
 	}
-	doc := entries[keymgr.FileState]
+	doc := entries[dirstore.FileState]
 	prevKey, activeKey := keymgr.KeyEntry(s.Authorities[1].Cert), keymgr.KeyEntry(s.Authorities[2].Cert)
 	f.Add(doc, prevKey, entries[prevKey], activeKey, entries[activeKey])
 	f.Add(doc, prevKey, entries[prevKey], "", []byte(nil)) // a key missing
@@ -122,9 +123,9 @@ func FuzzDirStoreLoad(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(oneEntries[keymgr.FileState], activeKey, entries[activeKey], "", []byte(nil))
-	f.Add(oneEntries[keymgr.FileState], activeKey, entries[activeKey], "key-0123456789abcdef.pem", entries[prevKey]) // a stray key file
-	f.Add(oneEntries[keymgr.FileState], activeKey, entries[prevKey], "", []byte(nil))                                // the wrong key
+	f.Add(oneEntries[dirstore.FileState], activeKey, entries[activeKey], "", []byte(nil))
+	f.Add(oneEntries[dirstore.FileState], activeKey, entries[activeKey], "key-0123456789abcdef.pem", entries[prevKey]) // a stray key file
+	f.Add(oneEntries[dirstore.FileState], activeKey, entries[prevKey], "", []byte(nil))                                // the wrong key
 	f.Add([]byte(`{"format":1,"sequence":0,"authorities":[]}`), "", []byte(nil), "", []byte(nil))
 	f.Add([]byte(`{"format":2,"sequence":1,"authorities":[]}`), "", []byte(nil), "", []byte(nil))
 	f.Add([]byte(`{"format":1,"authorities":[{"id":"x","phase":"active","root":"","cert":"","key":"../ca-key.pem","history":[]}]}`), "ca-key.pem", entries[activeKey], "", []byte(nil))
@@ -132,16 +133,16 @@ func FuzzDirStoreLoad(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, doc []byte, name1 string, key1 []byte, name2 string, key2 []byte) {
 		dir := t.TempDir()
-		fuzzWrite(t, dir, keymgr.FileState, doc)
+		fuzzWrite(t, dir, dirstore.FileState, doc)
 		for _, k := range []struct {
 			name string
 			data []byte
 		}{{name1, key1}, {name2, key2}} {
-			if k.name != keymgr.FileState && fuzzFileName(k.name) {
+			if k.name != dirstore.FileState && fuzzFileName(k.name) {
 				fuzzWrite(t, dir, k.name, k.data)
 			}
 		}
-		s, v, err := keymgr.DirStore{Dir: dir}.Load(context.Background())
+		s, v, err := dirstore.Store{Dir: dir}.Load(context.Background())
 		if err != nil {
 			if s != nil || v != "" {
 				t.Fatalf("Load returned a state or version along with %v", err)
@@ -162,10 +163,10 @@ func FuzzDirStoreLoad(f *testing.F) {
 // layout) any certificate, key, chain and roots files, through
 // LoadCACerts; and, in the cacerts layout, a state directory holding
 // them without state.json (the single-root layout meshca once wrote)
-// through DirStore.Load, which migrates it. Neither may panic, and each
+// through dirstore.Store.Load, which migrates it. Neither may panic, and each
 // refusal is a *FileError naming a file of the directory. An authority
 // LoadCACerts returns validates at the time it was loaded for. A state
-// DirStore makes of the files validates, has one active authority signing
+// dirstore.Store makes of the files validates, has one active authority signing
 // with ca-cert.pem's certificate and the key that matches it, and encodes
 // and decodes again to itself.
 func FuzzLoadCACerts(f *testing.F) {
@@ -183,7 +184,8 @@ func FuzzLoadCACerts(f *testing.F) {
 	enc := pemutil.EncodeCertificates
 	// The layout LoadOrCreate wrote: a root that signs.
 	f.Add(false, enc(root.Cert), key(root), enc(root.Cert), enc(root.Cert))
-	// Istio's plugged-in CA: cert-chain.pem from the signing cert to the root.
+	// Istio's plugged-in CA: cert-chain.pem from the signing cert to the
+	// root.
 	f.Add(false, enc(inter.Cert), key(inter), enc(inter.Cert, root.Cert), enc(root.Cert))
 	// Two intermediates, two roots in the bundle during a rotation.
 	f.Add(false, enc(leafCA.Cert), key(leafCA), enc(leafCA.Cert, inter.Cert), enc(root.Cert, next.Cert))
@@ -217,7 +219,7 @@ func FuzzLoadCACerts(f *testing.F) {
 		if tlsLayout {
 			return
 		}
-		s, v, err := keymgr.DirStore{Dir: dir}.Load(context.Background())
+		s, v, err := dirstore.Store{Dir: dir}.Load(context.Background())
 		if err != nil {
 			requireFileError(t, err, dir)
 			return
@@ -232,7 +234,7 @@ func FuzzLoadCACerts(f *testing.F) {
 		certs, err := pemutil.ParseCertificates(cert)
 		switch {
 		case err != nil:
-			t.Fatalf("DirStore loaded a ca-cert.pem that does not parse: %v", err)
+			t.Fatalf("dirstore.Store loaded a ca-cert.pem that does not parse: %v", err)
 		case active == nil || active.Key == nil:
 			t.Fatal("the migrated state has no active authority with a key")
 		case !active.Cert.Equal(certs[0]):

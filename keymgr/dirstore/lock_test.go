@@ -1,4 +1,4 @@
-package keymgr_test
+package dirstore_test
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/dirstore"
 )
 
 // The environment that turns this test binary into a helper process for
@@ -48,13 +49,13 @@ func TestHelperProcess(t *testing.T) {
 	}
 	switch mode {
 	case modeLoad:
-		a, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{})
+		a, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{})
 		if err != nil {
 			helperExit(err)
 		}
 		fmt.Println(fingerprint(a.Cert.Raw))
 	case modeHold:
-		unlock, err := keymgr.LockDir(context.Background(), dir)
+		unlock, err := dirstore.LockDir(context.Background(), dir)
 		if err != nil {
 			helperExit(err)
 		}
@@ -165,7 +166,7 @@ func TestLoadOrCreateConcurrent(t *testing.T) {
 			for i := range tt.goroutines {
 				wg.Go(func() {
 					<-begin
-					a, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{})
+					a, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{})
 					if err != nil {
 						errs[i] = err
 						return
@@ -225,7 +226,7 @@ func loadState(t *testing.T, dir string) *keymgr.Authority {
 type holder func(t *testing.T, dir string) (release func())
 
 func holdInProcess(t *testing.T, dir string) func() {
-	unlock, err := keymgr.LockDir(context.Background(), dir)
+	unlock, err := dirstore.LockDir(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,16 +265,16 @@ func TestLockDirContextEnds(t *testing.T) {
 			if tt.hold != nil {
 				release = tt.hold(t, dir)
 			}
-			// start before the context's clock, so that the wait measured
-			// is never shorter than the context's.
+			// start before the context's clock, so that the wait
+			// measured is never shorter than the context's.
 			start := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			if tt.canceled {
 				cancel()
 			}
-			unlock, err := keymgr.LockDir(ctx, dir)
-			var le *keymgr.LockedError
+			unlock, err := dirstore.LockDir(ctx, dir)
+			var le *dirstore.LockedError
 			switch {
 			case err == nil:
 				_ = unlock()
@@ -288,7 +289,7 @@ func TestLockDirContextEnds(t *testing.T) {
 			release()
 			ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			unlock, err = keymgr.LockDir(ctx, dir)
+			unlock, err = dirstore.LockDir(ctx, dir)
 			if err != nil {
 				t.Fatalf("after release: %v", err)
 			}
@@ -301,11 +302,11 @@ func TestLockDirContextEnds(t *testing.T) {
 
 func TestLockDir(t *testing.T) {
 	dir := t.TempDir()
-	unlock, err := keymgr.LockDir(context.Background(), dir)
+	unlock, err := dirstore.LockDir(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi, err := os.Stat(filepath.Join(dir, keymgr.FileLock))
+	fi, err := os.Stat(filepath.Join(dir, dirstore.FileLock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,10 +318,10 @@ func TestLockDir(t *testing.T) {
 			t.Fatalf("unlock: %v", err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, keymgr.FileLock)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, dirstore.FileLock)); err != nil {
 		t.Errorf("the lock file must stay after unlock: %v", err)
 	}
-	if _, err := keymgr.LockDir(context.Background(), filepath.Join(dir, "missing")); err == nil {
+	if _, err := dirstore.LockDir(context.Background(), filepath.Join(dir, "missing")); err == nil {
 		t.Error("LockDir must not create a missing directory")
 	}
 }
@@ -351,11 +352,11 @@ func TestLoadOrCreateWaitsForLock(t *testing.T) {
 				defer timer.Stop()
 			}
 			start := time.Now()
-			_, created, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{LockTimeout: tt.timeout})
+			_, created, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{LockTimeout: tt.timeout})
 			if tt.release == 0 {
 				release()
 			}
-			var le *keymgr.LockedError
+			var le *dirstore.LockedError
 			switch {
 			case tt.wantErr && !errors.As(err, &le):
 				t.Fatalf("err = %v, want a LockedError", err)
@@ -374,7 +375,7 @@ func TestLoadOrCreateWaitsForLock(t *testing.T) {
 
 func TestLoadOrCreateModes(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	if _, _, err := keymgr.LoadOrCreate(dir, keymgr.StateOptions{}); err != nil {
+	if _, _, err := dirstore.LoadOrCreate(dir, dirstore.StateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -382,7 +383,7 @@ func TestLoadOrCreateModes(t *testing.T) {
 		want os.FileMode
 	}{
 		{".", 0o700},
-		{keymgr.FileLock, 0o600},
+		{dirstore.FileLock, 0o600},
 		{keymgr.FileCAKey, 0o600},
 		{keymgr.FileCACert, 0o644},
 		{keymgr.FileRootCert, 0o644},

@@ -1,6 +1,6 @@
 //go:build linux || darwin || freebsd || netbsd || openbsd || dragonfly
 
-package keymgr
+package dirstore
 
 import (
 	"errors"
