@@ -16,7 +16,7 @@ import (
 const DefaultAutoRotateInterval = 30 * time.Second
 
 // AutoRotator takes the steps of a rotation on its own for the
-// authorities meshca generated, each as soon as State.Due says it is due:
+// authorities meshca generated, each as soon as View.Due says it is due:
 // prepare when PrepareAt of the active root's lifetime is left, activate
 // and retire as soon as their guards allow. It takes them through Update,
 // so replicas sharing a store never take a step twice: whoever loses the
@@ -57,12 +57,12 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 	if r.Dependents != nil {
 		g.Dependents = r.Dependents(ctx)
 	}
-	if _, due := s.Due(now, g, r.Policy); !due {
+	if _, due := s.View().Due(now, g, r.Policy); !due {
 		return Step{}, false, nil
 	}
 	var taken Step
 	_, err = Update(ctx, r.Store, func(s *State) error {
-		step, due := s.Due(now, g, r.Policy)
+		step, due := s.View().Due(now, g, r.Policy)
 		if !due {
 			return errNotDue
 		}

@@ -76,7 +76,7 @@ func (d *Dependent) retireHold(s *State, rec *AuthorityRecord, now time.Time) st
 	}
 	var after []*x509.Certificate
 	for _, r := range s.Bundle() {
-		if !r.Equal(rec.Root) || s.rootKeptBy(rec) {
+		if !r.Equal(rec.Root) || s.View().rootKeptBy(rec) {
 			after = append(after, r)
 		}
 	}
@@ -95,8 +95,8 @@ func (d *Dependent) retireHold(s *State, rec *AuthorityRecord, now time.Time) st
 
 // rootKeptBy reports whether another authority of s, not retired, keeps
 // rec's root in the bundle.
-func (s *State) rootKeptBy(rec *AuthorityRecord) bool {
-	for _, a := range s.Authorities {
+func (v View) rootKeptBy(rec *AuthorityRecord) bool {
+	for _, a := range v.State.Authorities {
 		if a != rec && a.Phase != PhaseRetired && a.Root.Equal(rec.Root) {
 			return true
 		}

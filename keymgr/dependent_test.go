@@ -67,10 +67,10 @@ func TestDependentActivate(t *testing.T) {
 			if errors.As(err, &ge) && tt.dep.RenewAt.After(at) && !ge.SafeAt.Equal(tt.dep.RenewAt) {
 				t.Errorf("SafeAt %v, want the renewal %v", ge.SafeAt, tt.dep.RenewAt)
 			}
-			if step, due := s.Due(at, g, keymgr.AutoPolicy{}); due != (tt.want == "") {
+			if step, due := s.View().Due(at, g, keymgr.AutoPolicy{}); due != (tt.want == "") {
 				t.Errorf("Due = %+v, %v; automatic rotation must wait as the CLI does", step, due)
 			}
-			if step := s.NextStep(at, g); tt.want != "" && !strings.Contains(step.Why, istiodName) {
+			if step := s.View().NextStep(at, g); tt.want != "" && !strings.Contains(step.Why, istiodName) {
 				t.Errorf("NextStep's why %q does not name what holds it", step.Why)
 			}
 			// --force overrides it, as every guard.

@@ -45,7 +45,7 @@ func (e *ExternalTrust) Use(s *State, _ time.Time) error {
 		return errors.New("keymgr: the CA state has no active authority")
 	}
 	roots := s.Bundle()
-	e.cur.Store(&externalState{state: s.Clone(), bundle: x509bundle.FromX509Authorities(e.td, roots), retired: s.RetiredIssuers()})
+	e.cur.Store(&externalState{state: s.Clone(), bundle: x509bundle.FromX509Authorities(e.td, roots), retired: s.View().RetiredIssuers()})
 	return nil
 }
 
@@ -61,7 +61,7 @@ func (e *ExternalTrust) Signing() *x509.Certificate {
 }
 
 // RetiredIssuer reports whether c signs for a retired authority of the
-// state in use (see State.RetiredIssuers).
+// state in use (see View.RetiredIssuers).
 func (e *ExternalTrust) RetiredIssuer(c *x509.Certificate) bool {
 	cur := e.cur.Load()
 	return cur != nil && containsCert(cur.retired, c)
@@ -119,9 +119,10 @@ func (e *ExternalTrust) Judge(leaf *x509.Certificate, intermediates []*x509.Cert
 	case rec.Phase == PhaseRetired:
 		return nil, fmt.Errorf("keymgr: the backend signed under retired authority %.16s, which workloads no longer trust", rec.ID())
 	case rec.Phase == PhasePrepared:
-		if at := c.state.activationSafeAt(rec, e.guards); now.Before(at) {
+		r := rules{c.state, e.guards}
+		if at := r.activationSafeAt(rec); now.Before(at) {
 			return nil, &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: at, Now: now,
-				Reason: "the backend already signs under this prepared authority; " + c.state.activationWhy(rec, e.guards)}
+				Reason: "the backend already signs under this prepared authority; " + r.activationWhy(rec)}
 		}
 	}
 	// The backend bounds a leaf by the chain it believes in (a reissued

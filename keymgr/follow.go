@@ -113,9 +113,9 @@ func notBehind(s, cur *State, anyLineage bool) error {
 	if cur == nil {
 		return nil
 	}
-	if l := cur.Lineage(); !anyLineage && l != "" && s.Lineage() != l {
+	if l := cur.View().Lineage(); !anyLineage && l != "" && s.View().Lineage() != l {
 		return fmt.Errorf("it is another CA state (lineage %.16s, the one in service %.16s), made anew rather than from this one's history; "+
-			"if it is meant, restart the servers on it", s.Lineage(), l)
+			"if it is meant, restart the servers on it", s.View().Lineage(), l)
 	}
 	if s.Sequence < cur.Sequence {
 		return fmt.Errorf("its bundle sequence %d is below %d; if it is meant, restart the servers on it", s.Sequence, cur.Sequence)

@@ -89,7 +89,7 @@ func TestFollowerRefusesOlderState(t *testing.T) {
 			want: fmt.Sprintf("bundle sequence %d is below %d", beforeRetire.Sequence, cur.Sequence)},
 		{name: "deleted and bootstrapped anew", state: bootstrapped, want: "it is another CA state"},
 		{name: "another lineage further along", state: further,
-			want: "it is another CA state (lineage " + fmt.Sprintf("%.16s", further.Lineage())},
+			want: "it is another CA state (lineage " + fmt.Sprintf("%.16s", further.View().Lineage())},
 		{name: "retired authority back at the same sequence", state: unretired,
 			want: fmt.Sprintf("holds authority %.16s as previous, which was retired at 2030-01-02T00:00:00Z", a.ID())},
 		{name: "a leaf recorded", state: recorded},

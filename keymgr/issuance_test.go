@@ -174,7 +174,7 @@ func TestIssuanceLogRefusesRetired(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec, _ := got.Lookup(retired.ID()); !rec.LatestLeafNotAfter.Equal(retired.LatestLeafNotAfter) {
+	if rec, _ := got.View().Lookup(retired.ID()); !rec.LatestLeafNotAfter.Equal(retired.LatestLeafNotAfter) {
 		t.Fatalf("the retired authority's record changed: %v", rec.LatestLeafNotAfter)
 	}
 }

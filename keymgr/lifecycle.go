@@ -164,8 +164,9 @@ func (s *State) Activate(id string, now time.Time, g Guards, force bool, reason 
 	if why := validityAt(rec, now); why != "" {
 		return &StateError{Verb: VerbActivate, ID: rec.ID(), Reason: why}
 	}
-	if safeAt := s.activationSafeAt(rec, g); !force && now.Before(safeAt) {
-		return &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.activationWhy(rec, g)}
+	r := rules{s, g}
+	if safeAt := r.activationSafeAt(rec); !force && now.Before(safeAt) {
+		return &GuardError{Verb: VerbActivate, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: r.activationWhy(rec)}
 	}
 	if d, why := g.dependentsHold(s, VerbActivate, rec, now); !force && d != nil {
 		return dependentError(VerbActivate, rec, d, why, now)
@@ -202,7 +203,7 @@ func (s *State) Retire(id string, now time.Time, g Guards, force bool, reason st
 		return err
 	}
 	if safeAt := retireSafeAt(rec, g); !force && now.Before(safeAt) {
-		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: s.retireWhy(rec, g)}
+		return &GuardError{Verb: VerbRetire, ID: rec.ID(), SafeAt: safeAt, Now: now, Reason: rules{s, g}.retireWhy(rec)}
 	}
 	if d, why := g.dependentsHold(s, VerbRetire, rec, now); !force && d != nil {
 		return dependentError(VerbRetire, rec, d, why, now)
@@ -223,12 +224,12 @@ func retireSafeAt(rec *AuthorityRecord, g Guards) time.Time {
 	return rec.LatestLeafNotAfter.Add(g.margin())
 }
 
-func (s *State) retireWhy(rec *AuthorityRecord, g Guards) string {
+func (r rules) retireWhy(rec *AuthorityRecord) string {
 	until := ceilSecond(rec.LatestLeafNotAfter).UTC().Format(time.RFC3339)
-	if m := g.margin(); m > 0 {
+	if m := r.g.margin(); m > 0 {
 		until += fmt.Sprintf(" (and %s more for clocks that disagree)", m)
 	}
-	for _, a := range s.Authorities {
+	for _, a := range r.s.Authorities {
 		if a != rec && a.Phase != PhaseRetired && a.Root.Equal(rec.Root) {
 			return fmt.Sprintf("leaves issued under it can be valid until %s, and retiring it stops them renewing by mTLS "+
 				"(its root stays: authority %.16s signs under it)", until, a.ID())
@@ -240,25 +241,25 @@ func (s *State) retireWhy(rec *AuthorityRecord, g Guards) string {
 // activationSafeAt is when the prepared authority rec may become active:
 // when its root entered the bundle, plus half the longest leaf lifetime
 // issued under an authority whose leaves may still be live (the active one
-// and every previous one), plus g.Margin. An intermediate under a root
+// and every previous one), plus r.g.Margin. An intermediate under a root
 // that is served already waits only as long as that root has not been.
-func (s *State) activationSafeAt(rec *AuthorityRecord, g Guards) time.Time {
-	return s.rootServedSince(rec.Root).Add(s.liveLeafTTL()/2 + g.margin())
+func (r rules) activationSafeAt(rec *AuthorityRecord) time.Time {
+	return r.rootServedSince(rec.Root).Add(r.liveLeafTTL()/2 + r.g.margin())
 }
 
-func (s *State) activationWhy(rec *AuthorityRecord, g Guards) string {
+func (r rules) activationWhy(rec *AuthorityRecord) string {
 	return fmt.Sprintf("its root entered the bundle at %s and workloads learn it only when they renew, at half their leaf's life: "+
 		"it must be served for half the longest leaf lifetime (%s) plus a margin (%s)",
-		s.rootServedSince(rec.Root).UTC().Format(time.RFC3339), s.liveLeafTTL(), g.margin())
+		r.rootServedSince(rec.Root).UTC().Format(time.RFC3339), r.liveLeafTTL(), r.g.margin())
 }
 
 // rootServedSince is when root entered the trust bundle to stay: the
 // earliest time an authority of s that still keeps it there (prepared,
 // active or previous) was prepared. Each of them has kept the root in the
 // bundle since it was.
-func (s *State) rootServedSince(root *x509.Certificate) time.Time {
+func (r rules) rootServedSince(root *x509.Certificate) time.Time {
 	var since time.Time
-	for _, a := range s.Authorities {
+	for _, a := range r.s.Authorities {
 		if a.Phase == PhaseRetired || !a.Root.Equal(root) || len(a.History) == 0 {
 			continue
 		}
@@ -272,9 +273,9 @@ func (s *State) rootServedSince(root *x509.Certificate) time.Time {
 // liveLeafTTL is the longest leaf lifetime issued under the active
 // authority or a previous one: workloads holding such leaves renew, and
 // learn a new root, only half that long after their leaf was issued.
-func (s *State) liveLeafTTL() time.Duration {
+func (r rules) liveLeafTTL() time.Duration {
 	var ttl time.Duration
-	for _, a := range s.Authorities {
+	for _, a := range r.s.Authorities {
 		if a.Phase == PhaseActive || a.Phase == PhasePrevious {
 			ttl = max(ttl, a.LongestLeafTTL)
 		}

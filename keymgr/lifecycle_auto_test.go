@@ -93,7 +93,7 @@ func TestDue(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, rec := tt.setup(t)
 			now := tt.now(s.Active())
-			st, due := s.Due(now, g, tt.p)
+			st, due := s.View().Due(now, g, tt.p)
 			if due != (tt.verb != "") || st.Verb != tt.verb {
 				t.Fatalf("Due = %q %v (%s), want %q", st.Verb, due, st.Why, tt.verb)
 			}
@@ -172,7 +172,7 @@ func TestAutoRotationKeepsEveryHandshake(t *testing.T) {
 	checks := 0
 	for now := lcT0; now.Before(lcT0.Add(duration)); now = now.Add(tick) {
 		for {
-			st, due := s.Due(now, g, keymgr.AutoPolicy{})
+			st, due := s.View().Due(now, g, keymgr.AutoPolicy{})
 			if !due {
 				break
 			}

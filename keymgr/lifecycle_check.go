@@ -39,7 +39,7 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its signing key is that of authority %.16s (%s): renew with a new key, "+
 			"or retiring one would destroy nothing and stop no leaf", a.ID(), a.Phase)}
 	}
-	if at, retired := s.rootRetiredAt(rec.Root); retired {
+	if at, retired := s.View().rootRetiredAt(rec.Root); retired {
 		return &StateError{Verb: verb, ID: id, Reason: fmt.Sprintf("its root was retired at %s and a retired root is not trusted again: prepare a new root",
 			at.UTC().Format(time.RFC3339))}
 	}
@@ -49,8 +49,8 @@ func (s *State) checkNew(verb string, rec *AuthorityRecord, now time.Time) error
 // rootRetiredAt reports whether root, or another root with its key, left
 // the trust bundle: authorities of s have it, and all of them are retired;
 // at is when the last one was.
-func (s *State) rootRetiredAt(root *x509.Certificate) (at time.Time, retired bool) {
-	for _, a := range s.Authorities {
+func (v View) rootRetiredAt(root *x509.Certificate) (at time.Time, retired bool) {
+	for _, a := range v.State.Authorities {
 		if !a.Root.Equal(root) && !csr.SamePublicKey(a.Root.PublicKey, root.PublicKey) {
 			continue
 		}

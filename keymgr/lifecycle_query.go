@@ -62,11 +62,11 @@ func (s *State) Active() *AuthorityRecord {
 
 // Lookup returns the authority whose id is idOrPrefix, or starts with it:
 // at least MinIDPrefix hex digits that only one id starts with.
-func (s *State) Lookup(idOrPrefix string) (*AuthorityRecord, error) {
-	return s.lookup(verbLookup, idOrPrefix)
+func (v View) Lookup(idOrPrefix string) (*AuthorityRecord, error) {
+	return v.lookup(verbLookup, idOrPrefix)
 }
 
-func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
+func (v View) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 	p := strings.ToLower(strings.TrimSpace(idOrPrefix))
 	switch {
 	case len(p) < MinIDPrefix:
@@ -75,7 +75,7 @@ func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "an id is hex digits (the SHA-256 fingerprint of the authority's signing certificate)"}
 	}
 	var found *AuthorityRecord
-	for _, a := range s.Authorities {
+	for _, a := range v.State.Authorities {
 		if !strings.HasPrefix(a.ID(), p) {
 			continue
 		}
@@ -85,7 +85,7 @@ func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 		found = a
 	}
 	if found == nil {
-		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "no authority has this id" + s.rootHint(p)}
+		return nil, &StateError{Verb: verb, ID: idOrPrefix, Reason: "no authority has this id" + v.rootHint(p)}
 	}
 	return found, nil
 }
@@ -93,9 +93,9 @@ func (s *State) lookup(verb, idOrPrefix string) (*AuthorityRecord, error) {
 // rootHint names the authorities under a root whose fingerprint starts
 // with p, for one who gave a root's id (the id of an authority signing
 // with an intermediate is the intermediate's fingerprint).
-func (s *State) rootHint(p string) string {
+func (v View) rootHint(p string) string {
 	var ids []string
-	for _, a := range s.Authorities {
+	for _, a := range v.State.Authorities {
 		if strings.HasPrefix(a.RootID(), p) {
 			ids = append(ids, fmt.Sprintf("%.16s", a.ID()))
 		}
@@ -108,7 +108,7 @@ func (s *State) rootHint(p string) string {
 
 // find is lookup for a step that applies only to an authority in phase.
 func (s *State) find(verb, idOrPrefix string, phase Phase) (*AuthorityRecord, error) {
-	a, err := s.lookup(verb, idOrPrefix)
+	a, err := s.View().lookup(verb, idOrPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -137,10 +137,10 @@ func (s *State) Bundle() []*x509.Certificate {
 // authorities whose roots are still trusted (another authority shares
 // them): a leaf such a certificate issued still chains to the bundle, and
 // only this list tells it from a leaf of a live authority.
-func (s *State) RetiredIssuers() []*x509.Certificate {
-	trusted := s.Bundle()
+func (v View) RetiredIssuers() []*x509.Certificate {
+	trusted := v.State.Bundle()
 	var out []*x509.Certificate
-	for _, a := range s.Authorities {
+	for _, a := range v.State.Authorities {
 		if a.Phase == PhaseRetired && containsCert(trusted, a.Root) && !containsCert(out, a.Cert) {
 			out = append(out, a.Cert)
 		}
@@ -151,8 +151,8 @@ func (s *State) RetiredIssuers() []*x509.Certificate {
 // InUseBy returns an authority of s other than rec, not retired, whose
 // signing path (its root, signing certificate or chain) holds c or c's
 // key, or nil: what retiring rec must leave in its backend.
-func (s *State) InUseBy(rec *AuthorityRecord, c *x509.Certificate) *AuthorityRecord {
-	for _, a := range s.Authorities {
+func (v View) InUseBy(rec *AuthorityRecord, c *x509.Certificate) *AuthorityRecord {
+	for _, a := range v.State.Authorities {
 		if a.ID() == rec.ID() || a.Phase == PhaseRetired {
 			continue
 		}
@@ -204,14 +204,14 @@ func (s *State) RecordPrior(id string, ttl time.Duration, now time.Time) bool {
 // an operator: activate the oldest prepared authority, else retire the
 // oldest previous one, else prepare the next authority when automatic
 // rotation would (DefaultPrepareAt of the active one's lifetime left).
-func (s *State) NextStep(now time.Time, g Guards) Step {
-	if a := s.first(PhasePrepared); a != nil {
-		return s.heldBy(Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, a, now, g)
+func (v View) NextStep(now time.Time, g Guards) Step {
+	if a := v.State.first(PhasePrepared); a != nil {
+		return v.heldBy(Step{Verb: VerbActivate, ID: a.ID(), SafeAt: rules{v.State, g}.activationSafeAt(a), Why: rules{v.State, g}.activationWhy(a)}, a, now, g)
 	}
-	if a := s.first(PhasePrevious); a != nil {
-		return s.heldBy(s.retireStep(a, now, g), a, now, g)
+	if a := v.State.first(PhasePrevious); a != nil {
+		return v.heldBy(v.retireStep(a, now, g), a, now, g)
 	}
-	a := s.Active()
+	a := v.State.Active()
 	if a == nil {
 		return Step{Why: "the state has no authority yet: the server bootstraps one on its first start"}
 	}
@@ -228,11 +228,11 @@ func (s *State) NextStep(now time.Time, g Guards) Step {
 // heldBy is st, a step on rec whose time has come at now, as a
 // dependent of g holds it back: its SafeAt and Why are the dependent's.
 // A step whose time has not come, or that no dependent holds, is st.
-func (s *State) heldBy(st Step, rec *AuthorityRecord, now time.Time, g Guards) Step {
+func (v View) heldBy(st Step, rec *AuthorityRecord, now time.Time, g Guards) Step {
 	if now.Before(st.SafeAt) {
 		return st
 	}
-	d, why := g.dependentsHold(s, st.Verb, rec, now)
+	d, why := g.dependentsHold(v.State, st.Verb, rec, now)
 	if d == nil {
 		return st
 	}
@@ -250,14 +250,14 @@ func (s *State) heldBy(st Step, rec *AuthorityRecord, now time.Time, g Guards) S
 // retire a generated previous one as soon as its guard allows; prepare a new one when the active one is
 // generated, nothing is prepared, and no more than p.PrepareAt of its
 // lifetime is left.
-func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
+func (v View) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 	prepared := false
-	for _, a := range s.Authorities {
+	for _, a := range v.State.Authorities {
 		switch {
-		case a.Phase == PhasePrepared && a.Generated && !now.Before(s.activationSafeAt(a, g)) && s.unheld(VerbActivate, a, now, g):
-			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: s.activationSafeAt(a, g), Why: s.activationWhy(a, g)}, true
-		case a.Phase == PhasePrevious && a.Generated && !now.Before(retireSafeAt(a, g)) && s.unheld(VerbRetire, a, now, g):
-			return s.retireStep(a, now, g), true
+		case a.Phase == PhasePrepared && a.Generated && !now.Before(rules{v.State, g}.activationSafeAt(a)) && v.unheld(VerbActivate, a, now, g):
+			return Step{Verb: VerbActivate, ID: a.ID(), SafeAt: rules{v.State, g}.activationSafeAt(a), Why: rules{v.State, g}.activationWhy(a)}, true
+		case a.Phase == PhasePrevious && a.Generated && !now.Before(retireSafeAt(a, g)) && v.unheld(VerbRetire, a, now, g):
+			return v.retireStep(a, now, g), true
 		case a.Phase == PhasePrepared:
 			prepared = true
 		case a.Phase == PhasePrevious && a.Generated:
@@ -267,7 +267,7 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 			prepared = true
 		}
 	}
-	a := s.Active()
+	a := v.State.Active()
 	if a == nil || !a.Generated || prepared {
 		return Step{}, false
 	}
@@ -278,8 +278,8 @@ func (s *State) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 }
 
 // unheld reports whether no dependent of g holds verb on a back.
-func (s *State) unheld(verb string, a *AuthorityRecord, now time.Time, g Guards) bool {
-	d, _ := g.dependentsHold(s, verb, a, now)
+func (v View) unheld(verb string, a *AuthorityRecord, now time.Time, g Guards) bool {
+	d, _ := g.dependentsHold(v.State, verb, a, now)
 	return d == nil
 }
 
@@ -292,7 +292,7 @@ func (s *State) first(phase Phase) *AuthorityRecord {
 	return nil
 }
 
-func (s *State) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
+func (v View) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
 	safeAt := retireSafeAt(a, g)
 	var why string
 	switch {
@@ -301,7 +301,7 @@ func (s *State) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
 	case !now.Before(safeAt):
 		why = "every leaf issued under it has expired"
 	default:
-		why = s.retireWhy(a, g)
+		why = rules{v.State, g}.retireWhy(a)
 	}
 	return Step{Verb: VerbRetire, ID: a.ID(), SafeAt: safeAt, Why: why}
 }

@@ -62,7 +62,7 @@ func TestLookup(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := s.Lookup(tt.id)
+			got, err := s.View().Lookup(tt.id)
 			lcCheckErr(t, err, false, tt.err)
 			if got != tt.want {
 				t.Fatalf("Lookup(%q) = %v, want %v", tt.id, got, tt.want)
@@ -159,7 +159,7 @@ func TestNextStep(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, rec := tt.setup(t)
-			got := s.NextStep(tt.now, keymgr.DefaultGuards())
+			got := s.View().NextStep(tt.now, keymgr.DefaultGuards())
 			var wantID string
 			if rec != nil && tt.verb != keymgr.VerbPrepare {
 				wantID = rec.ID()
@@ -194,13 +194,13 @@ func TestNextStepSafeAt(t *testing.T) {
 	var steps []string
 	for len(steps) < 9 {
 		issue(now)
-		st := s.NextStep(now, g)
+		st := s.View().NextStep(now, g)
 		if st.SafeAt.After(now) {
 			now = st.SafeAt
 		}
 		issue(now)
 		// Issuing at the new now may move a guard: ask again.
-		if st = s.NextStep(now, g); st.SafeAt.After(now) {
+		if st = s.View().NextStep(now, g); st.SafeAt.After(now) {
 			t.Fatalf("%s became safe later after issuing: %s", st.Verb, st.SafeAt)
 		}
 		seq := s.Sequence

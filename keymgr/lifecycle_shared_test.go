@@ -57,7 +57,7 @@ func TestIntermediateRenewal(t *testing.T) {
 		t.Fatal("two intermediates under one root must have their own ids and share the root's")
 	}
 	lcBundleIs(t, s, root.Cert)
-	if st := s.NextStep(h(20*time.Hour), keymgr.DefaultGuards()); st.Verb != keymgr.VerbActivate || st.ID != second.ID() || st.SafeAt.After(h(20*time.Hour)) {
+	if st := s.View().NextStep(h(20*time.Hour), keymgr.DefaultGuards()); st.Verb != keymgr.VerbActivate || st.ID != second.ID() || st.SafeAt.After(h(20*time.Hour)) {
 		t.Fatalf("next step %+v, want to activate %.16s now", st, second.ID())
 	}
 	if err := s.Activate(second.ID(), h(20*time.Hour), keymgr.DefaultGuards(), false, "renewal"); err != nil {
@@ -78,7 +78,7 @@ func TestIntermediateRenewal(t *testing.T) {
 	// stays, since the second one signs under it.
 	err = s.Retire(first.ID(), h(30*time.Hour), keymgr.Guards{}, false, "")
 	lcCheckErr(t, err, true, "leaves issued under it can be valid until 2030-01-02T20:00:00Z, and retiring it stops them renewing by mTLS (its root stays")
-	_, err = s.Lookup(first.RootID())
+	_, err = s.View().Lookup(first.RootID())
 	lcCheckErr(t, err, false, "it is the root of "+first.ID()[:16]+", "+second.ID()[:16]+"; name an authority by its signing certificate's fingerprint")
 	if err := s.Retire(first.ID(), h(44*time.Hour), keymgr.Guards{}, false, "renewed"); err != nil {
 		t.Fatal(err)
@@ -87,15 +87,15 @@ func TestIntermediateRenewal(t *testing.T) {
 		t.Error("the retired intermediate's key was kept")
 	}
 	lcBundleIs(t, s, root.Cert, fresh.Root)
-	if r := s.RetiredIssuers(); len(r) != 1 || !r[0].Equal(first.Cert) {
+	if r := s.View().RetiredIssuers(); len(r) != 1 || !r[0].Equal(first.Cert) {
 		t.Fatalf("retired issuers %d, want the first intermediate: its leaves still chain to the bundle", len(r))
 	}
 	// What retiring the first one must leave in a backend: the root,
 	// which the second signs under; not its own intermediate.
-	if by := s.InUseBy(first, root.Cert); by != second {
+	if by := s.View().InUseBy(first, root.Cert); by != second {
 		t.Errorf("the shared root is in use by %v, want the second intermediate's authority", by)
 	}
-	if by := s.InUseBy(first, first.Cert); by != nil {
+	if by := s.View().InUseBy(first, first.Cert); by != nil {
 		t.Errorf("the retired intermediate is in use by %.16s, want none", by.ID())
 	}
 	// Both targets a server keeps on the state tell its retired issuer.
@@ -145,7 +145,7 @@ func TestRetiredRootStaysOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	lcBundleIs(t, s, next.Root)
-	if r := s.RetiredIssuers(); len(r) != 0 {
+	if r := s.View().RetiredIssuers(); len(r) != 0 {
 		t.Fatalf("%d retired issuers, want none: the retired root is out of the bundle", len(r))
 	}
 	seq, n := s.Sequence, len(s.Authorities)

@@ -17,7 +17,7 @@ func TestLineage(t *testing.T) {
 	if err := s.Bootstrap(a, h(0), "first"); err != nil {
 		t.Fatal(err)
 	}
-	lineage := s.Lineage()
+	lineage := s.View().Lineage()
 	if len(lineage) != 32 {
 		t.Fatalf("lineage %q, want 32 hex digits", lineage)
 	}
@@ -25,7 +25,7 @@ func TestLineage(t *testing.T) {
 	if err := s.Prepare(b, h(time.Hour), "next"); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Lineage(); got != lineage {
+	if got := s.View().Lineage(); got != lineage {
 		t.Errorf("a prepared authority changed the lineage: %s, was %s", got, lineage)
 	}
 	entries, err := keymgr.EncodeState(s)
@@ -36,7 +36,7 @@ func TestLineage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := decoded.Lineage(); got != lineage {
+	if got := decoded.View().Lineage(); got != lineage {
 		t.Errorf("decoded lineage %s, want %s", got, lineage)
 	}
 	again := &keymgr.State{}
@@ -44,10 +44,10 @@ func TestLineage(t *testing.T) {
 	if err := again.Bootstrap(same, h(48*time.Hour), "store deleted"); err != nil {
 		t.Fatal(err)
 	}
-	if again.Lineage() == lineage {
+	if again.View().Lineage() == lineage {
 		t.Error("a state built anew on the same authority has the old lineage")
 	}
-	if (&keymgr.State{}).Lineage() != "" {
+	if (&keymgr.State{}).View().Lineage() != "" {
 		t.Error("an empty state has a lineage")
 	}
 }

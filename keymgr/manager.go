@@ -70,12 +70,12 @@ func (m *Manager) Use(s *State, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	m.set(a, s.RetiredIssuers())
+	m.set(a, s.View().RetiredIssuers())
 	return nil
 }
 
 // RetiredIssuer reports whether c signs for a retired authority of the
-// state in use (see State.RetiredIssuers).
+// state in use (see View.RetiredIssuers).
 func (m *Manager) RetiredIssuer(c *x509.Certificate) bool {
 	cur := m.current.Load()
 	return cur != nil && containsCert(cur.retired, c)

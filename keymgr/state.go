@@ -149,15 +149,33 @@ type StateStore interface {
 // certificate (a lost Secret, the same cacerts imported again), is
 // another lineage; a restored backup is the same one. Empty for a state
 // without authorities.
-func (s *State) Lineage() string {
-	if len(s.Authorities) == 0 {
+func (v View) Lineage() string {
+	if len(v.State.Authorities) == 0 {
 		return ""
 	}
-	first := s.Authorities[0]
+	first := v.State.Authorities[0]
 	h := sha256.New()
 	h.Write([]byte(first.ID()))
 	if len(first.History) > 0 {
 		h.Write([]byte(first.History[0].At.UTC().Truncate(time.Second).Format(time.RFC3339)))
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// View is the read-only side of a State: what its records say about the
+// steps (NextStep, Due), the roots still in use, the lineage. The State
+// itself keeps the steps that change it and the lookups they rest on.
+type View struct {
+	State *State
+}
+
+// View returns the queries of s.
+func (s *State) View() View { return View{State: s} }
+
+// rules are the guards' safe-at rules over a state: when a prepared
+// authority may become active, when a previous one may be retired, and
+// why not yet.
+type rules struct {
+	s *State
+	g Guards
 }

@@ -300,7 +300,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 		},
 		OnChange: func(s *keymgr.State) {
 			metrics.Observe(s)
-			v := &trust.BundleVersion{Lineage: s.Lineage(), Sequence: s.Sequence}
+			v := &trust.BundleVersion{Lineage: s.View().Lineage(), Sequence: s.Sequence}
 			if _, plugged := store.(*dirstore.PluggedDir); plugged {
 				// A plugged-in directory's sequence counts the changes
 				// one process has seen: not comparable across replicas.

@@ -291,7 +291,7 @@ func (c *cfsslRoot) activate(ctx context.Context, _ *keymgr.State, rec *keymgr.A
 }
 
 func (c *cfsslRoot) retire(_ context.Context, s *keymgr.State, rec *keymgr.AuthorityRecord) error {
-	if by := s.InUseBy(rec, rec.Cert); by != nil {
+	if by := s.View().InUseBy(rec, rec.Cert); by != nil {
 		fmt.Fprintf(c.out, "keep the key of %q: authority %s (%s) still uses it\n", strings.TrimSpace(rec.Cert.Subject.String()), shortID(by), by.Phase)
 		return nil
 	}

@@ -325,7 +325,7 @@ func (v *vaultRoot) retire(ctx context.Context, s *keymgr.State, rec *keymgr.Aut
 	}
 	var certs []*x509.Certificate
 	for _, c := range append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...) {
-		if by := s.InUseBy(rec, c); by != nil {
+		if by := s.View().InUseBy(rec, c); by != nil {
 			fmt.Fprintf(v.out, "kept in Vault: %q and its key, which authority %s (%s) still uses\n", c.Subject, shortID(by), by.Phase)
 			continue
 		}

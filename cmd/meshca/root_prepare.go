@@ -102,7 +102,7 @@ func (f *prepareFlags) run(cmd *cobra.Command) error {
 	}
 	audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
 	tell(cmd.ErrOrStderr(), notice)
-	rec, _ := st.Lookup(added.ID())
+	rec, _ := st.View().Lookup(added.ID())
 	f.report(cmd.OutOrStdout(), st, rec)
 	return nil
 }

@@ -149,7 +149,7 @@ func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 		}
 		v.Authorities = append(v.Authorities, av)
 	}
-	next := st.NextStep(now, g)
+	next := st.View().NextStep(now, g)
 	v.Next = nextView{Step: next.Verb, ID: short(next.ID), SafeAt: next.SafeAt, Why: next.Why}
 	return v
 }

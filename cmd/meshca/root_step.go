@@ -120,7 +120,7 @@ func (f *stepFlags) run(cmd *cobra.Command, args []string, phase keymgr.Phase, s
 	}
 	audit.step(ctx, cmd.Name(), id, f.force, f.reason, nil)
 	tell(cmd.ErrOrStderr(), notice)
-	rec, _ := st.Lookup(id)
+	rec, _ := st.View().Lookup(id)
 	fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
 	return nil
 }
@@ -183,7 +183,7 @@ func (f *stepFlags) reasonOr(def string) string {
 // pick is the authority args name, or the only one in phase.
 func pick(s *keymgr.State, args []string, phase keymgr.Phase) (*keymgr.AuthorityRecord, error) {
 	if len(args) == 1 {
-		return s.Lookup(args[0])
+		return s.View().Lookup(args[0])
 	}
 	var found []*keymgr.AuthorityRecord
 	for _, a := range s.Authorities {
