@@ -9,12 +9,10 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/pem"
-	"math"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
@@ -165,36 +163,6 @@ func TestRateLimitMetrics(t *testing.T) {
 	}
 	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "too_many_requests"}, 1)
 	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "too_many_authentications"}, 0)
-}
-
-// TestVaultMetrics: the gauges follow the Vault signer's observer.
-func TestVaultMetrics(t *testing.T) {
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	tests := []struct {
-		name         string
-		event        func(m *ca.VaultMetrics)
-		loggedIn     float64
-		ttl          float64
-		ttlIsForever bool
-	}{
-		{name: "before the first login", event: func(*ca.VaultMetrics) {}},
-		{name: "logged in", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(time.Hour)) }, loggedIn: 1, ttl: 3600},
-		{name: "token expired", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(-time.Minute)) }, loggedIn: 1},
-		{name: "token never expires", event: func(m *ca.VaultMetrics) { m.LoggedIn(time.Time{}) }, loggedIn: 1, ttlIsForever: true},
-		{name: "logged out", event: func(m *ca.VaultMetrics) { m.LoggedIn(now.Add(time.Hour)); m.LoggedOut() }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewPedanticRegistry()
-			m := ca.NewVaultMetrics(reg, func() time.Time { return now })
-			tt.event(m)
-			wantSample(t, reg, "meshca_vault_logged_in", nil, tt.loggedIn)
-			got, _ := sample(t, reg, "meshca_vault_token_ttl_seconds", nil)
-			if tt.ttlIsForever && !math.IsInf(got, 1) || !tt.ttlIsForever && got != tt.ttl {
-				t.Errorf("meshca_vault_token_ttl_seconds = %v, want %v (forever: %v)", got, tt.ttl, tt.ttlIsForever)
-			}
-		})
-	}
 }
 
 // TestLeaderMetrics: one series per Lease, 0 until this replica leads.

@@ -15,6 +15,7 @@ import (
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/dirstore"
+	"github.com/meshca/meshca/keymgr/keymgrprom"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/local"
 	"github.com/prometheus/client_golang/prometheus"
@@ -259,7 +260,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if err != nil {
 		return nil, err
 	}
-	metrics := ca.NewRotationMetrics(reg)
+	metrics := keymgrprom.New(reg)
 	f := be.follower(store, mgr, metrics, log, func() {
 		if err := rot.Renew(); err != nil {
 			log.Error("serving certificate renewal failed", "error", err)
@@ -291,7 +292,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 // follower keeps target on the state in store, and tells the metrics, the
 // bundle's listeners (be.onChange) and then, when set, renewed of every
 // state it puts in service.
-func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metrics *ca.RotationMetrics, log *slog.Logger,
+func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metrics *keymgrprom.Metrics, log *slog.Logger,
 	renewed func()) *keymgr.Follower {
 	return &keymgr.Follower{Store: store, Target: target,
 		OnError: func(err error) {
@@ -351,7 +352,7 @@ func newPlugged(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	if err != nil {
 		return nil, err
 	}
-	f := be.follower(dir, dirstore.PluggedTarget{Manager: mgr}, ca.NewRotationMetrics(reg), log, func() {
+	f := be.follower(dir, dirstore.PluggedTarget{Manager: mgr}, keymgrprom.New(reg), log, func() {
 		if err := rot.Renew(); err != nil {
 			log.Error("serving certificate renewal failed", "error", err)
 		}

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/keymgr/keymgrprom"
 	"github.com/meshca/meshca/signer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -26,7 +26,7 @@ func (be *backend) followExternal(ctx context.Context, c Backend, td spiffeid.Tr
 	}
 	tidy(ctx, store, log)
 	trust := keymgr.NewExternalTrust(td, c.Rotation)
-	f := be.follower(store, trust, ca.NewRotationMetrics(reg), log, nil)
+	f := be.follower(store, trust, keymgrprom.New(reg), log, nil)
 	if _, err := f.Sync(ctx); err != nil {
 		if errors.Is(err, keymgr.ErrNoState) {
 			err = fmt.Errorf("%w: import the backend's root first: meshca root prepare --external --cert root.pem", err)

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"github.com/meshca/meshca/ca"
+
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/signer/vault/vaultprom"
 	"github.com/spf13/pflag"
 )
 
@@ -119,7 +120,7 @@ func (v *vaultExternal) Name() string { return signerVault }
 // Vault answers, and tells the health and the login metrics.
 func (v *vaultExternal) Open(_ context.Context, env serve.ExternalEnv) (*serve.Opened, error) {
 	c := v.c
-	c.Observer = vaultLogin{metrics: ca.NewVaultMetrics(env.Registerer, nil), health: env.Health}
+	c.Observer = vaultLogin{metrics: vaultprom.New(env.Registerer, nil), health: env.Health}
 	report := c.OnLoginError
 	c.OnLoginError = func(err error) {
 		env.Health.Reason(err)

@@ -1,4 +1,7 @@
-package ca
+// Package vaultprom exports the Vault backend's login as Prometheus
+// metrics: it implements the Vault signer's Observer (signer/vault),
+// which cmd/meshca wires to the signer.
+package vaultprom
 
 import (
 	"math"
@@ -8,25 +11,24 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// VaultMetrics show the Vault backend's login: whether meshca holds a
-// token (meshca_vault_logged_in) and how long that token has left
-// (meshca_vault_token_ttl_seconds). It implements the Vault signer's
-// observer (signer/vault.Observer) without ca importing a backend.
-type VaultMetrics struct {
+// Metrics show the Vault backend's login: whether meshca holds a token
+// (meshca_vault_logged_in) and how long that token has left
+// (meshca_vault_token_ttl_seconds). It implements vault.Observer.
+type Metrics struct {
 	now      func() time.Time
 	mu       sync.Mutex
 	loggedIn bool
 	expires  time.Time // zero: the token never expires
 }
 
-// NewVaultMetrics registers the gauges with reg; now (time.Now when nil)
+// New registers the gauges with reg; now (time.Now when nil)
 // is the clock the token's remaining lifetime is measured on. Until the
 // first login they say logged out.
-func NewVaultMetrics(reg prometheus.Registerer, now func() time.Time) *VaultMetrics {
+func New(reg prometheus.Registerer, now func() time.Time) *Metrics {
 	if now == nil {
 		now = time.Now
 	}
-	m := &VaultMetrics{now: now}
+	m := &Metrics{now: now}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "meshca_vault_logged_in", Help: "1 while meshca holds a Vault token from a successful login or renewal, else 0.",
@@ -41,20 +43,20 @@ func NewVaultMetrics(reg prometheus.Registerer, now func() time.Time) *VaultMetr
 
 // LoggedIn records a login or a renewal whose token lives until expires
 // (zero: never expires).
-func (m *VaultMetrics) LoggedIn(expires time.Time) {
+func (m *Metrics) LoggedIn(expires time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loggedIn, m.expires = true, expires
 }
 
 // LoggedOut records that meshca holds no usable token.
-func (m *VaultMetrics) LoggedOut() {
+func (m *Metrics) LoggedOut() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.loggedIn, m.expires = false, time.Time{}
 }
 
-func (m *VaultMetrics) loggedInValue() float64 {
+func (m *Metrics) loggedInValue() float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.loggedIn {
@@ -63,7 +65,7 @@ func (m *VaultMetrics) loggedInValue() float64 {
 	return 0
 }
 
-func (m *VaultMetrics) ttl() float64 {
+func (m *Metrics) ttl() float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {

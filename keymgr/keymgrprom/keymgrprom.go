@@ -1,14 +1,16 @@
-package ca
+// Package keymgrprom exports where the CA state's root rotation stands as
+// Prometheus metrics; the state follower and the rotator feed it.
+package keymgrprom
 
 import (
 	"github.com/meshca/meshca/keymgr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// RotationMetrics show where the CA state's root rotation stands: the
+// Metrics show where the CA state's root rotation stands: the
 // bundle's sequence number, how many authorities are in each phase, when
 // each trusted root expires, and the steps taken and refused.
-type RotationMetrics struct {
+type Metrics struct {
 	sequence  prometheus.Gauge
 	phases    *prometheus.GaugeVec
 	rootAfter *prometheus.GaugeVec
@@ -16,9 +18,9 @@ type RotationMetrics struct {
 	unusable  prometheus.Counter
 }
 
-// NewRotationMetrics registers the collectors with reg.
-func NewRotationMetrics(reg prometheus.Registerer) *RotationMetrics {
-	m := &RotationMetrics{
+// New registers the collectors with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
 		sequence: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_trust_bundle_sequence", Help: "Sequence number of the trust bundle in service; it only grows.",
 		}),
@@ -46,7 +48,7 @@ func NewRotationMetrics(reg prometheus.Registerer) *RotationMetrics {
 }
 
 // Observe records the state put in service.
-func (m *RotationMetrics) Observe(s *keymgr.State) {
+func (m *Metrics) Observe(s *keymgr.State) {
 	m.sequence.Set(float64(s.Sequence))
 	counts := map[keymgr.Phase]int{keymgr.PhasePrepared: 0, keymgr.PhaseActive: 0, keymgr.PhasePrevious: 0, keymgr.PhaseRetired: 0}
 	m.rootAfter.Reset()
@@ -62,7 +64,7 @@ func (m *RotationMetrics) Observe(s *keymgr.State) {
 }
 
 // Step counts an automatic rotation step.
-func (m *RotationMetrics) Step(verb string) { m.steps.WithLabelValues(verb).Inc() }
+func (m *Metrics) Step(verb string) { m.steps.WithLabelValues(verb).Inc() }
 
 // Unusable counts a stored state that was not put in service.
-func (m *RotationMetrics) Unusable() { m.unusable.Inc() }
+func (m *Metrics) Unusable() { m.unusable.Inc() }

@@ -1,0 +1,61 @@
+package vaultprom_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/signer/vault/vaultprom"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var _ vault.Observer = (*vaultprom.Metrics)(nil)
+
+// TestVaultMetrics: the gauges follow the Vault signer's observer.
+func TestVaultMetrics(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name         string
+		event        func(m *vaultprom.Metrics)
+		loggedIn     float64
+		ttl          float64
+		ttlIsForever bool
+	}{
+		{name: "before the first login", event: func(*vaultprom.Metrics) {}},
+		{name: "logged in", event: func(m *vaultprom.Metrics) { m.LoggedIn(now.Add(time.Hour)) }, loggedIn: 1, ttl: 3600},
+		{name: "token expired", event: func(m *vaultprom.Metrics) { m.LoggedIn(now.Add(-time.Minute)) }, loggedIn: 1},
+		{name: "token never expires", event: func(m *vaultprom.Metrics) { m.LoggedIn(time.Time{}) }, loggedIn: 1, ttlIsForever: true},
+		{name: "logged out", event: func(m *vaultprom.Metrics) { m.LoggedIn(now.Add(time.Hour)); m.LoggedOut() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m := vaultprom.New(reg, func() time.Time { return now })
+			tt.event(m)
+			if got := gauge(t, reg, "meshca_vault_logged_in"); got != tt.loggedIn {
+				t.Errorf("meshca_vault_logged_in = %v, want %v", got, tt.loggedIn)
+			}
+			got := gauge(t, reg, "meshca_vault_token_ttl_seconds")
+			if tt.ttlIsForever && !math.IsInf(got, 1) || !tt.ttlIsForever && got != tt.ttl {
+				t.Errorf("meshca_vault_token_ttl_seconds = %v, want %v (forever: %v)", got, tt.ttl, tt.ttlIsForever)
+			}
+		})
+	}
+}
+
+// gauge returns the value of the gauge name in g, 0 when it is missing.
+func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Errorf("%s is not exported", name)
+	return 0
+}
