@@ -165,31 +165,6 @@ func TestRateLimitMetrics(t *testing.T) {
 	wantSample(t, f.reg, "meshca_rate_limited_total", map[string]string{"reason": "too_many_authentications"}, 0)
 }
 
-// TestLeaderMetrics: one series per Lease, 0 until this replica leads.
-func TestLeaderMetrics(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	m := ca.NewLeaderMetrics(reg)
-	rotator, publisher := m.Lease("meshca-root-rotator"), m.Lease("meshca-trust-publisher")
-	steps := []struct {
-		do                   func()
-		rotatorW, publisherW float64
-	}{
-		{func() {}, 0, 0},
-		{func() { rotator(true) }, 1, 0},
-		{func() { publisher(true) }, 1, 1},
-		{func() { rotator(false) }, 0, 1},
-	}
-	for i, s := range steps {
-		s.do()
-		for lease, want := range map[string]float64{"meshca-root-rotator": s.rotatorW, "meshca-trust-publisher": s.publisherW} {
-			got, ok := sample(t, reg, "meshca_leader", map[string]string{"lease": lease})
-			if !ok || got != want {
-				t.Errorf("step %d: meshca_leader{lease=%q} = %v (exported: %v), want %v", i, lease, got, ok, want)
-			}
-		}
-	}
-}
-
 // TestIstioCSRErrorMetrics: Istio's citadel_server_csr_parsing_err_count
 // moves on a CSR that does not parse, and
 // citadel_server_id_extraction_err_count on one that parses but names no

@@ -73,7 +73,7 @@ type Observer interface {
 }
 
 // Keeper keeps the Secret. Only one replica should run it: see
-// trust.RunLeaderElected.
+// leader.Run.
 type Keeper struct {
 	c     Config
 	poke  chan struct{}

@@ -3,7 +3,7 @@
 // the Pod's SPIFFE SVID, spiffe://<trust domain>/ns/<namespace>/sa/<service
 // account>, through the same key policy, signer, verification, audit and
 // metrics as the gRPC path (the Issuer, which ca implements). Only one
-// replica should run a Controller: see trust.RunLeaderElected.
+// replica should run a Controller: see leader.Run.
 package podcert
 
 import (
@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshca/meshca/ca/leader"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	certv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -136,9 +137,8 @@ type Controller struct {
 	// busy spaces the retries of a request over a budget of the CA.
 	busy workqueue.TypedRateLimiter[string]
 
-	mu      sync.Mutex
-	started bool
-	lister  cache.Indexer
+	once   leader.Once
+	lister cache.Indexer
 
 	// held is what the controller holds of the requests it has tried to
 	// sign or answered without delivering the answer yet, by key
@@ -186,21 +186,16 @@ func New(c Config) (*Controller, error) {
 		c.Jitter = rand.Float64
 	}
 	return &Controller{c: c, log: c.Logger.With(logSigner, c.SignerName), held: map[string]*pending{},
-		busy: workqueue.NewTypedItemExponentialFailureRateLimiter[string](busyBaseDelay, busyMaxDelay),
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "podcert"})}, nil
+		busy:  workqueue.NewTypedItemExponentialFailureRateLimiter[string](busyBaseDelay, busyMaxDelay),
+		queue: leader.NewQueue("podcert")}, nil
 }
 
 // Run watches the requests of the signer name and answers each until ctx
 // ends; it returns nil then, and an error if called twice.
 func (ctl *Controller) Run(ctx context.Context) error {
-	ctl.mu.Lock()
-	if ctl.started {
-		ctl.mu.Unlock()
-		return errors.New("podcert: controller already started")
+	if err := ctl.once.Start("podcert: controller"); err != nil {
+		return err
 	}
-	ctl.started = true
-	ctl.mu.Unlock()
 	defer ctl.queue.ShutDown()
 
 	factory := informers.NewSharedInformerFactoryWithOptions(ctl.c.Client, ctl.c.Resync,
@@ -234,7 +229,7 @@ func (ctl *Controller) Run(ctx context.Context) error {
 	ctl.log.Info("signing PodCertificateRequests")
 	// A request being answered when ctx ends is answered to the end, its
 	// certificate delivered, within ShutdownGrace: the Lease is released
-	// (RunLeaderElected) only once Run returns, so no successor signs it
+	// (leader.Run) only once Run returns, so no successor signs it
 	// too. No other request is started.
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()

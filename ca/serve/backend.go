@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
@@ -113,7 +114,7 @@ func (be *backend) sequence() uint64 {
 }
 
 func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
-	leaders *ca.LeaderMetrics, log *slog.Logger) (*backend, error) {
+	leaders *leaderprom.Metrics, log *slog.Logger) (*backend, error) {
 	if c.External == nil {
 		return newLocal(ctx, c, td, names, newStore, reg, leaders, log)
 	}
@@ -207,7 +208,7 @@ func tidy(ctx context.Context, store keymgr.StateStore, log *slog.Logger) {
 // newLocal is the built-in CA: a plugged-in CA from CADir, or the CA
 // state in a store, followed as it rotates.
 func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []string, newStore storeOpener, reg prometheus.Registerer,
-	leaders *ca.LeaderMetrics, log *slog.Logger) (*backend, error) {
+	leaders *leaderprom.Metrics, log *slog.Logger) (*backend, error) {
 	sources := 0
 	for _, set := range []bool{c.StateDir != "", c.StateSecret != "", c.CADir != ""} {
 		if set {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/istiodcert"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/keymgr"
 )
 
@@ -72,7 +73,7 @@ func (c IstiodCert) check(b Backend) error {
 // (be.onChange), and automatic rotation reads the Secret before every
 // step it could break (keymgr.Dependent).
 func newIstiodRunner(c IstiodCert, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, srv *ca.Server,
-	leaseNS string, reg prometheus.Registerer, leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, error) {
+	leaseNS string, reg prometheus.Registerer, leaders *leaderprom.Metrics, log *slog.Logger) (func(context.Context) error, error) {
 	ns, name, err := c.split()
 	if err != nil {
 		return nil, err

@@ -7,7 +7,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/leader"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/keymgr/secretstore"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -33,19 +34,19 @@ func leaderIdentity() string {
 // current, and this one campaigns again after StepDownBackoff. It returns
 // run's own error otherwise. leaders shows whether this replica leads.
 func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease string, run func(context.Context) error,
-	leaders *ca.LeaderMetrics, log *slog.Logger) error {
+	leaders *leaderprom.Metrics, log *slog.Logger) error {
 	identity := leaderIdentity()
 	leading := leaders.Lease(lease)
 	backoff := StepDownBackoff
 	for {
-		err := trust.RunLeaderElected(ctx, client, namespace, lease, identity, run, log, leading)
+		err := leader.Run(ctx, client, namespace, lease, identity, run, log, leading)
 		stale := errors.Is(err, trust.ErrStale)
 		switch {
-		case ctx.Err() != nil && (stale || errors.Is(err, trust.ErrLeadershipLost)):
+		case ctx.Err() != nil && (stale || errors.Is(err, leader.ErrLeadershipLost)):
 			return nil // stopping: how the last term ended does not matter
 		case ctx.Err() != nil:
 			return err
-		case errors.Is(err, trust.ErrLeadershipLost):
+		case errors.Is(err, leader.ErrLeadershipLost):
 			log.Warn("leadership lost; campaigning again", "lease", namespace+"/"+lease)
 		case stale:
 			log.Warn("stepped down: the published trust bundle is not this replica's to replace; campaigning again later",
@@ -68,7 +69,7 @@ func campaign(ctx context.Context, client kubernetes.Interface, namespace, lease
 
 // StepDownBackoff is how long a replica that stepped down waits before it
 // campaigns again, the first time: long enough for a current replica to
-// take the Lease (within trust.RetryPeriod), short enough that a replica
+// take the Lease (within leader.RetryPeriod), short enough that a replica
 // that has caught up, or the only one, publishes again soon. It doubles
 // with each step-down in a row, up to maxStepDownBackoff.
 const StepDownBackoff = 30 * time.Second
@@ -79,7 +80,7 @@ const maxStepDownBackoff = 5 * time.Minute
 // at a time when the CA state is a Secret that replicas share; on a
 // state directory, which only this process (and the CLI) can reach, run
 // is returned as it is.
-func electedOn(store any, run func(context.Context) error, leaders *ca.LeaderMetrics, log *slog.Logger) func(context.Context) error {
+func electedOn(store any, run func(context.Context) error, leaders *leaderprom.Metrics, log *slog.Logger) func(context.Context) error {
 	s, ok := store.(*secretstore.Store)
 	if !ok {
 		return run

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/ca/podcert"
 	"github.com/meshca/meshca/ca/trust"
 )
@@ -52,7 +53,7 @@ func (c PodCertificates) linkTrust(t *Trust) error {
 // CA) refuses pod certificates, and returns it elected on PodCertificateLease in
 // leaseNS.
 func newPodCertRunner(c PodCertificates, ext External, td spiffeid.TrustDomain, client kubernetes.Interface, srv *ca.Server,
-	leaseNS string, reg prometheus.Registerer, leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, error) {
+	leaseNS string, reg prometheus.Registerer, leaders *leaderprom.Metrics, log *slog.Logger) (func(context.Context) error, error) {
 	if ext != nil {
 		if err := ext.PodCertificates(); err != nil {
 			return nil, &FieldError{Field: "pod-certificate-signer-name", Err: fmt.Errorf("cannot be used with the %s signer (--signer %[1]s): %w", ext.Name(), err)}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/addrfile"
@@ -114,7 +115,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if err != nil {
 		return nil, err
 	}
-	leaders := ca.NewLeaderMetrics(reg)
+	leaders := leaderprom.New(reg)
 	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, leaders, c.Logger)
 	if err != nil {
 		return nil, err

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/leader/leaderprom"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
 	"github.com/meshca/meshca/internal/pemutil"
@@ -58,7 +58,7 @@ type trustPublisher interface {
 // its own, so a replica that loses the Lease stops publishing, serves on
 // and campaigns again.
 func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interface, be *backend, reg prometheus.Registerer,
-	leaders *ca.LeaderMetrics, log *slog.Logger) (func(context.Context) error, func(), error) {
+	leaders *leaderprom.Metrics, log *slog.Logger) (func(context.Context) error, func(), error) {
 	sel := labels.Everything()
 	if c.Selector != "" {
 		var err error

@@ -24,6 +24,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/leader"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/ca/trust"
 )
@@ -153,7 +154,7 @@ func TestAssembleTrustLeaseLost(t *testing.T) {
 	eventually(t, 10*time.Second, "leading and publishing to shop", func() bool { return leads(1)() && published("shop") })
 
 	leasesDown.Store(true)
-	eventually(t, trust.RenewDeadline+10*time.Second, "the Lease lost", leads(0))
+	eventually(t, leader.RenewDeadline+10*time.Second, "the Lease lost", leads(0))
 	addNamespace(t, apiserver, "late")
 	if _, err := client(t, p, c, token, nil).Fetch(context.Background(), web, caclient.Options{}); err != nil {
 		t.Fatalf("SVID after the Lease was lost: %v", err)
@@ -164,7 +165,7 @@ func TestAssembleTrustLeaseLost(t *testing.T) {
 	}
 
 	leasesDown.Store(false)
-	eventually(t, 3*trust.RetryPeriod, "leading again and publishing to late", func() bool { return leads(1)() && published("late") })
+	eventually(t, 3*leader.RetryPeriod, "leading again and publishing to late", func() bool { return leads(1)() && published("late") })
 }
 
 func addNamespace(t *testing.T, client kubernetes.Interface, name string) {

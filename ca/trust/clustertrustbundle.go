@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/meshca/meshca/ca/leader"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,15 +71,14 @@ type ClusterTrustBundleConfig struct {
 // current trust bundle, when the apiserver serves the API: created,
 // updated when the bundle changes, repaired when edited or deleted. It
 // writes only an object carrying LabelManagedBy=meshca. Only one replica
-// should run it: see RunLeaderElected.
+// should run it: see leader.Run.
 type ClusterTrustBundlePublisher struct {
 	cfg    ClusterTrustBundleConfig
 	name   string
 	labels map[string]string
 	queue  workqueue.TypedRateLimitingInterface[string]
 
-	mu      sync.Mutex
-	started bool
+	once leader.Once
 
 	// Set by Run before the worker starts, then read by the worker only.
 	api       *ctbAPI
@@ -118,8 +117,7 @@ func NewClusterTrustBundlePublisher(c ClusterTrustBundleConfig) (*ClusterTrustBu
 	}
 	return &ClusterTrustBundlePublisher{cfg: c, name: name, stale: newStaleWarning(),
 		labels: map[string]string{LabelManagedBy: ManagedBy, LabelTrustDomain: c.TrustDomain.Name()},
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{}),
+		queue:  leader.NewQueue(""),
 	}, nil
 }
 
@@ -132,13 +130,9 @@ func (p *ClusterTrustBundlePublisher) Name() string { return p.name }
 // when ctx ends, ErrStale when it steps down (the published bundle is
 // newer than this replica's), and an error if called twice.
 func (p *ClusterTrustBundlePublisher) Run(ctx context.Context) error {
-	p.mu.Lock()
-	if p.started {
-		p.mu.Unlock()
-		return errors.New("trust: ClusterTrustBundle publisher already started")
+	if err := p.once.Start("trust: ClusterTrustBundle publisher"); err != nil {
+		return err
 	}
-	p.started = true
-	p.mu.Unlock()
 	defer p.queue.ShutDown()
 	// Stepping down ends the informer too (its factory's Shutdown waits
 	// for that).

@@ -4,9 +4,6 @@ package trust
 const (
 	logNamespace = "namespace"
 	logError     = "error"
-	logIdentity  = "identity"
-	logLease     = "lease"
-	logLeader    = "leader"
 	logName      = "name"
 	logSigner    = "signer_name"
 	logVersion   = "version"

@@ -3,7 +3,7 @@
 // namespace controller does, so istio-agent and ztunnel find their roots
 // in the place they already look (Publisher), and a ClusterTrustBundle,
 // which Pods mount by signer name (ClusterTrustBundlePublisher). Only one
-// replica should write: run the publishers under RunLeaderElected.
+// replica should write: run the publishers under leader.Run.
 package trust
 
 import (
@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshca/meshca/ca/leader"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -104,9 +105,8 @@ type Publisher struct {
 	configMaps listerscorev1.ConfigMapLister
 	queue      workqueue.TypedRateLimitingInterface[string]
 
-	mu      sync.Mutex
-	started bool
-	stale   staleWarning
+	once  leader.Once
+	stale staleWarning
 }
 
 // NewPublisher assembles a Publisher; Run starts it.
@@ -148,9 +148,7 @@ func NewPublisher(c Config) (*Publisher, error) {
 	p.cmInformer = p.cmFactory.Core().V1().ConfigMaps().Informer()
 	p.namespaces = p.nsFactory.Core().V1().Namespaces().Lister()
 	p.configMaps = p.cmFactory.Core().V1().ConfigMaps().Lister()
-	p.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{})
+	p.queue = leader.NewQueue("")
 	return p, nil
 }
 
@@ -158,13 +156,9 @@ func NewPublisher(c Config) (*Publisher, error) {
 // returns nil when ctx ends, ErrStale when it steps down (its Mark
 // refuses this replica's bundle), and an error if called twice.
 func (p *Publisher) Run(ctx context.Context) error {
-	p.mu.Lock()
-	if p.started {
-		p.mu.Unlock()
-		return errors.New("trust: publisher already started")
+	if err := p.once.Start("trust: publisher"); err != nil {
+		return err
 	}
-	p.started = true
-	p.mu.Unlock()
 	defer p.queue.ShutDown()
 	// Stepping down ends the informers too (their factories' Shutdown
 	// waits for that).

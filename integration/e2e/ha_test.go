@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/leader"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness"
@@ -73,7 +74,7 @@ func TestHAFailover(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	leader := func(lease string) string {
+	leaderOf := func(lease string) string {
 		l, err := cluster.Client.CoordinationV1().Leases(ns).Get(ctx, lease, metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {
 			return ""
@@ -90,7 +91,7 @@ func TestHAFailover(t *testing.T) {
 		return -1
 	}
 	var first string
-	waitUntil(t, "a trust publisher leader", 20*time.Second, func() bool { first = leader(haTrustLease); return owner(first) >= 0 })
+	waitUntil(t, "a trust publisher leader", 20*time.Second, func() bool { first = leaderOf(haTrustLease); return owner(first) >= 0 })
 	killed := owner(first)
 	waitUntil(t, "the ConfigMap in the labelled namespace", 10*time.Second, func() bool { return hasRootConfigMap(ns) })
 
@@ -108,8 +109,8 @@ func TestHAFailover(t *testing.T) {
 	killedAt := time.Now()
 	replicas[killed].Kill()
 	var next string
-	waitUntil(t, "another replica leading", trust.LeaseDuration+trust.RetryPeriod*22/10+5*time.Second, func() bool {
-		next = leader(haTrustLease)
+	waitUntil(t, "another replica leading", leader.LeaseDuration+leader.RetryPeriod*22/10+5*time.Second, func() bool {
+		next = leaderOf(haTrustLease)
 		o := owner(next)
 		return o >= 0 && o != killed
 	})
@@ -117,13 +118,13 @@ func TestHAFailover(t *testing.T) {
 	// A candidate sees the lease expire LeaseDuration after the last
 	// renewal it observed (before the kill), and looks every RetryPeriod
 	// stretched by client-go's jitter factor of 1.2: up to 2.2 RetryPeriods.
-	if limit := trust.LeaseDuration + trust.RetryPeriod*22/10 + time.Second; takeover > limit {
+	if limit := leader.LeaseDuration + leader.RetryPeriod*22/10 + time.Second; takeover > limit {
 		t.Errorf("takeover took %v, more than the lease duration and a jittered retry (%v)", takeover.Round(time.Millisecond), limit)
 	}
 	late := cluster.Namespace(t, "ha-late")
 	labelNamespace(t, late, label)
 	waitUntil(t, "the new leader publishing to a namespace created after the kill", 10*time.Second, func() bool { return hasRootConfigMap(late) })
-	if r := leader(haRotatorLease); owner(r) < 0 {
+	if r := leaderOf(haRotatorLease); owner(r) < 0 {
 		t.Errorf("the rotator Lease is held by %q, no replica", r)
 	}
 	time.Sleep(time.Second) // a little more load on the survivors

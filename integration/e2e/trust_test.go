@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/meshca/meshca/ca/leader"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 )
@@ -249,7 +250,7 @@ func TestLeaderElectionTakeover(t *testing.T) {
 		c := &candidate{cancel: cancel, done: make(chan error, 1)}
 		cands[id] = c
 		go func() {
-			c.done <- trust.RunLeaderElected(ctx, client, ns, "meshca-trust", id, func(lctx context.Context) error {
+			c.done <- leader.Run(ctx, client, ns, "meshca-trust", id, func(lctx context.Context) error {
 				mu.Lock()
 				leading[id] = true
 				mu.Unlock()
@@ -290,7 +291,7 @@ func TestLeaderElectionTakeover(t *testing.T) {
 	stopped := time.Now()
 	cands[first].cancel()
 	if err := <-cands[first].done; err != nil {
-		t.Fatalf("%s: RunLeaderElected = %v, want nil after cancel", first, err)
+		t.Fatalf("%s: leader.Run = %v, want nil after cancel", first, err)
 	}
 	cands[first].done <- nil // for the cleanup
 	for {

@@ -1,4 +1,9 @@
-package trust
+// Package leader runs work on one replica at a time: Run campaigns for a
+// Lease and runs the work while this replica holds it. The controllers
+// run under it (trust publishers, podcert, the istiod certificate
+// keeper, the rotator) share its run-once guard and work queue (Once,
+// NewQueue). Its metric is in leaderprom.
+package leader
 
 import (
 	"context"
@@ -23,14 +28,14 @@ const (
 	RetryPeriod   = 2 * time.Second
 )
 
-// ErrLeadershipLost is returned by RunLeaderElected when the lease was
+// ErrLeadershipLost is returned by Run when the lease was
 // lost (not renewed in time) while ctx was still live. The work run under
 // it has been stopped; the caller campaigns again with fresh work (a
 // Publisher runs once), and keeps everything else running: meshca's
 // replicas keep serving certificates without the Lease.
-var ErrLeadershipLost = errors.New("trust: leadership lost")
+var ErrLeadershipLost = errors.New("leader: leadership lost")
 
-// RunLeaderElected campaigns for the Lease namespace/leaseName as
+// Run campaigns for the Lease namespace/leaseName as
 // identity and, while it leads, runs run with a context that ends when
 // leadership ends or ctx does. It blocks until ctx ends (nil), run returns
 // (run's error; the lease is released), or leadership is lost
@@ -42,17 +47,17 @@ var ErrLeadershipLost = errors.New("trust: leadership lost")
 // Each of observe hears true when this candidate starts leading and
 // false when it stops (and at the end, whether it led or not): metrics of
 // leadership.
-func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespace, leaseName, identity string,
+func Run(ctx context.Context, client kubernetes.Interface, namespace, leaseName, identity string,
 	run func(context.Context) error, log *slog.Logger, observe ...func(leading bool)) error {
 	switch {
 	case client == nil:
-		return errors.New("trust: leader election: client is required")
+		return errors.New("leader: leader election: client is required")
 	case namespace == "" || leaseName == "":
-		return errors.New("trust: leader election: lease namespace and name are required")
+		return errors.New("leader: leader election: lease namespace and name are required")
 	case identity == "":
-		return errors.New("trust: leader election: identity is required")
+		return errors.New("leader: leader election: identity is required")
 	case run == nil:
-		return errors.New("trust: leader election: run is required")
+		return errors.New("leader: leader election: run is required")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -113,7 +118,7 @@ func RunLeaderElected(ctx context.Context, client kubernetes.Interface, namespac
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("trust: leader election: %w", err)
+		return fmt.Errorf("leader: leader election: %w", err)
 	}
 	unhook := context.AfterFunc(outer, func() {
 		if state.CompareAndSwap(stateIdle, stateClosed) {

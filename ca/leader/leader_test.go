@@ -1,4 +1,4 @@
-package trust_test
+package leader_test
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/ca/leader"
 )
 
-func TestRunLeaderElectedRefuses(t *testing.T) {
+func TestRunRefuses(t *testing.T) {
 	client := fake.NewClientset()
 	run := func(context.Context) error { return nil }
 	for _, tc := range []struct {
@@ -28,14 +28,14 @@ func TestRunLeaderElectedRefuses(t *testing.T) {
 		{"no run", "ns", "l", "me", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := trust.RunLeaderElected(context.Background(), client, tc.ns, tc.lease, tc.id, tc.run, nil); err == nil {
+			if err := leader.Run(context.Background(), client, tc.ns, tc.lease, tc.id, tc.run, nil); err == nil {
 				t.Fatal("want an error")
 			}
 		})
 	}
 }
 
-func TestRunLeaderElectedReturns(t *testing.T) {
+func TestRunReturns(t *testing.T) {
 	boom := errors.New("boom")
 	for _, tc := range []struct {
 		name   string
@@ -55,7 +55,7 @@ func TestRunLeaderElectedReturns(t *testing.T) {
 			client := fake.NewClientset()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := trust.RunLeaderElected(ctx, client, "ns", "lease", "me",
+			err := leader.Run(ctx, client, "ns", "lease", "me",
 				func(lctx context.Context) error { return tc.run(lctx, cancel) }, nil)
 			switch {
 			case tc.wantOK && err != nil:
@@ -74,11 +74,11 @@ func TestRunLeaderElectedReturns(t *testing.T) {
 	}
 }
 
-// TestRunLeaderElectedHoldsWhileWindingDown: when ctx ends, run's
+// TestRunHoldsWhileWindingDown: when ctx ends, run's
 // context ends at once, but the Lease stays this candidate's until run
 // has returned: the work it finishes (a certificate being delivered) has
 // no successor beside it. Then the Lease is released.
-func TestRunLeaderElectedHoldsWhileWindingDown(t *testing.T) {
+func TestRunHoldsWhileWindingDown(t *testing.T) {
 	client := fake.NewClientset()
 	holder := func() string {
 		lease, err := client.CoordinationV1().Leases("ns").Get(context.Background(), "lease", metav1.GetOptions{})
@@ -90,7 +90,7 @@ func TestRunLeaderElectedHoldsWhileWindingDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	windingDown := make(chan string, 1)
-	err := trust.RunLeaderElected(ctx, client, "ns", "lease", "me", func(rctx context.Context) error {
+	err := leader.Run(ctx, client, "ns", "lease", "me", func(rctx context.Context) error {
 		cancel()
 		<-rctx.Done()
 		time.Sleep(100 * time.Millisecond) // finishing the work in flight
@@ -108,7 +108,7 @@ func TestRunLeaderElectedHoldsWhileWindingDown(t *testing.T) {
 	}
 }
 
-// leadership records what a RunLeaderElected observer hears.
+// leadership records what a Run observer hears.
 type leadership struct {
 	mu    sync.Mutex
 	heard []bool
@@ -129,10 +129,10 @@ func (l *leadership) last() (bool, bool) {
 	return l.heard[len(l.heard)-1], true
 }
 
-// TestRunLeaderElectedObserves: the observer says true while run runs
+// TestRunObserves: the observer says true while run runs
 // (the candidate leads) and false once it stopped; a candidate that
 // never gets the Lease, held by another, never hears true.
-func TestRunLeaderElectedObserves(t *testing.T) {
+func TestRunObserves(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		heldBy   string
@@ -158,7 +158,7 @@ func TestRunLeaderElectedObserves(t *testing.T) {
 			defer cancel()
 			l := &leadership{}
 			var during []bool
-			err := trust.RunLeaderElected(ctx, client, "ns", "lease", "me", func(lctx context.Context) error {
+			err := leader.Run(ctx, client, "ns", "lease", "me", func(lctx context.Context) error {
 				last, _ := l.last()
 				during = append(during, last)
 				cancel()

@@ -1,0 +1,8 @@
+package leader
+
+// Log field names of this package's log lines.
+const (
+	logIdentity = "identity"
+	logLease    = "lease"
+	logLeader   = "leader"
+)
