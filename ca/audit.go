@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"google.golang.org/grpc/codes"
 )
 
@@ -208,7 +209,7 @@ func (e *AuditEvent) attrs(host string) []slog.Attr {
 func (s *Server) finish(ctx context.Context, r *request, err error, start time.Time) error {
 	o := classify(err)
 	sendRequestID(ctx, r.id, o.RetryAfter > 0)
-	setRetryPushback(ctx, o.RetryAfter)
+	limit.SetRetryPushback(ctx, o.RetryAfter)
 	now := s.c.Now()
 	elapsed := now.Sub(start)
 	s.c.Metrics.observe(o, elapsed)

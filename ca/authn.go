@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 )
@@ -55,6 +57,35 @@ type Authenticator interface {
 // ErrNoCredentials is returned by an Authenticator when the request does
 // not carry its kind of credentials.
 var ErrNoCredentials = errors.New("no credentials of this kind")
+
+// authenticate authenticates r for cluster: the server's authenticators,
+// then the cluster's, under the peer's budgets (limit.Authenticate).
+func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (*Caller, error) {
+	var auths []limit.Authenticator[*Credentials, *Caller]
+	for _, a := range slices.Concat(s.c.Authenticators, cluster.Authenticators) {
+		auths = append(auths, a)
+	}
+	return limit.Authenticate(ctx, s.limits, limit.Authentication[*Credentials, *Caller]{
+		Peer: r.peer, Token: r.creds.Token, PeerCerts: len(r.creds.PeerCerts) > 0, Auths: auths, Costly: costlyRefusal,
+	}, func(ctx context.Context, auths []limit.Authenticator[*Credentials, *Caller]) (*Caller, error) {
+		as := make([]Authenticator, len(auths))
+		for i, a := range auths {
+			as[i] = a
+		}
+		return authenticate(ctx, as, &r.creds)
+	})
+}
+
+// costlyRefusal reports whether err is a refusal of the credentials that
+// cost something: not one of freeRefusals.
+func costlyRefusal(err error) bool {
+	o := classify(err)
+	return o.Code == codes.Unauthenticated && !freeRefusals[o.Reason]
+}
+
+// freeRefusals are the authentication refusals decided without a review
+// or a lookup: they spend none of the peer's failures.
+var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}
 
 // authenticate tries each authenticator in order; the first success wins.
 // A client certificate comes first, so that a still-valid SVID renews

@@ -26,6 +26,11 @@ type CertAuthenticator struct {
 	Retired RetiredIssuers
 }
 
+// VerifiesInProcess marks a as deciding without asking anyone
+// (limit.Verifier): a client certificate is not reviewed, and spends none
+// of its address's failures.
+func (a *CertAuthenticator) VerifiesInProcess() {}
+
 // RetiredIssuers tells the issuing certificate of a retired authority.
 // keymgr.Manager and keymgr.ExternalTrust implement it.
 type RetiredIssuers interface {

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/ca/limit"
 )
 
 type fixedAuthn struct{ err error }
@@ -28,7 +29,7 @@ func TestAuthenticateUndecided(t *testing.T) {
 		{"bad certificate, apiserver down", []Authenticator{certRefused, fixedAuthn{&kube.Error{Reason: "tokenreview_failed", Msg: "retry", Retry: true}}}, codes.Unavailable},
 		{"bad certificate, out of time", []Authenticator{certRefused, fixedAuthn{context.DeadlineExceeded}}, codes.DeadlineExceeded},
 		{"bad certificate, bad token", []Authenticator{certRefused, fixedAuthn{&kube.Error{Reason: "token_invalid", Msg: "no"}}}, codes.Unauthenticated},
-		{"bad certificate, address over its failures", []Authenticator{certRefused, fixedAuthn{&Error{Code: codes.ResourceExhausted, Reason: reasonPeerAuthnFailures, Msg: "retry"}}}, codes.ResourceExhausted},
+		{"bad certificate, address over its failures", []Authenticator{certRefused, fixedAuthn{&Error{Code: codes.ResourceExhausted, Reason: limit.ReasonPeerAuthnFailures, Msg: "retry"}}}, codes.ResourceExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -253,8 +254,9 @@ func podLookupError(err error) error {
 	}
 	var budget *kube.LookupBudgetError
 	if errors.As(err, &budget) {
-		return exhausted(reasonNodePodLookups, fmt.Sprintf("too many requests for Pods this node does not run, retry in %v", budget.RetryAfter),
-			budget.RetryAfter, err)
+		return &limit.ExhaustedError{Reason: limit.ReasonNodePodLookups,
+			Msg:        fmt.Sprintf("too many requests for Pods this node does not run, retry in %v", budget.RetryAfter),
+			RetryAfter: budget.RetryAfter, Err: err}
 	}
 	return refuse(codes.Unavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
 }

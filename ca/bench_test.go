@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/benchbase"
 	"github.com/meshca/meshca/internal/testca"
@@ -40,7 +41,7 @@ func BenchmarkCreateCertificate(b *testing.B) {
 		Signer:  local.New(local.Config{Authorities: mgr}),
 		Bundles: mgr,
 		// The cost of a request, not the caller's budget.
-		Limits:  ca.Limits{Caller: ca.Budget{Rate: ca.NoLimit, MaxInFlight: ca.NoLimit}},
+		Limits:  limit.Limits{Caller: limit.Budget{Rate: limit.NoLimit, MaxInFlight: limit.NoLimit}},
 		Metrics: ca.NewMetrics(prometheus.NewRegistry(), expiry{mgr}, nil),
 		Logger:  slog.New(slog.NewJSONHandler(io.Discard, nil)),
 	})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
@@ -90,7 +91,7 @@ func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
 	now := time.Now() // frozen: no token refills during the test
 	tests := []struct {
 		name     string
-		limits   ca.Limits
+		limits   limit.Limits
 		burst    []string // tokens whose requests are admitted
 		refused  string   // the token refused next
 		reason   string
@@ -103,13 +104,13 @@ func TestOverLimitCallerIsToldWhenToRetry(t *testing.T) {
 		// peer address.
 		otherPeer bool
 	}{
-		{name: "caller rate", limits: ca.Limits{Caller: ca.Budget{Rate: 4, Burst: 2}},
+		{name: "caller rate", limits: limit.Limits{Caller: limit.Budget{Rate: 4, Burst: 2}},
 			burst: []string{"frontend-token", "frontend-token"}, refused: "frontend-token", reason: "caller_rate",
 			delay: 250 * time.Millisecond, pushback: "250", msg: "this identity is over its request rate (4 a second, bursts of 2), retry in 250ms",
 			other: "backend-token"},
 		// The address's review turns come 20 s apart, after the request's
 		// 10 s deadline.
-		{name: "authentication failures of a peer", limits: ca.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2},
+		{name: "authentication failures of a peer", limits: limit.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2},
 			burst: []string{"bad-token", "bad-token"}, code: codes.Unauthenticated, refused: "frontend-token", reason: "peer_authn_failures",
 			delay: 20 * time.Second, pushback: "20000", msg: spentMsg + "20s", otherPeer: true},
 	}
@@ -239,7 +240,7 @@ func TestNeighbourFailuresNeverLockOut(t *testing.T) {
 		"frontend-token": {ID: frontend, Namespace: "prod", ServiceAccount: "frontend", Method: "token"},
 	}, known: map[string]bool{"backend-token": true}}}
 	f := newFixture(t, root.Authority(), options{authn: reviews, config: func(c *ca.Config) {
-		c.Limits, c.Now = ca.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, now
+		c.Limits, c.Now = limit.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, now
 	}})
 	call := func(addr, token string, id spiffeid.ID) error {
 		_, err := f.srv.CreateCertificate(inProcess(context.Background(), addr, token), &authpb.IstioCertificateRequest{Csr: csrFor(t, id)})
@@ -295,7 +296,7 @@ func TestFailureFloodCostsBoundedReviews(t *testing.T) {
 	var waits []time.Duration
 	reviews := &slowReviews{}
 	f := newFixture(t, root.Authority(), options{authn: reviews, config: func(c *ca.Config) {
-		c.Limits, c.Now = ca.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, clock
+		c.Limits, c.Now = limit.Limits{PeerFailureRate: rate, PeerFailureBurst: burst}, clock
 		c.Sleep = func(_ context.Context, d time.Duration) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -386,7 +387,7 @@ func TestPeerFailuresBoundReviews(t *testing.T) {
 			r := &slowReviews{delay: 20 * time.Millisecond}
 			now := time.Now() // frozen: no failures refill during the test
 			f := newFixture(t, root.Authority(), options{authn: r, config: func(c *ca.Config) {
-				c.Limits, c.Now = ca.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2}, func() time.Time { return now }
+				c.Limits, c.Now = limit.Limits{PeerFailureRate: 0.05, PeerFailureBurst: 2}, func() time.Time { return now }
 				c.MaxAuthnPerPeer = tt.maxAuthn
 			}})
 			in := &authpb.IstioCertificateRequest{Csr: frontendCSR(t)}

@@ -60,10 +60,11 @@ func (d *DNSIssuer) IssueDNS(ctx context.Context, r *istiodcert.IssueRequest) (*
 
 func (d *DNSIssuer) issue(ctx context.Context, r *istiodcert.IssueRequest) (*istiodcert.Issued, error) {
 	s := d.s
-	if err := s.takeSlot(); err != nil {
+	releaseSlot, err := s.limits.TakeSlot()
+	if err != nil {
 		return nil, err
 	}
-	defer s.releaseSlot()
+	defer releaseSlot()
 	req, err := csr.ParseFor(r.CSR, &s.c.Policy.Keys)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
 	"google.golang.org/grpc/codes"
@@ -30,7 +31,7 @@ type Error struct {
 	Err error
 	// RetryAfter, for ResourceExhausted, is when the client may retry;
 	// it is sent as a RetryInfo detail and a grpc-retry-pushback-ms
-	// trailer (retryhint.go).
+	// trailer (ca/limit/retryhint.go).
 	RetryAfter time.Duration
 }
 
@@ -75,7 +76,7 @@ func (o Outcome) Status() error {
 	}
 	st := status.New(o.Code, o.Msg)
 	if o.RetryAfter > 0 {
-		if withInfo, err := st.WithDetails(retryInfo(o.RetryAfter)); err == nil {
+		if withInfo, err := st.WithDetails(limit.RetryInfo(o.RetryAfter)); err == nil {
 			st = withInfo
 		}
 	}
@@ -99,6 +100,7 @@ func classify(err error) Outcome {
 	}
 	var (
 		ce *Error
+		le *limit.ExhaustedError
 		ke *kube.Error
 		re *csr.Error
 		se *signer.Error
@@ -112,6 +114,9 @@ func classify(err error) Outcome {
 			o.SignErr = signErrCertGen
 		}
 		return o
+	case errors.As(err, &le):
+		// A limit: the client retries later, when it is told to.
+		return Outcome{Code: codes.ResourceExhausted, Reason: le.Reason, Msg: le.Msg, Detail: err.Error(), RetryAfter: le.RetryAfter}
 	case errors.As(err, &ke):
 		if ke.Retry {
 			return Outcome{Code: codes.Unavailable, Reason: ke.Reason, Msg: ke.Msg, Detail: err.Error(), SignErr: signErrNotReady}

@@ -30,6 +30,4 @@ const (
 	logConfigFile = "config_file"
 	logSettings   = "settings"
 	logIgnoredEnv = "ignored_env"
-	logOpenConns  = "open_connections"
-	logSuppressed = "suppressed"
 )

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/signer"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -129,7 +130,7 @@ func NewMetrics(reg prometheus.Registerer, exp ExpirySource, now func() time.Tim
 	for _, e := range istioSignErrors {
 		m.signErrors.WithLabelValues(e)
 	}
-	for _, r := range rateLimitReasons {
+	for _, r := range limit.Reasons {
 		m.rateLimited.WithLabelValues(r)
 	}
 	reg.MustRegister(m.csrCount, m.authnFailures, m.issued, m.signErrors, m.csrParseErrors, m.idErrors, m.requests, m.duration,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/ca/podcert"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
@@ -106,24 +107,25 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 // at its concurrency limit must not spend the nodes' rate tokens.
 func (p *PodIssuer) admit(node string) (func(), error) {
 	s := p.s
-	if err := s.takeSlot(); err != nil {
-		return nil, p.busy(err)
-	}
-	leave, err := s.limits.admitNode(node)
+	releaseSlot, err := s.limits.TakeSlot()
 	if err != nil {
-		s.releaseSlot()
 		return nil, p.busy(err)
 	}
-	return func() { s.releaseSlot(); leave() }, nil
+	leave, err := s.limits.AdmitNode(node)
+	if err != nil {
+		releaseSlot()
+		return nil, p.busy(err)
+	}
+	return func() { releaseSlot(); leave() }, nil
 }
 
 func (p *PodIssuer) busy(err error) error {
-	var ce *Error
-	if !errors.As(err, &ce) {
+	var le *limit.ExhaustedError
+	if !errors.As(err, &le) {
 		return err
 	}
-	p.s.c.Metrics.rateLimited.WithLabelValues(ce.Reason).Inc()
-	return &podcert.Busy{RetryAfter: ce.RetryAfter, Reason: ce.Reason, Err: err}
+	p.s.c.Metrics.rateLimited.WithLabelValues(le.Reason).Inc()
+	return &podcert.Busy{RetryAfter: le.RetryAfter, Reason: le.Reason, Err: err}
 }
 
 // RecordPod implements podcert.Issuer: one audit event and one count per

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/ca/podcert"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/testca"
@@ -151,7 +152,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
 	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
 	stub := podStub(t, &x509.CertificateRequest{})
-	newIssuer := func(t *testing.T, s signer.Signer, maxInFlight int, limits ca.Limits) (*ca.PodIssuer, *prometheus.Registry) {
+	newIssuer := func(t *testing.T, s signer.Signer, maxInFlight int, limits limit.Limits) (*ca.PodIssuer, *prometheus.Registry) {
 		reg := prometheus.NewRegistry()
 		srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
 			Signer: s, SignerName: "local", Bundles: mgr, Audit: &podAudit{}, MaxInFlight: maxInFlight, Limits: limits,
@@ -176,7 +177,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 
 	t.Run("node rate", func(t *testing.T) {
 		p, reg := newIssuer(t, local.New(local.Config{Authorities: mgr}), 0,
-			ca.Limits{NodeProxy: ca.Budget{Rate: 0.001, Burst: 2, MaxInFlight: 8}})
+			limit.Limits{NodeProxy: limit.Budget{Rate: 0.001, Burst: 2, MaxInFlight: 8}})
 		for i := range 2 {
 			if err := issue(p, "node-a"); err != nil {
 				t.Fatalf("request %d of node-a, within its burst: %v", i+1, err)
@@ -191,7 +192,7 @@ func TestPodIssuerBudgets(t *testing.T) {
 		bs := &blockingSigner{started: make(chan struct{}, 1), release: make(chan struct{})}
 		// One token a node: the refusal for the slot must not spend
 		// node-b's.
-		p, reg := newIssuer(t, bs, 1, ca.Limits{NodeProxy: ca.Budget{Rate: 0.001, Burst: 1, MaxInFlight: 8}})
+		p, reg := newIssuer(t, bs, 1, limit.Limits{NodeProxy: limit.Budget{Rate: 0.001, Burst: 1, MaxInFlight: 8}})
 		done := make(chan error, 1)
 		go func() { done <- issue(p, "node-a") }()
 		<-bs.started

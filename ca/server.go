@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/csr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
@@ -35,7 +36,7 @@ const (
 	DefaultRequestTimeout = 30 * time.Second
 	// DefaultMaxAuthnPerPeer bounds the authentications one peer address
 	// may have in progress; more wait for their turn, at most
-	// authnWaitingPerSlot × MaxInFlight of them over all peers.
+	// a bounded number of them over all peers (limit.Config).
 	DefaultMaxAuthnPerPeer = 64
 	// DefaultMaxTokenBytes bounds a bearer token: a bound service-account
 	// token is 1-2 KiB, so anything past this is refused before it leaves
@@ -75,9 +76,9 @@ type Config struct {
 	// unauthenticated callers cannot fill the slots.
 	MaxAuthnPerPeer int
 	// Limits are the budgets of each caller and each peer address.
-	Limits Limits
+	Limits limit.Limits
 	// Conn bounds the connections of the gRPC server (NewGRPCServer).
-	Conn ConnLimits
+	Conn limit.ConnLimits
 	// RequestTimeout is the longest any request runs, whatever deadline
 	// its client sends.
 	RequestTimeout time.Duration
@@ -109,10 +110,10 @@ type Config struct {
 // Server implements IstioCertificateService.
 type Server struct {
 	authpb.UnimplementedIstioCertificateServiceServer
-	c      Config
-	slots  chan struct{}
-	authn  *peerLimiter
-	limits *limiter
+	c Config
+	// limits are the budgets, the authentication turns and the issuance
+	// slots.
+	limits *limit.Limiter
 	// decode is the gRPC server's codec (NewGRPCServer), which keeps the
 	// errors of requests that did not decode; nil without one.
 	decode *requestCodec
@@ -175,21 +176,13 @@ func New(c Config) (*Server, error) {
 	if c.SignerName == "" {
 		c.SignerName = "unnamed"
 	}
-	c.Conn = c.Conn.withDefaults(c.RequestTimeout)
+	c.Conn = c.Conn.WithDefaults(c.RequestTimeout)
 	c.Metrics.initBackend(c.SignerName)
 	c.Signer = signer.Observe(c.Signer, c.SignerName, c.Metrics)
-	limits := newLimiter(c.Limits, c.Now)
-	if c.Sleep != nil {
-		limits.sleep = c.Sleep
-	}
-	return &Server{c: c, slots: make(chan struct{}, c.MaxInFlight), authn: newPeerLimiter(c.MaxAuthnPerPeer, authnWaitingPerSlot*c.MaxInFlight),
-		limits: limits}, nil
+	limits := limit.New(limit.Config{Limits: c.Limits, MaxInFlight: c.MaxInFlight,
+		MaxAuthnPerPeer: c.MaxAuthnPerPeer, Now: c.Now, Sleep: c.Sleep})
+	return &Server{c: c, limits: limits}, nil
 }
-
-// authnWaitingPerSlot × MaxInFlight requests may wait for an
-// authentication turn (MaxAuthnPerPeer) over all peers; more are refused
-// at once. A node restart sends ~110 requests from one address at once.
-const authnWaitingPerSlot = 4
 
 // request is one CreateCertificate call as it moves through the steps.
 type request struct {
@@ -235,16 +228,17 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if r.caller, err = s.authenticate(ctx, cluster, r); err != nil {
 		return nil, err
 	}
-	connAuthenticated(ctx) // ConnGuard: no longer idle unauthenticated
-	release, err := s.limits.admit(cluster, r.caller)
+	limit.ConnAuthenticated(ctx) // ConnGuard: no longer idle unauthenticated
+	release, err := s.limits.Admit(budgetOf(cluster, r.caller))
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	if err := s.takeSlot(); err != nil {
+	releaseSlot, err := s.limits.TakeSlot()
+	if err != nil {
 		return nil, err
 	}
-	defer s.releaseSlot()
+	defer releaseSlot()
 	s.c.Metrics.inFlight.Inc()
 	defer s.c.Metrics.inFlight.Dec()
 	if r.requested, err = requestedIdentity(in); err != nil {
@@ -280,18 +274,19 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	return s.respond(r.identity, res)
 }
 
-// takeSlot takes one of the issuance slots (--max-in-flight), or refuses
-// at once: nothing queues for a slot. releaseSlot gives it back.
-func (s *Server) takeSlot() error {
-	select {
-	case s.slots <- struct{}{}:
-		return nil
-	default:
-		return exhausted(reasonTooManyRequests, "CA is at its concurrency limit, retry later", busyRetryAfter, nil)
+// budgetOf is c, authenticated for cluster, as its budget sees it: a
+// caller whose service account is a trusted node account of cluster is a
+// node proxy, whose Pod has a budget of its own.
+func budgetOf(cluster *Cluster, c *Caller) limit.Caller {
+	b := limit.Caller{ID: c.ID.String()}
+	if cluster.Authorizer != nil && cluster.Authorizer.TrustedNodeAccounts[c.Namespace+"/"+c.ServiceAccount] {
+		b.NodeProxy = true
+		if c.PodName != "" {
+			b.Pod = cluster.ID + "/" + c.Namespace + "/" + c.PodName
+		}
 	}
+	return b
 }
-
-func (s *Server) releaseSlot() { <-s.slots }
 
 // requestedIdentity returns the ImpersonatedIdentity metadata field, or ""
 // when the caller asks for its own identity.

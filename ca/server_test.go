@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
@@ -72,7 +73,7 @@ type options struct {
 	register func(*grpc.Server)
 	// guard, when set, admits the connections (its listener and stats
 	// handler).
-	guard *ca.ConnGuard
+	guard *limit.ConnGuard
 }
 
 func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {

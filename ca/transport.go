@@ -83,7 +83,7 @@ func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.S
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 		grpc.MaxHeaderListSize(uint32(s.c.MaxHeaderBytes)),
 		grpc.ChainUnaryInterceptor(s.c.Metrics.grpc.UnaryServerInterceptor()),
-	}, s.c.Conn.serverOptions()...), opts...)
+	}, s.c.Conn.ServerOptions()...), opts...)
 	g := grpc.NewServer(opts...)
 	authpb.RegisterIstioCertificateServiceServer(g, s)
 	s.c.Metrics.grpc.InitializeMetrics(g)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/internal/testca"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -207,7 +208,7 @@ func TestHealth(t *testing.T) {
 			})
 		},
 		config: func(c *ca.Config) {
-			c.Audit, c.Limits = rec, ca.Limits{PeerFailureRate: 0.001, PeerFailureBurst: 1}
+			c.Audit, c.Limits = rec, limit.Limits{PeerFailureRate: 0.001, PeerFailureBurst: 1}
 		},
 	})
 	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(credentials.NewTLS(

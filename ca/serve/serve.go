@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/leader/leaderprom"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/addrfile"
@@ -46,8 +47,8 @@ type Config struct {
 	MaxTokenBytes, MaxHeaderBytes      int
 	// Limits are the budgets per caller and per peer, Conn the limits of
 	// the gRPC server's connections.
-	Limits    ca.Limits
-	Conn      ca.ConnLimits
+	Limits    limit.Limits
+	Conn      limit.ConnLimits
 	KeyPolicy csr.KeyPolicy
 	// CertRenewal lets a workload renew with its still-valid SVID.
 	CertRenewal bool
@@ -142,7 +143,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	}
 	// The guard admits the gRPC listener's connections (ConnLimits' caps
 	// and deadlines) and, as a stats handler, follows their RPCs.
-	guard := ca.NewConnGuard(ca.ConnGuardConfig{Limits: c.Conn, Registerer: reg, Logger: c.Logger})
+	guard := limit.NewConnGuard(limit.ConnGuardConfig{Limits: c.Conn, Registerer: reg, Logger: c.Logger})
 	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles),
 		append(grpcOptions(), grpc.StatsHandler(guard))...)}
 	// gRPC probes of the CA's port see the readiness /readyz reports.

@@ -5,13 +5,13 @@ import (
 	"math"
 	"time"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/spf13/pflag"
 )
 
 // limitFlags are the budgets per caller and per peer, and the limits of
 // the gRPC server's connections. On the command line 0 turns a limit off
-// (ca's zero values are its defaults, so 0 becomes ca.NoLimit).
+// (ca's zero values are its defaults, so 0 becomes limit.NoLimit).
 type limitFlags struct {
 	callerRate, nodeRate, peerFailRate       float64
 	callerBurst, nodeBurst, peerFailBurst    int
@@ -25,30 +25,30 @@ type limitFlags struct {
 }
 
 func (f *limitFlags) register(fl *pflag.FlagSet) {
-	c, n := ca.DefaultCallerBudget, ca.DefaultNodeProxyBudget
+	c, n := limit.DefaultCallerBudget, limit.DefaultNodeProxyBudget
 	fl.Float64Var(&f.callerRate, "caller-rate", c.Rate, "requests a second each workload identity (SPIFFE ID) may make, after --caller-burst at once; more are refused at once (ResourceExhausted, caller_rate) with a retry hint; 0: no limit")
 	fl.IntVar(&f.callerBurst, "caller-burst", c.Burst, "requests a workload identity may make at once before --caller-rate applies")
 	fl.IntVar(&f.callerInFlight, "caller-max-in-flight", c.MaxInFlight, "requests of one workload identity served at once; more are refused at once (caller_in_flight); 0: no limit")
 	fl.Float64Var(&f.nodeRate, "node-proxy-rate", n.Rate, "requests a second each node proxy Pod (a --trusted-node-accounts caller: ztunnel, asking for the Pods of its node) may make, after --node-proxy-burst at once (node_proxy_rate); 0: no limit")
 	fl.IntVar(&f.nodeBurst, "node-proxy-burst", n.Burst, "requests a node proxy Pod may make at once before --node-proxy-rate applies")
 	fl.IntVar(&f.nodeInFlight, "node-proxy-max-in-flight", n.MaxInFlight, "requests of one node proxy Pod served at once; more are refused at once (node_proxy_in_flight); 0: no limit")
-	fl.Float64Var(&f.peerFailRate, "authn-failure-rate-per-peer", ca.DefaultPeerFailureRate, "failed authentications (TokenReviews refused) a second one peer IP may cause, after --authn-failure-burst-per-peer; then its tokens not yet reviewed wait their turn, one per failure refilled, and only a request whose turn comes too late for its deadline is refused (peer_authn_failures); reviews that succeed cost nothing, and requests that need none (a client certificate, a cached token) never wait: one client cannot lock out the others at its address; 0: no limit")
-	fl.IntVar(&f.peerFailBurst, "authn-failure-burst-per-peer", ca.DefaultPeerFailureBurst, "failed authentications one peer IP may cause in a row before --authn-failure-rate-per-peer applies")
-	fl.DurationVar(&f.keepaliveTime, "keepalive-time", ca.DefaultKeepaliveTime, "ping a client after this long without activity on its connection (istiod: 30s)")
-	fl.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", ca.DefaultKeepaliveTimeout, "close a connection whose client does not answer a ping within this long (istiod: 10s)")
-	fl.DurationVar(&f.minPing, "keepalive-min-time", ca.DefaultKeepaliveMinTime, "shortest interval between a client's pings tolerated, with or without a request open; more often: GOAWAY too_many_pings (istiod: 15s; ztunnel pings every 30s)")
-	fl.DurationVar(&f.maxIdle, "max-connection-idle", ca.DefaultMaxConnectionIdle, "close a connection without a request for this long (ztunnel drops its own after 90s, istio-agent after 30m); 0: never")
-	fl.DurationVar(&f.maxAge, "max-connection-age", ca.DefaultMaxConnectionAge, "close a connection this old (±10%), so that clients spread over replicas again (istiod's chart: 30m); 0: never")
+	fl.Float64Var(&f.peerFailRate, "authn-failure-rate-per-peer", limit.DefaultPeerFailureRate, "failed authentications (TokenReviews refused) a second one peer IP may cause, after --authn-failure-burst-per-peer; then its tokens not yet reviewed wait their turn, one per failure refilled, and only a request whose turn comes too late for its deadline is refused (peer_authn_failures); reviews that succeed cost nothing, and requests that need none (a client certificate, a cached token) never wait: one client cannot lock out the others at its address; 0: no limit")
+	fl.IntVar(&f.peerFailBurst, "authn-failure-burst-per-peer", limit.DefaultPeerFailureBurst, "failed authentications one peer IP may cause in a row before --authn-failure-rate-per-peer applies")
+	fl.DurationVar(&f.keepaliveTime, "keepalive-time", limit.DefaultKeepaliveTime, "ping a client after this long without activity on its connection (istiod: 30s)")
+	fl.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", limit.DefaultKeepaliveTimeout, "close a connection whose client does not answer a ping within this long (istiod: 10s)")
+	fl.DurationVar(&f.minPing, "keepalive-min-time", limit.DefaultKeepaliveMinTime, "shortest interval between a client's pings tolerated, with or without a request open; more often: GOAWAY too_many_pings (istiod: 15s; ztunnel pings every 30s)")
+	fl.DurationVar(&f.maxIdle, "max-connection-idle", limit.DefaultMaxConnectionIdle, "close a connection without a request for this long (ztunnel drops its own after 90s, istio-agent after 30m); 0: never")
+	fl.DurationVar(&f.maxAge, "max-connection-age", limit.DefaultMaxConnectionAge, "close a connection this old (±10%), so that clients spread over replicas again (istiod's chart: 30m); 0: never")
 	fl.DurationVar(&f.maxAgeGrace, "max-connection-age-grace", 0, "time the requests of a connection closed for its age get to finish; 0: --request-timeout, so none is cut")
-	fl.IntVar(&f.maxStreams, "max-concurrent-streams", ca.DefaultMaxConcurrentStreams, "requests one connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client queues the rest); 0: no limit")
-	fl.IntVar(&f.maxConns, "max-connections", ca.DefaultMaxConnections, "gRPC connections open at once; more are closed as soon as accepted, before TLS (meshca_connections_refused_total{reason=\"total\"}); about 35 KiB each: size it with the memory limit; 0: no limit")
-	fl.IntVar(&f.maxConnsPerPeer, "max-connections-per-peer", ca.DefaultMaxConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP); more are closed as soon as accepted (per_peer); raise it for clients behind one address (SNAT, an east-west gateway); 0: no limit")
-	fl.DurationVar(&f.handshakeTimeout, "tls-handshake-timeout", ca.DefaultTLSHandshakeTimeout, "close a connection whose TLS handshake and HTTP/2 preface are not done this long after it was accepted (handshake_timeout); 0: grpc-go's 120s")
-	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", ca.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
+	fl.IntVar(&f.maxStreams, "max-concurrent-streams", limit.DefaultMaxConcurrentStreams, "requests one connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client queues the rest); 0: no limit")
+	fl.IntVar(&f.maxConns, "max-connections", limit.DefaultMaxConnections, "gRPC connections open at once; more are closed as soon as accepted, before TLS (meshca_connections_refused_total{reason=\"total\"}); about 35 KiB each: size it with the memory limit; 0: no limit")
+	fl.IntVar(&f.maxConnsPerPeer, "max-connections-per-peer", limit.DefaultMaxConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP); more are closed as soon as accepted (per_peer); raise it for clients behind one address (SNAT, an east-west gateway); 0: no limit")
+	fl.DurationVar(&f.handshakeTimeout, "tls-handshake-timeout", limit.DefaultTLSHandshakeTimeout, "close a connection whose TLS handshake and HTTP/2 preface are not done this long after it was accepted (handshake_timeout); 0: grpc-go's 120s")
+	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", limit.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
 }
 
 // config checks the flags and returns them as ca takes them.
-func (f *limitFlags) config() (ca.Limits, ca.ConnLimits, error) {
+func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 	for _, r := range []struct {
 		name  string
 		rate  float64
@@ -60,40 +60,40 @@ func (f *limitFlags) config() (ca.Limits, ca.ConnLimits, error) {
 	} {
 		switch {
 		case math.IsNaN(r.rate) || math.IsInf(r.rate, 0) || r.rate < 0:
-			return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--%s %v must be a number of requests a second, at least 0 (0: no limit)", r.name, r.rate)
+			return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--%s %v must be a number of requests a second, at least 0 (0: no limit)", r.name, r.rate)
 		case r.rate > 0 && r.burst < 1:
-			return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--%s %v needs a burst of at least 1, not %d", r.name, r.rate, r.burst)
+			return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--%s %v needs a burst of at least 1, not %d", r.name, r.rate, r.burst)
 		}
 	}
 	switch {
 	case f.callerInFlight < 0 || f.nodeInFlight < 0 || f.maxStreams < 0:
-		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--caller-max-in-flight (%d), --node-proxy-max-in-flight (%d) and --max-concurrent-streams (%d) must not be negative (0: no limit)",
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--caller-max-in-flight (%d), --node-proxy-max-in-flight (%d) and --max-concurrent-streams (%d) must not be negative (0: no limit)",
 			f.callerInFlight, f.nodeInFlight, f.maxStreams)
 	case f.maxStreams > math.MaxUint32:
-		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--max-concurrent-streams %d is above %d", f.maxStreams, uint32(math.MaxUint32))
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-concurrent-streams %d is above %d", f.maxStreams, uint32(math.MaxUint32))
 	case f.keepaliveTime < time.Second || f.keepaliveTimeout <= 0 || f.minPing <= 0:
-		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--keepalive-time (%v) must be at least 1s, --keepalive-timeout (%v) and --keepalive-min-time (%v) positive",
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--keepalive-time (%v) must be at least 1s, --keepalive-timeout (%v) and --keepalive-min-time (%v) positive",
 			f.keepaliveTime, f.keepaliveTimeout, f.minPing)
 	case f.maxConns < 0 || f.maxConnsPerPeer < 0 || f.handshakeTimeout < 0 || f.maxUnauthIdle < 0:
-		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
 			f.maxConns, f.maxConnsPerPeer, f.handshakeTimeout, f.maxUnauthIdle)
 	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
-		return ca.Limits{}, ca.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
 			f.maxIdle, f.maxAge, f.maxAgeGrace)
 	}
-	limits := ca.Limits{
-		Caller:          ca.Budget{Rate: offRate(f.callerRate), Burst: f.callerBurst, MaxInFlight: off(f.callerInFlight)},
-		NodeProxy:       ca.Budget{Rate: offRate(f.nodeRate), Burst: f.nodeBurst, MaxInFlight: off(f.nodeInFlight)},
+	limits := limit.Limits{
+		Caller:          limit.Budget{Rate: offRate(f.callerRate), Burst: f.callerBurst, MaxInFlight: off(f.callerInFlight)},
+		NodeProxy:       limit.Budget{Rate: offRate(f.nodeRate), Burst: f.nodeBurst, MaxInFlight: off(f.nodeInFlight)},
 		PeerFailureRate: offRate(f.peerFailRate), PeerFailureBurst: f.peerFailBurst,
 	}
 	idle, age := f.maxIdle, f.maxAge
 	if idle == 0 {
-		idle = ca.NoLimit
+		idle = limit.NoLimit
 	}
 	if age == 0 {
-		age = ca.NoLimit
+		age = limit.NoLimit
 	}
-	conn := ca.ConnLimits{
+	conn := limit.ConnLimits{
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, KeepaliveMinTime: f.minPing,
 		MaxConnectionIdle: idle, MaxConnectionAge: age, MaxConnectionAgeGrace: f.maxAgeGrace, MaxConcurrentStreams: off(f.maxStreams),
 		MaxConnections: off(f.maxConns), MaxConnectionsPerPeer: off(f.maxConnsPerPeer),
@@ -103,24 +103,24 @@ func (f *limitFlags) config() (ca.Limits, ca.ConnLimits, error) {
 }
 
 // off is a limit given on the command line as ca takes it: 0, no limit,
-// is ca.NoLimit.
+// is limit.NoLimit.
 func off(v int) int {
 	if v == 0 {
-		return ca.NoLimit
+		return limit.NoLimit
 	}
 	return v
 }
 
 func offDuration(d time.Duration) time.Duration {
 	if d == 0 {
-		return ca.NoLimit
+		return limit.NoLimit
 	}
 	return d
 }
 
 func offRate(v float64) float64 {
 	if v == 0 {
-		return ca.NoLimit
+		return limit.NoLimit
 	}
 	return v
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/spf13/pflag"
 )
 
@@ -20,11 +20,11 @@ func defaultLimitFlags() limitFlags {
 // every source, 0 turns a limit off, and bad values are refused naming
 // the flag and where it came from.
 func TestLimitFlags(t *testing.T) {
-	defaults := ca.Limits{
-		Caller: ca.DefaultCallerBudget, NodeProxy: ca.DefaultNodeProxyBudget,
-		PeerFailureRate: ca.DefaultPeerFailureRate, PeerFailureBurst: ca.DefaultPeerFailureBurst,
+	defaults := limit.Limits{
+		Caller: limit.DefaultCallerBudget, NodeProxy: limit.DefaultNodeProxyBudget,
+		PeerFailureRate: limit.DefaultPeerFailureRate, PeerFailureBurst: limit.DefaultPeerFailureBurst,
 	}
-	defaultConn := ca.ConnLimits{
+	defaultConn := limit.ConnLimits{
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 10 * time.Second, KeepaliveMinTime: 15 * time.Second,
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
 		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 10 * time.Second, MaxUnauthenticatedIdle: time.Minute,
@@ -34,33 +34,33 @@ func TestLimitFlags(t *testing.T) {
 		args   []string
 		env    []string
 		file   string
-		limits func(*ca.Limits)
-		conn   func(*ca.ConnLimits)
+		limits func(*limit.Limits)
+		conn   func(*limit.ConnLimits)
 		err    string
 	}{
 		{name: "defaults"},
 		{name: "flags", args: []string{"--caller-rate", "2.5", "--caller-burst", "7", "--node-proxy-max-in-flight", "64", "--max-connection-age-grace", "45s"},
-			limits: func(l *ca.Limits) { l.Caller.Rate, l.Caller.Burst, l.NodeProxy.MaxInFlight = 2.5, 7, 64 },
-			conn:   func(c *ca.ConnLimits) { c.MaxConnectionAgeGrace = 45 * time.Second }},
+			limits: func(l *limit.Limits) { l.Caller.Rate, l.Caller.Burst, l.NodeProxy.MaxInFlight = 2.5, 7, 64 },
+			conn:   func(c *limit.ConnLimits) { c.MaxConnectionAgeGrace = 45 * time.Second }},
 		{name: "MESHCA_ variables", env: []string{"MESHCA_NODE_PROXY_RATE=500", "MESHCA_KEEPALIVE_TIME=1m", "MESHCA_MAX_CONCURRENT_STREAMS=1000"},
-			limits: func(l *ca.Limits) { l.NodeProxy.Rate = 500 },
-			conn:   func(c *ca.ConnLimits) { c.KeepaliveTime, c.MaxConcurrentStreams = time.Minute, 1000 }},
+			limits: func(l *limit.Limits) { l.NodeProxy.Rate = 500 },
+			conn:   func(c *limit.ConnLimits) { c.KeepaliveTime, c.MaxConcurrentStreams = time.Minute, 1000 }},
 		{name: "config file", file: "authnFailureRatePerPeer: 1\nauthnFailureBurstPerPeer: 5\nmaxConnectionIdle: 5m\ncallerMaxInFlight: 8\n",
-			limits: func(l *ca.Limits) { l.PeerFailureRate, l.PeerFailureBurst, l.Caller.MaxInFlight = 1, 5, 8 },
-			conn:   func(c *ca.ConnLimits) { c.MaxConnectionIdle = 5 * time.Minute }},
+			limits: func(l *limit.Limits) { l.PeerFailureRate, l.PeerFailureBurst, l.Caller.MaxInFlight = 1, 5, 8 },
+			conn:   func(c *limit.ConnLimits) { c.MaxConnectionIdle = 5 * time.Minute }},
 		{name: "0 turns limits off",
 			args: []string{"--caller-rate", "0", "--caller-max-in-flight", "0", "--node-proxy-rate", "0", "--authn-failure-rate-per-peer", "0",
 				"--max-connection-idle", "0", "--max-connection-age", "0", "--max-concurrent-streams", "0"},
-			limits: func(l *ca.Limits) {
-				l.Caller.Rate, l.Caller.MaxInFlight, l.NodeProxy.Rate, l.PeerFailureRate = ca.NoLimit, ca.NoLimit, ca.NoLimit, ca.NoLimit
+			limits: func(l *limit.Limits) {
+				l.Caller.Rate, l.Caller.MaxInFlight, l.NodeProxy.Rate, l.PeerFailureRate = limit.NoLimit, limit.NoLimit, limit.NoLimit, limit.NoLimit
 			},
-			conn: func(c *ca.ConnLimits) {
-				c.MaxConnectionIdle, c.MaxConnectionAge, c.MaxConcurrentStreams = ca.NoLimit, ca.NoLimit, ca.NoLimit
+			conn: func(c *limit.ConnLimits) {
+				c.MaxConnectionIdle, c.MaxConnectionAge, c.MaxConcurrentStreams = limit.NoLimit, limit.NoLimit, limit.NoLimit
 			}},
 		{name: "connection guard", args: []string{"--max-connections", "10000", "--max-connections-per-peer", "0", "--tls-handshake-timeout", "0"},
 			file: "maxConnectionIdleUnauthenticated: 30s\n",
-			conn: func(c *ca.ConnLimits) {
-				c.MaxConnections, c.MaxConnectionsPerPeer, c.TLSHandshakeTimeout, c.MaxUnauthenticatedIdle = 10000, ca.NoLimit, ca.NoLimit, 30*time.Second
+			conn: func(c *limit.ConnLimits) {
+				c.MaxConnections, c.MaxConnectionsPerPeer, c.TLSHandshakeTimeout, c.MaxUnauthenticatedIdle = 10000, limit.NoLimit, limit.NoLimit, 30*time.Second
 			}},
 		{name: "negative connection cap", env: []string{"MESHCA_MAX_CONNECTIONS_PER_PEER=-1"}, err: "--max-connections-per-peer (-1)"},
 		{name: "negative rate", args: []string{"--caller-rate", "-1"}, err: "--caller-rate -1 must be a number of requests a second, at least 0"},

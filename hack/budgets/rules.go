@@ -46,7 +46,8 @@ const statusImport = "google.golang.org/grpc/status"
 // statusImporters are the packages whose non-test, non-generated code may
 // import statusImport: ca maps errors to codes in one place (ca/errors.go),
 // and ca/caclient reads the codes of the answers it gets. Other ca/ parts
-// (ca/kube, ca/trust, ca/podcert) return errors and leave the mapping to ca.
+// (ca/kube, ca/limit, ca/trust, ca/podcert) return errors and leave the
+// mapping to ca: ca/limit's refusals are one type, limit.ExhaustedError.
 var statusImporters = []string{"ca", "ca/caclient"}
 
 // A layer is a set of packages of the product module and the layers their
@@ -55,7 +56,9 @@ var statusImporters = []string{"ca", "ca/caclient"}
 // belongs to the layer of its most specific pattern (an exact path beats a
 // "/..." pattern, a longer pattern beats a shorter one). A package that is
 // in no layer, or imports one that is in no layer, is a violation: place it
-// here.
+// here. A part's Prometheus metrics live in its own <part>prom subpackage
+// (keymgr/keymgrprom, signer/vault/vaultprom, ca/trust/trustprom,
+// ca/leader/leaderprom), in the part's layer; ca/serve and cmd wire them.
 type layer struct {
 	Name string
 	Pkgs []string
@@ -106,23 +109,31 @@ var layers = []layer{
 		Why: "the contract suite and the backends' fakes test through signer and keymgr's authorities and must not import a backend",
 	},
 	{
+		Name: "limits", Pkgs: []string{"ca/limit"}, May: []string{"internal"},
+		Why: "ca/limit holds the budgets, slots and connection caps; it must not import ca, its parent, nor the parts it limits",
+	},
+	{
+		Name: "leader", Pkgs: []string{"ca/leader/..."}, May: []string{"internal", "leader"},
+		Why: "ca/leader runs work on one replica at a time (leaderprom its metric); the controllers import it, never the reverse",
+	},
+	{
 		Name: "ca part", Pkgs: []string{"ca/..."},
-		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "ca part"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "limits", "leader", "ca part"},
 		Why: "ca/<part> (kube, caclient, trust, podcert) is a part ca assembles; it must not import ca, its parent, or cmd",
 	},
 	{
 		Name: "ca", Pkgs: []string{"ca"},
-		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "ca part"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "limits", "leader", "ca part"},
 		Why: "ca is the server; it uses the domain packages and its own parts, and must not import a signer backend or cmd",
 	},
 	{
 		Name: "assembly", Pkgs: []string{"ca/serve"},
-		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "ca part", "ca"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "limits", "leader", "ca part", "ca"},
 		Why: "ca/serve assembles meshca serve from every part; only cmd imports it",
 	},
 	{
 		Name: "cmd", Pkgs: []string{"cmd/..."},
-		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "ca part", "ca", "assembly"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "limits", "leader", "ca part", "ca", "assembly"},
 		Why: "cmd turns flags into configurations and wires the parts; nothing imports cmd",
 	},
 	{

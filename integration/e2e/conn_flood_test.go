@@ -30,7 +30,7 @@ const (
 	// chartMemoryLimit is the chart's resources.limits.memory (256Mi).
 	chartMemoryLimit = 256 << 20
 	// defaultMaxConnsPerPeer is --max-connections-per-peer's default
-	// (ca.DefaultMaxConnectionsPerPeer; ca's dependencies are not this
+	// (limit.DefaultMaxConnectionsPerPeer; ca's dependencies are not this
 	// module's).
 	defaultMaxConnsPerPeer = 256
 )
@@ -172,7 +172,7 @@ func issueFrom(t *testing.T, s *server, w *harness.Workload, from string) (*cacl
 // x-idle-server over the RSS of the same server idle, measured in the
 // same run.
 func BenchmarkIdleConnectionsAtCap(b *testing.B) {
-	const defaultMaxConns = 4096 // ca.DefaultMaxConnections
+	const defaultMaxConns = 4096 // limit.DefaultMaxConnections
 	for b.Loop() {
 		r := measureIdleConns(b, defaultMaxConns, "--max-connections-per-peer=0")
 		b.ReportMetric(float64(r.rss)/(1<<20), "rss-MiB")

@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"context"
@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"google.golang.org/grpc/codes"
 )
 
 // NoLimit, in a field of Limits or ConnLimits, turns that limit off.
@@ -79,32 +77,32 @@ const (
 	DefaultLimitKeys = 16384
 )
 
-// busyRetryAfter is the retry hint of a refusal for concurrency (a
+// BusyRetryAfter is the retry hint of a refusal for concurrency (a
 // caller's in-flight budget, the issuance slots, a peer's
 // authentications): a request takes milliseconds, so a slot is likely
 // free by then.
-const busyRetryAfter = 250 * time.Millisecond
+const BusyRetryAfter = 250 * time.Millisecond
 
 // Reasons of the ResourceExhausted refusals of the budgets.
 const (
-	reasonCallerRate             = "caller_rate"
-	reasonCallerInFlight         = "caller_in_flight"
-	reasonNodeProxyRate          = "node_proxy_rate"
-	reasonNodeProxyInFlight      = "node_proxy_in_flight"
-	reasonTooManyRequests        = "too_many_requests"
-	reasonTooManyAuthentications = "too_many_authentications"
-	// reasonPeerAuthnFailures: the address has spent its failures and
+	ReasonCallerRate             = "caller_rate"
+	ReasonCallerInFlight         = "caller_in_flight"
+	ReasonNodeProxyRate          = "node_proxy_rate"
+	ReasonNodeProxyInFlight      = "node_proxy_in_flight"
+	ReasonTooManyRequests        = "too_many_requests"
+	ReasonTooManyAuthentications = "too_many_authentications"
+	// ReasonPeerAuthnFailures: the address has spent its failures and
 	// the request's review turn would come too late for its deadline.
-	reasonPeerAuthnFailures = "peer_authn_failures"
-	// reasonNodePodLookups: a node proxy's requests for Pods the index
+	ReasonPeerAuthnFailures = "peer_authn_failures"
+	// ReasonNodePodLookups: a node proxy's requests for Pods the index
 	// does not hold have used its node's share of apiserver lookups
 	// (kube.LookupBudgetError).
-	reasonNodePodLookups = "node_pod_lookups"
+	ReasonNodePodLookups = "node_pod_lookups"
 )
 
-// rateLimitReasons are every reason of meshca_rate_limited_total.
-var rateLimitReasons = []string{reasonTooManyRequests, reasonTooManyAuthentications, reasonPeerAuthnFailures,
-	reasonCallerRate, reasonCallerInFlight, reasonNodeProxyRate, reasonNodeProxyInFlight, reasonNodePodLookups}
+// Reasons are every reason of meshca_rate_limited_total.
+var Reasons = []string{ReasonTooManyRequests, ReasonTooManyAuthentications, ReasonPeerAuthnFailures,
+	ReasonCallerRate, ReasonCallerInFlight, ReasonNodeProxyRate, ReasonNodeProxyInFlight, ReasonNodePodLookups}
 
 func (b Budget) withDefaults(d Budget) Budget {
 	if b.Rate == 0 {
@@ -169,33 +167,37 @@ func newLimiter(l Limits, now func() time.Time) *limiter {
 		now:      now,
 		sleep:    timerSleep,
 		turns:    map[string]*turn{},
-		caller:   budget(l.Caller, reasonCallerRate, reasonCallerInFlight, "this identity"),
-		node:     budget(l.NodeProxy, reasonNodeProxyRate, reasonNodeProxyInFlight, "this node proxy"),
+		caller:   budget(l.Caller, ReasonCallerRate, ReasonCallerInFlight, "this identity"),
+		node:     budget(l.NodeProxy, ReasonNodeProxyRate, ReasonNodeProxyInFlight, "this node proxy"),
 		failures: newBuckets(l.PeerFailureRate, l.PeerFailureBurst, l.MaxKeys),
 	}
 }
 
-// admit takes a turn of c's budget, c having authenticated for cluster:
-// one of its in-flight slots, then a token of its bucket. Over either, it
-// refuses at once, saying when to retry. release gives the slot back.
-func (l *limiter) admit(cluster *Cluster, c *Caller) (release func(), err error) {
-	b, key := l.caller, "id "+c.ID.String()
-	if cluster.Authorizer != nil && cluster.Authorizer.TrustedNodeAccounts[c.Namespace+"/"+c.ServiceAccount] {
+// Caller is an authenticated caller as its budget sees it.
+type Caller struct {
+	// ID is the caller's identity (its SPIFFE ID).
+	ID string
+	// NodeProxy is set when the caller's service account is a trusted
+	// node account of its cluster.
+	NodeProxy bool
+	// Pod names a node proxy's Pod, cluster/namespace/name, or "".
+	Pod string
+}
+
+// admit takes a turn of c's budget: one of its in-flight slots, then a
+// token of its bucket. Over either, it refuses at once, saying when to
+// retry. release gives the slot back.
+func (l *limiter) admit(c Caller) (release func(), err error) {
+	b, key := l.caller, "id "+c.ID
+	if c.NodeProxy {
 		// Each node proxy Pod serves its own node: every ztunnel of the
 		// mesh shares one service account but not one budget.
 		b = l.node
-		if c.PodName != "" {
-			key = "pod " + cluster.ID + "/" + c.Namespace + "/" + c.PodName
+		if c.Pod != "" {
+			key = "pod " + c.Pod
 		}
 	}
 	return l.take(b, key, b.who)
-}
-
-// admitNode takes a turn of the node proxy budget for the kubelet of
-// node, which asks for its Pods' certificates through
-// PodCertificateRequests as a ztunnel does through CreateCertificate.
-func (l *limiter) admitNode(node string) (release func(), err error) {
-	return l.take(l.node, "node "+node, "this node")
 }
 
 // take takes one of key's in-flight slots of b, then a token of its
@@ -226,8 +228,8 @@ func (b *callerBudget) enter(key, who string) (func(), error) {
 	defer b.mu.Unlock()
 	if b.inFlight[key] >= b.b.MaxInFlight {
 		return nil, exhausted(b.inFlightReason,
-			fmt.Sprintf("%s already has %d requests in progress, the most it may, retry in %v", who, b.b.MaxInFlight, busyRetryAfter),
-			busyRetryAfter, fmt.Errorf("%s: %d in flight", key, b.b.MaxInFlight))
+			fmt.Sprintf("%s already has %d requests in progress, the most it may, retry in %v", who, b.b.MaxInFlight, BusyRetryAfter),
+			BusyRetryAfter, fmt.Errorf("%s: %d in flight", key, b.b.MaxInFlight))
 	}
 	b.inFlight[key]++
 	return func() {
@@ -341,14 +343,9 @@ func timerSleep(ctx context.Context, d time.Duration) error {
 // peerFailuresSpent is the refusal of a request whose address has spent
 // its failures and whose turn would come in wait, too late for its
 // deadline, in left.
-func peerFailuresSpent(peer string, wait, left time.Duration) *Error {
-	return exhausted(reasonPeerAuthnFailures,
+func peerFailuresSpent(peer string, wait, left time.Duration) *ExhaustedError {
+	return exhausted(ReasonPeerAuthnFailures,
 		fmt.Sprintf("too many failed authentications from this address: its tokens are reviewed in turn, and this request's turn comes too late for its deadline, retry in %v", wait),
 		wait, fmt.Errorf("peer %s: bucket of authentication failures empty; the next review turn is in %v, the request's deadline in %v",
 			peer, wait, left.Round(time.Millisecond)))
-}
-
-// exhausted is a ResourceExhausted refusal that says when to retry.
-func exhausted(reason, msg string, retry time.Duration, err error) *Error {
-	return &Error{Code: codes.ResourceExhausted, Reason: reason, Msg: msg, RetryAfter: retry, Err: err}
 }

@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"context"
@@ -19,15 +19,15 @@ import (
 // before the next attempt instead of their own backoff.
 const retryPushbackTrailer = "grpc-retry-pushback-ms"
 
-// retryInfo is the status detail saying to retry after d.
-func retryInfo(d time.Duration) *errdetails.RetryInfo {
+// RetryInfo is the status detail saying to retry after d.
+func RetryInfo(d time.Duration) *errdetails.RetryInfo {
 	return &errdetails.RetryInfo{RetryDelay: durationpb.New(d)}
 }
 
-// setRetryPushback sets the grpc-retry-pushback-ms trailer of the call
+// SetRetryPushback sets the grpc-retry-pushback-ms trailer of the call
 // in ctx to d, in whole milliseconds rounded up; nothing when d is not
 // positive or ctx is not a gRPC call (a direct call in a test).
-func setRetryPushback(ctx context.Context, d time.Duration) {
+func SetRetryPushback(ctx context.Context, d time.Duration) {
 	if d <= 0 {
 		return
 	}

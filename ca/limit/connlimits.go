@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"time"
@@ -94,7 +94,9 @@ const (
 	DefaultMaxUnauthenticatedIdle = time.Minute
 )
 
-func (c ConnLimits) withDefaults(requestTimeout time.Duration) ConnLimits {
+// WithDefaults is c with its zero fields set to the defaults above; a
+// zero MaxConnectionAgeGrace is requestTimeout.
+func (c ConnLimits) WithDefaults(requestTimeout time.Duration) ConnLimits {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -119,8 +121,8 @@ func (c ConnLimits) withDefaults(requestTimeout time.Duration) ConnLimits {
 	return c
 }
 
-// serverOptions are c as grpc-go takes them, where zero means no limit.
-func (c ConnLimits) serverOptions() []grpc.ServerOption {
+// ServerOptions are c as grpc-go takes them, where zero means no limit.
+func (c ConnLimits) ServerOptions() []grpc.ServerOption {
 	off := func(d time.Duration) time.Duration { return max(d, 0) }
 	streams := uint32(0)
 	if c.MaxConcurrentStreams > 0 {

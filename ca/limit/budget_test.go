@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"context"
@@ -8,9 +8,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/grpc/codes"
 )
 
 // clock is an injected clock the tests move by hand.
@@ -23,28 +20,24 @@ func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now
 
 func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.now = c.now.Add(d) }
 
-var limitsTD = spiffeid.RequireTrustDomainFromString("cluster.local")
-
-// limitsCluster trusts istio-system/ztunnel as a node account.
-var limitsCluster = &Cluster{ID: "Kubernetes", Authorizer: &NodeAuthorizer{TrustDomain: limitsTD,
-	TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}}}
-
-func workload(ns, sa string) *Caller {
-	return &Caller{ID: spiffeid.RequireFromSegments(limitsTD, "ns", ns, "sa", sa), Namespace: ns, ServiceAccount: sa, Method: MethodToken}
+func workload(ns, sa string) Caller {
+	return Caller{ID: "spiffe://cluster.local/ns/" + ns + "/sa/" + sa}
 }
 
-func ztunnel(pod string) *Caller {
+// ztunnel is a Pod of istio-system/ztunnel, a trusted node account of
+// the cluster Kubernetes.
+func ztunnel(pod string) Caller {
 	c := workload("istio-system", "ztunnel")
-	c.PodName, c.PodUID, c.Node = pod, "uid-"+pod, "node-"+pod
+	c.NodeProxy, c.Pod = true, "Kubernetes/istio-system/"+pod
 	return c
 }
 
 // limitErr returns err's reason and retry hint, failing unless it is a
-// ResourceExhausted *Error.
+// *ExhaustedError.
 func limitErr(t *testing.T, err error) (string, time.Duration) {
 	t.Helper()
-	var e *Error
-	if !errors.As(err, &e) || e.Code != codes.ResourceExhausted {
+	var e *ExhaustedError
+	if !errors.As(err, &e) {
 		t.Fatalf("got %v, want a ResourceExhausted refusal", err)
 	}
 	return e.Reason, e.RetryAfter
@@ -55,21 +48,21 @@ func limitErr(t *testing.T, err error) (string, time.Duration) {
 func TestCallerRate(t *testing.T) {
 	tests := []struct {
 		name       string
-		caller     *Caller
-		other      *Caller // unaffected by caller's burst
-		burst      int     // requests admitted at once
+		caller     Caller
+		other      Caller // unaffected by caller's burst
+		burst      int    // requests admitted at once
 		reason     string
 		retryAfter time.Duration
 	}{
 		{name: "workload identity", caller: workload("shop", "cart"), other: workload("shop", "web"),
-			burst: 5, reason: reasonCallerRate, retryAfter: 100 * time.Millisecond},
+			burst: 5, reason: ReasonCallerRate, retryAfter: 100 * time.Millisecond},
 		{name: "node proxy Pod", caller: ztunnel("ztunnel-a"), other: ztunnel("ztunnel-b"),
-			burst: 20, reason: reasonNodeProxyRate, retryAfter: 50 * time.Millisecond},
-		{name: "another Pod of a workload shares its identity's bucket", caller: func() *Caller {
+			burst: 20, reason: ReasonNodeProxyRate, retryAfter: 50 * time.Millisecond},
+		{name: "another Pod of a workload shares its identity's bucket", caller: func() Caller {
 			c := workload("shop", "cart")
-			c.PodName = "cart-2"
+			c.Pod = "Kubernetes/shop/cart-2" // ignored: not a node proxy
 			return c
-		}(), other: workload("shop", "db"), burst: 5, reason: reasonCallerRate, retryAfter: 100 * time.Millisecond},
+		}(), other: workload("shop", "db"), burst: 5, reason: ReasonCallerRate, retryAfter: 100 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -79,29 +72,29 @@ func TestCallerRate(t *testing.T) {
 				NodeProxy: Budget{Rate: 20, Burst: 20, MaxInFlight: NoLimit},
 			}, clk.Now)
 			for i := range tt.burst {
-				if _, err := l.admit(limitsCluster, tt.caller); err != nil {
+				if _, err := l.admit(tt.caller); err != nil {
 					t.Fatalf("request %d of the burst: %v", i+1, err)
 				}
 			}
-			_, err := l.admit(limitsCluster, tt.caller)
+			_, err := l.admit(tt.caller)
 			reason, after := limitErr(t, err)
 			if reason != tt.reason || after != tt.retryAfter {
 				t.Fatalf("refused with %s, retry after %v; want %s, %v", reason, after, tt.reason, tt.retryAfter)
 			}
-			if !strings.Contains(err.(*Error).Msg, "retry in "+tt.retryAfter.String()) {
-				t.Errorf("message %q does not say when to retry", err.(*Error).Msg)
+			if !strings.Contains(err.(*ExhaustedError).Msg, "retry in "+tt.retryAfter.String()) {
+				t.Errorf("message %q does not say when to retry", err.(*ExhaustedError).Msg)
 			}
-			if _, err := l.admit(limitsCluster, tt.other); err != nil {
+			if _, err := l.admit(tt.other); err != nil {
 				t.Fatalf("another caller: %v", err)
 			}
 			clk.add(tt.retryAfter / 2)
-			if _, err := l.admit(limitsCluster, tt.caller); err == nil {
+			if _, err := l.admit(tt.caller); err == nil {
 				t.Fatal("admitted before the hint")
 			} else if _, after := limitErr(t, err); after != tt.retryAfter/2 {
 				t.Fatalf("halfway, retry after %v, want %v", after, tt.retryAfter/2)
 			}
 			clk.add(tt.retryAfter / 2)
-			if _, err := l.admit(limitsCluster, tt.caller); err != nil {
+			if _, err := l.admit(tt.caller); err != nil {
 				t.Fatalf("at the hint: %v", err)
 			}
 		})
@@ -113,13 +106,13 @@ func TestCallerRate(t *testing.T) {
 func TestCallerInFlight(t *testing.T) {
 	tests := []struct {
 		name   string
-		caller *Caller
-		other  *Caller
+		caller Caller
+		other  Caller
 		max    int
 		reason string
 	}{
-		{name: "workload identity", caller: workload("shop", "cart"), other: workload("shop", "web"), max: 2, reason: reasonCallerInFlight},
-		{name: "node proxy Pod", caller: ztunnel("ztunnel-a"), other: ztunnel("ztunnel-b"), max: 4, reason: reasonNodeProxyInFlight},
+		{name: "workload identity", caller: workload("shop", "cart"), other: workload("shop", "web"), max: 2, reason: ReasonCallerInFlight},
+		{name: "node proxy Pod", caller: ztunnel("ztunnel-a"), other: ztunnel("ztunnel-b"), max: 4, reason: ReasonNodeProxyInFlight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,23 +120,23 @@ func TestCallerInFlight(t *testing.T) {
 			l := newLimiter(Limits{Caller: Budget{Rate: NoLimit, MaxInFlight: 2}, NodeProxy: Budget{Rate: NoLimit, MaxInFlight: 4}}, clk.Now)
 			var held []func()
 			for range tt.max {
-				release, err := l.admit(limitsCluster, tt.caller)
+				release, err := l.admit(tt.caller)
 				if err != nil {
 					t.Fatal(err)
 				}
 				held = append(held, release)
 			}
-			_, err := l.admit(limitsCluster, tt.caller)
-			if reason, after := limitErr(t, err); reason != tt.reason || after != busyRetryAfter {
-				t.Fatalf("refused with %s after %v, want %s after %v", reason, after, tt.reason, busyRetryAfter)
+			_, err := l.admit(tt.caller)
+			if reason, after := limitErr(t, err); reason != tt.reason || after != BusyRetryAfter {
+				t.Fatalf("refused with %s after %v, want %s after %v", reason, after, tt.reason, BusyRetryAfter)
 			}
-			if release, err := l.admit(limitsCluster, tt.other); err != nil {
+			if release, err := l.admit(tt.other); err != nil {
 				t.Fatalf("another caller: %v", err)
 			} else {
 				release()
 			}
 			held[0]()
-			release, err := l.admit(limitsCluster, tt.caller)
+			release, err := l.admit(tt.caller)
 			if err != nil {
 				t.Fatalf("after a slot came back: %v", err)
 			}
@@ -152,7 +145,7 @@ func TestCallerInFlight(t *testing.T) {
 				r()
 			}
 			b := l.caller
-			if tt.reason == reasonNodeProxyInFlight {
+			if tt.reason == ReasonNodeProxyInFlight {
 				b = l.node
 			}
 			if n := len(b.inFlight); n != 0 {
@@ -167,7 +160,7 @@ func TestNoLimit(t *testing.T) {
 	l := newLimiter(Limits{Caller: Budget{Rate: NoLimit, MaxInFlight: NoLimit}, PeerFailureRate: NoLimit}, time.Now)
 	l.sleep = func(context.Context, time.Duration) error { t.Fatal("a request waited"); return nil }
 	for i := range 10_000 {
-		if _, err := l.admit(limitsCluster, workload("shop", "cart")); err != nil {
+		if _, err := l.admit(workload("shop", "cart")); err != nil {
 			t.Fatal(err)
 		}
 		settle, err := l.peerTurn(context.Background(), "192.0.2.1:1", fmt.Sprint("forged-", i), false)

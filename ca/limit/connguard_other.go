@@ -1,6 +1,6 @@
 //go:build !linux
 
-package ca
+package limit
 
 import (
 	"net"

@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-
-	"google.golang.org/grpc/codes"
 )
 
 // peerLimiter bounds the work one peer address may have in progress at a
@@ -109,74 +107,104 @@ func peerKey(addr string) string {
 	return host
 }
 
-// authenticate runs the authenticators under the peer's budgets. A
-// request that asks someone to authenticate it (a TokenReview) holds one
-// of its address's failures (peerTurn), which it spends if it fails, so
-// that an address never has more reviews under way than failures left;
-// once they are spent, its reviews take turns as the bucket refills. The
-// wait for a turn comes before the wait for one of the address's
-// MaxAuthnPerPeer authentication turns, so that requests waiting on the
-// address's failures never hold the turns its other requests need.
+// Authenticator is ca.Authenticator as the limits see it: it turns the
+// credentials C into a caller R.
+type Authenticator[C, R any] interface {
+	Authenticate(ctx context.Context, c C) (R, error)
+}
+
+// Knower is an authenticator that may hold a token's identity already (a
+// cached review): authenticating that token asks no one.
+type Knower interface{ Known(token string) bool }
+
+// Verifier is an authenticator that decides by itself, asking no one:
+// ca.CertAuthenticator verifies the client certificate in process.
+type Verifier interface{ VerifiesInProcess() }
+
+// Authentication is one request's authentication, as its limits see it.
+type Authentication[C, R any] struct {
+	// Peer is the peer's address, host:port; Token the bearer token, or
+	// "". PeerCerts is set when the request presents a client
+	// certificate.
+	Peer, Token string
+	PeerCerts   bool
+	// Auths are the authenticators to try, in order.
+	Auths []Authenticator[C, R]
+	// Costly reports whether an authenticator's error is a refusal that
+	// cost something (a review refused the credentials), which spends one
+	// of the address's failures; a refusal decided without a review (no
+	// credentials, a token that is not a JWT) spends nothing.
+	Costly func(error) bool
+}
+
+// Authenticate has run try a's authenticators under the peer's budgets.
+// A request that asks someone to authenticate it (a TokenReview) holds
+// one of its address's failures (peerTurn), which it spends if it fails,
+// so that an address never has more reviews under way than failures
+// left; once they are spent, its reviews take turns as the bucket
+// refills. The wait for a turn comes before the wait for one of the
+// address's MaxAuthnPerPeer authentication turns, so that requests
+// waiting on the address's failures never hold the turns its other
+// requests need.
 //
 // An address may be shared (clients behind one NAT, hostNetwork Pods),
 // and one of them may fail on purpose. So that none of them can lock the
 // others out, the failures only ever make the address's reviews wait,
 // never refuse a request before it is reviewed; a request that
-// authenticates without asking anyone (a client certificate the
-// CertAuthenticator accepts, a token whose review is cached) does not
-// wait at all; and a refusal that cost nothing (no credentials, a token
-// that is not a JWT, a client certificate refused) spends nothing.
-func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request) (caller *Caller, err error) {
-	auths := slices.Concat(s.c.Authenticators, cluster.Authenticators)
+// authenticates without asking anyone (a client certificate the Verifier
+// accepts, a token whose review is cached) does not wait at all; and a
+// refusal that cost nothing (Costly) spends nothing.
+func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C, R],
+	try func(context.Context, []Authenticator[C, R]) (R, error)) (caller R, err error) {
+	auths := slices.Clone(a.Auths)
 	var hold *reviewHold // only for a request that asks someone: not ztunnel's cached token
-	// A client certificate may cost nothing: whether the CertAuthenticator
+	// A client certificate may cost nothing: whether the Verifier
 	// accepts it is known once the request authenticates.
-	free := len(r.creds.PeerCerts) > 0
-	for i, a := range auths {
+	free := a.PeerCerts
+	for i, au := range auths {
 		switch {
-		case knows(a, r.creds.Token):
+		case knows(au, a.Token):
 			free = true
-		case asksSomeone(a, &r.creds):
+		case asksSomeone(au, a.Token):
 			if hold == nil {
-				hold = &reviewHold{limits: s.limits, peer: r.peer, token: r.creds.Token}
+				hold = &reviewHold{limits: l.limits, peer: a.Peer, token: a.Token}
 			}
-			auths[i] = &budgetedReview{Authenticator: a, hold: hold}
+			auths[i] = &budgetedReview[C, R]{Authenticator: au, hold: hold, costly: a.Costly}
 		}
 	}
 	if hold != nil {
 		defer func() { hold.end(err) }()
 		if !free {
 			if err := hold.await(ctx); err != nil {
-				return nil, err
+				return caller, err
 			}
 		}
 	}
-	release, err := s.authn.acquire(ctx, peerKey(r.peer))
+	release, err := l.authn.acquire(ctx, peerKey(a.Peer))
 	if err != nil {
-		return nil, exhausted(reasonTooManyAuthentications,
-			"too many requests from this address are authenticating at once, retry later", busyRetryAfter, err)
+		return caller, exhausted(ReasonTooManyAuthentications,
+			"too many requests from this address are authenticating at once, retry later", BusyRetryAfter, err)
 	}
 	defer release()
-	return authenticate(ctx, auths, &r.creds)
+	return try(ctx, auths)
 }
 
 // knows reports whether a already holds token's identity (a cached
 // review): authenticating it asks no one.
-func knows(a Authenticator, token string) bool {
-	k, ok := a.(interface{ Known(string) bool })
+func knows(a any, token string) bool {
+	k, ok := a.(Knower)
 	return ok && token != "" && k.Known(token)
 }
 
-// asksSomeone reports whether a, not knowing c's token already, asks
-// someone (a TokenReview) to decide c: not a CertAuthenticator, which
-// verifies the client certificate here, nor a token authenticator given
-// no token.
-func asksSomeone(a Authenticator, c *Credentials) bool {
+// asksSomeone reports whether a, not knowing token already, asks someone
+// (a TokenReview) to decide the request: not a Verifier, which decides in
+// process, nor a token authenticator given no token.
+func asksSomeone(a any, token string) bool {
 	switch a.(type) {
-	case *CertAuthenticator:
+	case Verifier:
 		return false
-	case interface{ Known(string) bool }:
-		return c.Token != ""
+	case Knower:
+		return token != ""
 	}
 	return true
 }
@@ -219,22 +247,20 @@ func (h *reviewHold) end(err error) {
 
 // budgetedReview is an authenticator that asks someone, run once the
 // request holds its turn.
-type budgetedReview struct {
-	Authenticator
-	hold *reviewHold
+type budgetedReview[C, R any] struct {
+	Authenticator[C, R]
+	hold   *reviewHold
+	costly func(error) bool
 }
 
-func (b *budgetedReview) Authenticate(ctx context.Context, c *Credentials) (*Caller, error) {
+func (b *budgetedReview[C, R]) Authenticate(ctx context.Context, c C) (R, error) {
 	if err := b.hold.take(ctx); err != nil {
-		return nil, err
+		var none R
+		return none, err
 	}
 	caller, err := b.Authenticator.Authenticate(ctx, c)
-	if o := classify(err); err != nil && o.Code == codes.Unauthenticated && !freeRefusals[o.Reason] {
+	if err != nil && b.costly(err) {
 		b.hold.failed = true
 	}
 	return caller, err
 }
-
-// freeRefusals are the authentication refusals decided without a review
-// or a lookup: they spend none of the peer's failures.
-var freeRefusals = map[string]bool{"no_credentials": true, "token_malformed": true, "token_too_large": true}

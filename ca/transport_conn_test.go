@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/internal/testca"
 	"golang.org/x/net/http2"
 )
@@ -74,7 +75,7 @@ func TestConnLimitsReachTheTransport(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	tests := []struct {
 		name     string
-		conn     ca.ConnLimits
+		conn     limit.ConnLimits
 		pings    int           // pings the client sends, every interval
 		every    time.Duration // between pings
 		wait     time.Duration // how long the client watches for a GOAWAY
@@ -84,11 +85,11 @@ func TestConnLimitsReachTheTransport(t *testing.T) {
 		debug    string
 	}{
 		{name: "defaults: 256 streams, an idle connection stays", wait: time.Second, streams: 256, noGoAway: true},
-		{name: "idle connection closed", conn: ca.ConnLimits{MaxConnectionIdle: 300 * time.Millisecond, MaxConcurrentStreams: 7},
+		{name: "idle connection closed", conn: limit.ConnLimits{MaxConnectionIdle: 300 * time.Millisecond, MaxConcurrentStreams: 7},
 			wait: 5 * time.Second, streams: 7, goAway: http2.ErrCodeNo, debug: "max_idle"},
-		{name: "pings too often", conn: ca.ConnLimits{KeepaliveMinTime: time.Minute},
+		{name: "pings too often", conn: limit.ConnLimits{KeepaliveMinTime: time.Minute},
 			pings: 5, every: 20 * time.Millisecond, wait: 5 * time.Second, streams: 256, goAway: http2.ErrCodeEnhanceYourCalm, debug: "too_many_pings"},
-		{name: "pings at the tolerated interval, without a request", conn: ca.ConnLimits{KeepaliveMinTime: 100 * time.Millisecond},
+		{name: "pings at the tolerated interval, without a request", conn: limit.ConnLimits{KeepaliveMinTime: 100 * time.Millisecond},
 			pings: 5, every: 300 * time.Millisecond, wait: 500 * time.Millisecond, streams: 256, noGoAway: true},
 	}
 	for _, tt := range tests {

@@ -1,7 +1,8 @@
-package ca
+package limit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,6 +14,15 @@ import (
 // sleeper is a limiter's sleep on clk: it moves the clock, waiting not.
 func sleeper(clk *clock) func(context.Context, time.Duration) error {
 	return func(ctx context.Context, d time.Duration) error { clk.add(d); return ctx.Err() }
+}
+
+// reasonOf is the reason of err, a refusal of a limit, or "".
+func reasonOf(err error) string {
+	var e *ExhaustedError
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ""
 }
 
 // review is one review of token from addr under l's failure budget, that
@@ -70,8 +80,8 @@ func TestPeerFailureTurns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := l.peerTurn(ctx, "192.0.2.7:1", "good-5", false)
-	if reason, after := limitErr(t, err); reason != reasonPeerAuthnFailures || after != 500*time.Millisecond {
-		t.Fatalf("a turn after the deadline: refused with %s after %v, want %s after 500ms", reason, after, reasonPeerAuthnFailures)
+	if reason, after := limitErr(t, err); reason != ReasonPeerAuthnFailures || after != 500*time.Millisecond {
+		t.Fatalf("a turn after the deadline: refused with %s after %v, want %s after 500ms", reason, after, ReasonPeerAuthnFailures)
 	}
 }
 
@@ -209,7 +219,7 @@ func TestFailureFloodBounded(t *testing.T) {
 				case err == nil:
 					reviews.Add(1)
 					settle(true)
-				case classify(err).Reason == reasonPeerAuthnFailures:
+				case reasonOf(err) == ReasonPeerAuthnFailures:
 					refused.Add(1)
 				default:
 					t.Error(err)

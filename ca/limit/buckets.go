@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"container/list"

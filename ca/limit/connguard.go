@@ -1,4 +1,4 @@
-package ca
+package limit
 
 import (
 	"context"
@@ -67,7 +67,7 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 		c.Logger = slog.Default()
 	}
 	g := &ConnGuard{
-		lim: c.Limits.withDefaults(0),
+		lim: c.Limits.WithDefaults(0),
 		log: c.Logger,
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_connections_refused_total",
@@ -286,10 +286,10 @@ func (c *guardedConn) serving() {
 // connKey is the context key of an RPC's *guardedConn.
 type connKey struct{}
 
-// connAuthenticated records that a request on ctx's connection
+// ConnAuthenticated records that a request on ctx's connection
 // authenticated: the connection is no longer closed for being idle
 // unauthenticated. Without a guarded connection it does nothing.
-func connAuthenticated(ctx context.Context) {
+func ConnAuthenticated(ctx context.Context) {
 	c, ok := ctx.Value(connKey{}).(*guardedConn)
 	if ok && c.state.CompareAndSwap(connUnauthenticated, connAuthed) {
 		c.stop()
