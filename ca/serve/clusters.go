@@ -37,7 +37,7 @@ type Clusters struct {
 	// KubeconfigAllow is what a Secret's kubeconfig may use.
 	KubeconfigAllow kube.KubeconfigAllow
 	// Audiences, node accounts, the identities denied to node proxies
-	// and the token cache, as in ca.KubeClusterConfig.
+	// and the token cache, as in kubeClusterConfig.
 	Audiences             []string
 	NodeAccounts          map[string]bool
 	NodeProxyDeny         map[string]bool
@@ -63,18 +63,18 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 		c.NewClient = func(cfg *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(cfg) }
 	}
 	metrics := kube.NewTokenCacheMetrics(reg)
-	build := func(id string, cfg *rest.Config) (*ca.KubeCluster, error) {
+	build := func(id string, cfg *rest.Config) (*kubeCluster, error) {
 		cfg.QPS, cfg.Burst = 200, 400
 		client, err := c.NewClient(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: kubernetes client: %w", id, err)
 		}
-		return ca.NewKubeCluster(ca.KubeClusterConfig{
+		return newKubeCluster(kubeClusterConfig{
 			ID: id, Client: client, TrustDomain: td, Audiences: c.Audiences, TrustedNodeAccounts: c.NodeAccounts, NodeProxyDeny: c.NodeProxyDeny,
 			CacheTTL: c.CacheTTL, CacheSize: c.CacheSize, NegativeTTL: c.NegativeTTL, CacheMetrics: metrics,
 		})
 	}
-	fromFile := func(id, kubeconfig string) (*ca.KubeCluster, error) {
+	fromFile := func(id, kubeconfig string) (*kubeCluster, error) {
 		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("cluster %s: kubernetes client configuration: %w", id, err)
@@ -114,7 +114,7 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 	}
 	secrets := kube.NewRemoteSecrets(kube.RemoteSecretsConfig{
 		Client: local.Client, Namespace: c.SecretNamespace, Logger: log,
-		Clusters: &ca.RemoteClusters{Set: p.set, Build: build, Logger: log},
+		Clusters: &remoteClusters{Set: p.set, Build: build, Logger: log},
 		Allow:    c.KubeconfigAllow, Metrics: kube.NewRemoteSecretsMetrics(reg),
 	})
 	p.runners = append(p.runners, secrets.Run)

@@ -1,4 +1,4 @@
-package ca
+package serve
 
 import (
 	"context"
@@ -7,21 +7,22 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
-// KubeClusterConfig describes one cluster whose apiserver reviews tokens
+// kubeClusterConfig describes one cluster whose apiserver reviews tokens
 // and whose Pods authorize node proxies.
-type KubeClusterConfig struct {
+type kubeClusterConfig struct {
 	ID                  string
 	Client              kubernetes.Interface
 	TrustDomain         spiffeid.TrustDomain
 	Audiences           []string
 	TrustedNodeAccounts map[string]bool
-	NodeProxyDeny       map[string]bool // NodeAuthorizer.NodeProxyDeny
+	NodeProxyDeny       map[string]bool // ca.NodeAuthorizer.NodeProxyDeny
 	CacheTTL            time.Duration
 	CacheSize           int
 	NegativeTTL         time.Duration
@@ -30,20 +31,20 @@ type KubeClusterConfig struct {
 	Now func() time.Time
 }
 
-// KubeCluster is a Cluster backed by a Kubernetes apiserver: a cached
+// kubeCluster is a ca.Cluster backed by a Kubernetes apiserver: a cached
 // TokenReviewer and a NodeAuthorizer over a Pod index whose deletions
 // invalidate the cache.
-type KubeCluster struct {
-	Cluster *Cluster
+type kubeCluster struct {
+	Cluster *ca.Cluster
 	Client  kubernetes.Interface
 	Tokens  *kube.CachedTokenReviewer
 	Pods    *kube.PodIndex
 }
 
-// NewKubeCluster assembles the cluster; Run starts its Pod index.
-func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
+// newKubeCluster assembles the cluster; Run starts its Pod index.
+func newKubeCluster(c kubeClusterConfig) (*kubeCluster, error) {
 	if c.ID == "" {
-		return nil, errors.New("ca: cluster id is required")
+		return nil, errors.New("serve: cluster id is required")
 	}
 	pods, err := kube.NewPodIndex(kube.PodIndexConfig{Client: c.Client})
 	if err != nil {
@@ -60,12 +61,12 @@ func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
 		Now:         c.Now,
 	})
 	pods.OnDelete(func(p kube.PodInfo) { tokens.InvalidatePod(p.UID) })
-	return &KubeCluster{
+	return &kubeCluster{
 		Client: c.Client,
-		Cluster: &Cluster{
+		Cluster: &ca.Cluster{
 			ID:             c.ID,
-			Authenticators: []Authenticator{&TokenAuthenticator{Reviewer: tokens}},
-			Authorizer:     &NodeAuthorizer{TrustDomain: c.TrustDomain, TrustedNodeAccounts: c.TrustedNodeAccounts, NodeProxyDeny: c.NodeProxyDeny, Pods: pods},
+			Authenticators: []ca.Authenticator{&ca.TokenAuthenticator{Reviewer: tokens}},
+			Authorizer:     &ca.NodeAuthorizer{TrustDomain: c.TrustDomain, TrustedNodeAccounts: c.TrustedNodeAccounts, NodeProxyDeny: c.NodeProxyDeny, Pods: pods},
 			Ready:          pods.Synced,
 		},
 		Tokens: tokens,
@@ -74,30 +75,30 @@ func NewKubeCluster(c KubeClusterConfig) (*KubeCluster, error) {
 }
 
 // Run runs the Pod index until ctx ends.
-func (k *KubeCluster) Run(ctx context.Context) error {
+func (k *kubeCluster) Run(ctx context.Context) error {
 	return k.Pods.Run(ctx)
 }
 
-// RemoteClusters lets kube.RemoteSecrets put the clusters it finds into a
-// ClusterSet: it builds each with Build and runs it while it is held.
-type RemoteClusters struct {
-	Set *ClusterSet
+// remoteClusters lets kube.RemoteSecrets put the clusters it finds into a
+// ca.ClusterSet: it builds each with Build and runs it while it is held.
+type remoteClusters struct {
+	Set *ca.ClusterSet
 	// Build makes a cluster from its id and sanitised client configuration.
-	Build  func(id string, cfg *rest.Config) (*KubeCluster, error)
+	Build  func(id string, cfg *rest.Config) (*kubeCluster, error)
 	Logger *slog.Logger
 }
 
 // Has implements kube.Clusters.
-func (r *RemoteClusters) Has(id string) bool {
+func (r *remoteClusters) Has(id string) bool {
 	_, ok := r.Set.Cluster(id)
 	return ok && id != ""
 }
 
 // Put implements kube.Clusters.
-func (r *RemoteClusters) Put(ctx context.Context, id string, cfg *rest.Config, replace bool) error {
+func (r *remoteClusters) Put(ctx context.Context, id string, cfg *rest.Config, replace bool) error {
 	kc, err := r.Build(id, cfg)
 	if err != nil {
-		return fmt.Errorf("ca: building cluster %s: %w", id, err)
+		return fmt.Errorf("serve: building cluster %s: %w", id, err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	if replace {
@@ -108,16 +109,16 @@ func (r *RemoteClusters) Put(ctx context.Context, id string, cfg *rest.Config, r
 	}
 	go func() {
 		if err := kc.Run(cctx); err != nil {
-			r.logger().Error("remote cluster stopped", logCluster, id, "error", err)
+			r.logger().Error("remote cluster stopped", "cluster", id, "error", err)
 		}
 	}()
 	return nil
 }
 
 // Remove implements kube.Clusters.
-func (r *RemoteClusters) Remove(id string) { r.Set.Remove(id) }
+func (r *remoteClusters) Remove(id string) { r.Set.Remove(id) }
 
-func (r *RemoteClusters) logger() *slog.Logger {
+func (r *remoteClusters) logger() *slog.Logger {
 	if r.Logger == nil {
 		return slog.Default()
 	}
