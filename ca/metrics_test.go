@@ -16,55 +16,16 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/caclient"
+	"github.com/meshca/meshca/internal/metricstest"
 	"github.com/meshca/meshca/internal/testca"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/meshca/meshca/signer"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// sample returns the value of the series name{labels} in g (a
-// histogram's count), and whether it exists.
-func sample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			n := 0
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
-					n++
-				}
-			}
-			if n == len(labels) {
-				switch {
-				case m.Counter != nil:
-					return m.GetCounter().GetValue(), true
-				case m.Gauge != nil:
-					return m.GetGauge().GetValue(), true
-				case m.Histogram != nil:
-					return float64(m.GetHistogram().GetSampleCount()), true
-				}
-			}
-		}
-	}
-	return 0, false
-}
-
-func wantSample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, want float64) {
-	t.Helper()
-	got, ok := sample(t, g, name, labels)
-	if !ok || got != want {
-		t.Errorf("%s%v = %v (exported: %v), want %v", name, labels, got, ok, want)
-	}
-}
+// sample and wantSample read the series a test looks for.
+var sample, wantSample = metricstest.Sample, metricstest.Want
 
 // TestGRPCMetrics: every RPC is counted by method and code through the
 // grpc-ecosystem provider, and every code's series exists from the start.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/internal/metricstest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -202,47 +203,8 @@ func TestConnGuardLogsRarely(t *testing.T) {
 	}
 }
 
-// sample returns the value of the series name{labels} in g (a
-// histogram's count), and whether it exists.
-func sample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			n := 0
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v == lp.GetValue() {
-					n++
-				}
-			}
-			if n == len(labels) {
-				switch {
-				case m.Counter != nil:
-					return m.GetCounter().GetValue(), true
-				case m.Gauge != nil:
-					return m.GetGauge().GetValue(), true
-				case m.Histogram != nil:
-					return float64(m.GetHistogram().GetSampleCount()), true
-				}
-			}
-		}
-	}
-	return 0, false
-}
-
-func wantSample(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string, want float64) {
-	t.Helper()
-	got, ok := sample(t, g, name, labels)
-	if !ok || got != want {
-		t.Errorf("%s%v = %v (exported: %v), want %v", name, labels, got, ok, want)
-	}
-}
+// sample and wantSample read the series a test looks for.
+var sample, wantSample = metricstest.Sample, metricstest.Want
 
 // syncBuffer is a log destination safe for concurrent writes.
 type syncBuffer struct {

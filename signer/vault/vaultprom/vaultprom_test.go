@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/internal/metricstest"
 	"github.com/meshca/meshca/signer/vault"
 	"github.com/meshca/meshca/signer/vault/vaultprom"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,15 +48,9 @@ func TestVaultMetrics(t *testing.T) {
 // gauge returns the value of the gauge name in g, 0 when it is missing.
 func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := metricstest.Sample(t, g, name, nil)
+	if !ok {
+		t.Errorf("%s is not exported", name)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Errorf("%s is not exported", name)
-	return 0
+	return v
 }
