@@ -151,10 +151,6 @@ func (p *PodIssuer) RecordPod(ctx context.Context, d *podcert.Decision) {
 	p.s.c.Audit.Audit(ctx, e)
 }
 
-// PodBackend is the name of the signing backend (Config.SignerName): the
-// pod certificate signer refuses one it cannot sign through (k8scsr).
-func (s *Server) PodBackend() string { return s.c.SignerName }
-
 // PodTTL is the longest certificate the server issues (its MaxTTL): the
 // cap of a pod certificate's lifetime.
 func (s *Server) PodTTL() time.Duration { return s.c.MaxTTL }
