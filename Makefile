@@ -131,7 +131,9 @@ test-integration: tools
 test-istio: k8s istio
 	# Wire compatibility and the real istiod and istio-agent through root
 	# rotations, not concurrency: no -race, which halves its cold build.
-	cd integration/istioclient && $(GO) test -count=1 -timeout 20m ./...
+	@report=$$(mktemp) && trap 'rm -f $$report' EXIT; rc=0; \
+	(cd integration/istioclient && MESHCA_TEST_REPORT=$$report $(GO) test -count=1 -timeout 20m ./...) || rc=$$?; \
+	echo "== Istio test figures (harness.Report) =="; sort $$report; exit $$rc
 
 proto:
 	hack/protogen.sh
