@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,9 @@ type BundleEndpoint struct {
 	// RefreshHint is the spiffe_refresh_hint advertised;
 	// bundleendpoint.DefaultRefreshHint when zero.
 	RefreshHint time.Duration
+	// Limits bound the endpoint's connections and requests; zero fields
+	// take limit.HTTPLimits' defaults.
+	Limits limit.HTTPLimits
 }
 
 // bundlePlan is a BundleEndpoint checked before anything is built.
@@ -87,7 +91,7 @@ func planBundleEndpoint(c BundleEndpoint, td spiffeid.TrustDomain, kind string) 
 // addBundleEndpoint builds the planned endpoint over the bundle be serves,
 // binds its listener, and adds its loops to p's runners.
 func (p *Parts) addBundleEndpoint(plan *bundlePlan, td spiffeid.TrustDomain, be *backend, backdate time.Duration,
-	reg prometheus.Registerer, log *slog.Logger) error {
+	reg prometheus.Registerer, conns *limit.HTTPConnMetrics, log *slog.Logger) error {
 	log = log.With("part", "bundle-endpoint")
 	src := bundleendpoint.NewSource(td, be.bundles, plan.c.RefreshHint)
 	src.Observe(be.sequence())
@@ -129,7 +133,8 @@ func (p *Parts) addBundleEndpoint(plan *bundlePlan, td spiffeid.TrustDomain, be 
 		return &FieldError{Field: "bundle-endpoint-listen", Err: err}
 	}
 	srv, err := bundleendpoint.New(bundleendpoint.Config{Listener: lis, TrustDomain: td, Source: src,
-		GetCertificate: getCert, Observer: counter, Logger: log})
+		GetCertificate: getCert, Observer: counter, Logger: log, Limits: plan.c.Limits,
+		Conns: limit.NewHTTPConns(limit.HTTPConnsConfig{Server: bundleServer, Limits: plan.c.Limits, Metrics: conns, Logger: log})})
 	if err != nil {
 		lis.Close()
 		return err

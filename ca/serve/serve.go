@@ -74,6 +74,9 @@ type Config struct {
 	// EnablePprof serves Go's profiles under /debug/pprof/ on the admin
 	// listener.
 	EnablePprof bool
+	// Admin bounds the admin listener's connections and requests; zero
+	// fields take limit.HTTPLimits' defaults.
+	Admin limit.HTTPLimits
 }
 
 // Parts is an assembled meshca: listeners bound, nothing running yet.
@@ -154,6 +157,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		return nil, &FieldError{Field: "listen", Err: err}
 	}
 	p.lis = guard.Listener(p.lis)
+	httpConns := limit.NewHTTPConnMetrics(reg)
 	if c.AdminListen != "" {
 		if p.adminLis, err = net.Listen("tcp", c.AdminListen); err != nil {
 			p.lis.Close()
@@ -163,7 +167,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		if c.EnablePprof {
 			h = withPprof(h)
 		}
-		p.admin = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		p.admin, p.adminLis = newAdmin(p.adminLis, h, c.Admin, httpConns, c.Logger)
 	}
 	if c.Trust.enabled() {
 		run, changed, err := newTrustRunner(c.Trust, c.TrustDomain, cl.localClient, be, reg, leaders, c.Logger)
@@ -192,7 +196,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		p.runners = append(p.runners, run)
 	}
 	if bundlePlan != nil {
-		if err := p.addBundleEndpoint(bundlePlan, c.TrustDomain, be, c.Backend.Backdate, reg, c.Logger); err != nil {
+		if err := p.addBundleEndpoint(bundlePlan, c.TrustDomain, be, c.Backend.Backdate, reg, httpConns, c.Logger); err != nil {
 			p.closeListeners()
 			return nil, err
 		}

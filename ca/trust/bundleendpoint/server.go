@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -54,6 +55,12 @@ type Config struct {
 	Observer Observer
 	// Logger hears of requests that got no bundle; nil discards.
 	Logger *slog.Logger
+	// Limits bound the endpoint's requests: its timeouts and header bound
+	// (zero fields: limit.HTTPLimits' defaults).
+	Limits limit.HTTPLimits
+	// Conns, when set, caps the endpoint's connections before their TLS
+	// handshake.
+	Conns *limit.HTTPConns
 }
 
 // Server is a running bundle endpoint.
@@ -89,16 +96,14 @@ func New(c Config) (*Server, error) {
 	if c.Observer != nil {
 		h = observed(h, c.Observer)
 	}
-	return &Server{lis: c.Listener, http: &http.Server{
-		Handler:           h,
-		TLSConfig:         TLSConfig(c.GetCertificate),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       time.Minute,
-		MaxHeaderBytes:    8 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}}, nil
+	srv := c.Limits.Server(h)
+	srv.TLSConfig = TLSConfig(c.GetCertificate)
+	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	lis := c.Listener
+	if c.Conns != nil {
+		lis = c.Conns.Attach(srv, lis)
+	}
+	return &Server{lis: lis, http: srv}, nil
 }
 
 // Addr is the address the Server listens on.
