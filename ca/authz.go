@@ -11,7 +11,6 @@ import (
 	"github.com/meshca/meshca/ca/limit"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // PodSource answers the Pod questions authorization asks. *PodIndex is
@@ -33,10 +32,9 @@ type NodeAuthorizer struct {
 	// TrustedNodeAccounts are "namespace/serviceaccount" entries.
 	TrustedNodeAccounts map[string]bool
 	// NodeProxyDeny are the identities no node proxy may receive for
-	// another, whatever runs on its node: "namespace" entries deny every
-	// service account of the namespace, "namespace/serviceaccount"
-	// entries one (ParseNodeProxyDeny).
-	NodeProxyDeny map[string]bool
+	// another, whatever runs on its node (ParseNodeProxyDeny, and the
+	// CA's own account); nil denies none.
+	NodeProxyDeny *DenyList
 	// Pods is nil when no cluster access is configured: then no caller may
 	// impersonate and bound Pods are not re-checked.
 	Pods PodSource
@@ -144,21 +142,6 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 	return target, nil
 }
 
-// denied refuses a target in NodeProxyDeny. It is checked before the
-// Pods are, so that no lookup is spent on an identity no Pod can earn.
-func (a *NodeAuthorizer) denied(target spiffeid.ID) error {
-	ns, sa, _ := parseWorkloadID(target)
-	entry := ns + "/" + sa
-	if !a.NodeProxyDeny[entry] {
-		if entry = ns; !a.NodeProxyDeny[entry] {
-			return nil
-		}
-	}
-	return refuse(codes.PermissionDenied, reasonDeniedIdentity,
-		fmt.Sprintf("node proxies may not request %s: the CA's --node-proxy-deny lists %s; its workload must request its own certificate with its own token", target, entry),
-		fmt.Errorf("%s is denied to node proxies by the entry %q", target, entry))
-}
-
 func keys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -259,33 +242,6 @@ func podLookupError(err error) error {
 			RetryAfter: budget.RetryAfter, Err: err}
 	}
 	return refuse(codes.Unavailable, "pod_lookup_failed", "cannot check Pods now, retry later", err)
-}
-
-// DefaultNodeProxyDeny is --node-proxy-deny's default: kube-system, whose
-// Pods run on every node and which Istio's CNI keeps out of the mesh, and
-// istiod's account in Istio's default namespace. A node proxy never
-// serves either: istiod and kube-system's components request their own
-// certificates, if any.
-func DefaultNodeProxyDeny() []string { return []string{"kube-system", "istio-system/istiod"} }
-
-// reasonDeniedIdentity is the refusal of an identity in NodeProxyDeny.
-const reasonDeniedIdentity = "impersonation_denied_identity"
-
-// ParseNodeProxyDeny reads "ns,ns/sa": namespaces and service accounts.
-func ParseNodeProxyDeny(list []string) (map[string]bool, error) {
-	out := map[string]bool{}
-	for _, e := range list {
-		e = strings.TrimSpace(e)
-		if e == "" {
-			continue
-		}
-		ns, sa, hasSA := strings.Cut(e, "/")
-		if len(validation.IsDNS1123Label(ns)) > 0 || hasSA && len(validation.IsDNS1123Subdomain(sa)) > 0 {
-			return nil, fmt.Errorf("entry %q is neither a namespace nor namespace/serviceaccount", e)
-		}
-		out[e] = true
-	}
-	return out, nil
 }
 
 // ParseNodeAccounts reads "ns/sa,ns/sa".

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +70,18 @@ func TestNodeAuthorizer(t *testing.T) {
 		"istio-system/istiod-a":     {Namespace: "istio-system", Name: "istiod-a", UID: "ia", ServiceAccount: "istiod", Node: "node-a"},
 		"istio-system/gateway-a":    {Namespace: "istio-system", Name: "gateway-a", UID: "ga", ServiceAccount: "gateway", Node: "node-a"},
 		"kube-system/kube-proxy-a":  {Namespace: "kube-system", Name: "kube-proxy-a", UID: "ka", ServiceAccount: "kube-proxy", Node: "node-a"},
+		"istio-system/istiod-c-a":   {Namespace: "istio-system", Name: "istiod-c-a", UID: "ic", ServiceAccount: "istiod-canary", Node: "node-a"},
+		"istio-system/istiod-r-a":   {Namespace: "istio-system", Name: "istiod-r-a", UID: "ir", ServiceAccount: "istiod-1-24-0", Node: "node-a"},
+		"istio-system/istiodx-a":    {Namespace: "istio-system", Name: "istiodx-a", UID: "ix", ServiceAccount: "istiodx", Node: "node-a"},
+		"istio-system/meshca-a":     {Namespace: "istio-system", Name: "meshca-a", UID: "ma", ServiceAccount: "meshca", Node: "node-a"},
 	}}
+	deny, err := ParseNodeProxyDeny(DefaultNodeProxyDeny())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deny, err = deny.WithOwn("istio-system", "meshca"); err != nil {
+		t.Fatal(err)
+	}
 	istiod := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/istiod"), Namespace: "istio-system",
 		ServiceAccount: "istiod", PodName: "istiod-a", PodUID: "ia", Method: "token"}
 	ztunnel := Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/ztunnel"), Namespace: "istio-system",
@@ -136,6 +148,18 @@ func TestNodeAuthorizer(t *testing.T) {
 		{name: "ztunnel's own identity through ImpersonatedIdentity", caller: ztunnel, requested: ztunnel.ID.String(), want: ztunnel.ID.String()},
 		{name: "untrusted caller for a denied identity", caller: web, requested: "spiffe://cluster.local/ns/istio-system/sa/istiod",
 			kind: codes.PermissionDenied, reason: "untrusted_caller"},
+		// Issue 28: istiod of any revision, and the CA's own account,
+		// whatever --node-proxy-deny says.
+		{name: "ztunnel for a revisioned istiod on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/istiod-canary",
+			kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "ztunnel for a version-revisioned istiod on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/istiod-1-24-0",
+			kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "ztunnel for an account that only begins like istiod's", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/istiodx",
+			want: "spiffe://cluster.local/ns/istio-system/sa/istiodx"},
+		{name: "ztunnel for the CA's own account on its node", caller: ztunnel, requested: "spiffe://cluster.local/ns/istio-system/sa/meshca",
+			kind: codes.PermissionDenied, reason: "impersonation_denied_identity"},
+		{name: "the CA's own account for itself, by its own token", caller: Caller{ID: spiffeid.RequireFromString("spiffe://cluster.local/ns/istio-system/sa/meshca"),
+			Namespace: "istio-system", ServiceAccount: "meshca", PodName: "meshca-a", PodUID: "ma", Method: "token"}, want: "spiffe://cluster.local/ns/istio-system/sa/meshca"},
 		{name: "istiod for itself, by its own token", caller: istiod, want: istiod.ID.String()},
 		{name: "istiod for itself through ImpersonatedIdentity", caller: istiod, requested: istiod.ID.String(), want: istiod.ID.String()},
 	}
@@ -145,8 +169,7 @@ func TestNodeAuthorizer(t *testing.T) {
 			if src == nil {
 				src = cluster
 			}
-			a := &NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}, Pods: src,
-				NodeProxyDeny: map[string]bool{"kube-system": true, "istio-system/istiod": true}}
+			a := &NodeAuthorizer{TrustDomain: td, TrustedNodeAccounts: map[string]bool{"istio-system/ztunnel": true}, Pods: src, NodeProxyDeny: deny}
 			c := tt.caller
 			got, err := a.Authorize(context.Background(), &c, tt.requested)
 			if tt.want != "" {
@@ -174,32 +197,119 @@ func TestParseNodeAccounts(t *testing.T) {
 	}
 }
 
+// TestParseNodeProxyDeny: namespaces, accounts and account prefixes
+// ("ns/prefix*") are read, spaces trimmed and empty entries skipped; what
+// is none of them is refused, saying why.
 func TestParseNodeProxyDeny(t *testing.T) {
-	got, err := ParseNodeProxyDeny([]string{"kube-system", " istio-system/istiod ", "", "mesh/meshca.v2"})
-	if err != nil || len(got) != 3 || !got["kube-system"] || !got["istio-system/istiod"] || !got["mesh/meshca.v2"] {
-		t.Fatalf("got %v, %v", got, err)
+	got, err := ParseNodeProxyDeny([]string{"kube-system", " istio-system/istiod ", "", "mesh/meshca.v2", "istio-system/istiod-*", "ops/a.*"})
+	want := []string{"istio-system/istiod", "istio-system/istiod-*", "kube-system", "mesh/meshca.v2", "ops/a.*"}
+	if err != nil || !slices.Equal(got.Entries(), want) {
+		t.Fatalf("got %q, %v; want %q", got.Entries(), err, want)
 	}
-	if got, err := ParseNodeProxyDeny(DefaultNodeProxyDeny()); err != nil || len(got) != 2 {
-		t.Fatalf("the default: %v, %v", got, err)
+	if got, err := ParseNodeProxyDeny(DefaultNodeProxyDeny()); err != nil || len(got.Entries()) != 3 {
+		t.Fatalf("the default: %v, %v", got.Entries(), err)
 	}
-	for _, bad := range []string{"/x", "ns/", "a/b/c", "Kube-System", "kube_system", "ns/Istiod", "*", "ns/*"} {
-		if _, err := ParseNodeProxyDeny([]string{bad}); err == nil || !strings.Contains(err.Error(), "neither a namespace nor namespace/serviceaccount") {
-			t.Errorf("%q: %v", bad, err)
+	for _, tt := range []struct{ entry, err string }{
+		{"/x", "neither a namespace nor namespace/serviceaccount"},
+		{"ns/", "neither a namespace nor namespace/serviceaccount"},
+		{"a/b/c", "neither a namespace nor namespace/serviceaccount"},
+		{"Kube-System", "neither a namespace nor namespace/serviceaccount"},
+		{"kube_system", "neither a namespace nor namespace/serviceaccount"},
+		{"ns/Istiod", "neither a namespace nor namespace/serviceaccount"},
+		{"*", "neither a namespace nor namespace/serviceaccount"},
+		{"istio-*", "neither a namespace nor namespace/serviceaccount"},
+		{"*/istiod", "neither a namespace nor namespace/serviceaccount"},
+		{"ns/*", `a namespace alone, "ns", denies every account of it`},
+		{"ns/istiod-*-x", "neither a namespace nor namespace/serviceaccount"},
+		{"ns/*istiod", "neither a namespace nor namespace/serviceaccount (nor namespace/prefix*)"},
+		{"ns/a**", `"a*" does not begin a service account's name`},
+		{"ns/-a*", `"-a" does not begin a service account's name`},
+		{"ns/Istiod-*", `"Istiod-" does not begin a service account's name`},
+	} {
+		if _, err := ParseNodeProxyDeny([]string{tt.entry}); err == nil || !strings.Contains(err.Error(), tt.err) {
+			t.Errorf("%q: %v, want %q", tt.entry, err, tt.err)
 		}
+	}
+}
+
+// TestDenyListMatch: an account is denied by its own entry, its
+// namespace's, the longest prefix of its namespace that begins its name,
+// or as the CA's own, which WithOwn adds to a copy; nothing else is, and
+// a nil list denies nothing.
+func TestDenyListMatch(t *testing.T) {
+	base, err := ParseNodeProxyDeny([]string{"kube-system", "istio-system/istiod", "istio-system/istiod-*", "istio-system/istiod-can*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := base.WithOwn("mesh", "meshca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		ns, sa, entry string
+		own           bool
+	}{
+		{"kube-system", "coredns", "kube-system", false},
+		{"istio-system", "istiod", "istio-system/istiod", false},
+		{"istio-system", "istiod-1-24-0", "istio-system/istiod-*", false},
+		{"istio-system", "istiod-canary", "istio-system/istiod-can*", false},
+		{"istio-system", "istiod-", "istio-system/istiod-*", false},
+		{"mesh", "meshca", "mesh/meshca", true},
+		{"istio-system", "istiodx", "", false},
+		{"istio-system", "ztunnel", "", false},
+		{"other", "istiod-canary", "", false},
+		{"mesh", "meshca-canary", "", false},
+	}
+	for _, tt := range tests {
+		entry, own, ok := d.match(tt.ns, tt.sa)
+		if entry != tt.entry || own != tt.own || ok != (tt.entry != "") {
+			t.Errorf("%s/%s: %q own %v ok %v; want %q own %v", tt.ns, tt.sa, entry, own, ok, tt.entry, tt.own)
+		}
+	}
+	if _, _, ok := base.match("mesh", "meshca"); ok {
+		t.Error("WithOwn changed the list it was called on")
+	}
+	if _, _, ok := (*DenyList)(nil).match("kube-system", "coredns"); ok {
+		t.Error("a nil list denies")
+	}
+	if _, err := base.WithOwn("Mesh", "meshca"); err == nil {
+		t.Error("an own account that is no namespace/serviceaccount accepted")
+	}
+	if got := d.Own(); !slices.Equal(got, []string{"mesh/meshca"}) {
+		t.Errorf("Own() = %q", got)
 	}
 }
 
 // TestNodeProxyDenyMessage: the refusal names the identity and the entry
 // that denies it, and says what the workload must do instead.
 func TestNodeProxyDenyMessage(t *testing.T) {
-	a := &NodeAuthorizer{NodeProxyDeny: map[string]bool{"kube-system": true}}
-	o := classify(a.denied(spiffeid.RequireFromString("spiffe://cluster.local/ns/kube-system/sa/coredns")))
-	for _, w := range []string{"node proxies may not request spiffe://cluster.local/ns/kube-system/sa/coredns", "--node-proxy-deny lists kube-system", "its own token"} {
-		if !strings.Contains(o.Msg, w) {
-			t.Errorf("message %q lacks %q", o.Msg, w)
-		}
+	deny, err := ParseNodeProxyDeny([]string{"kube-system", "istio-system/istiod-*"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if o.Code != codes.PermissionDenied || o.Reason != "impersonation_denied_identity" {
-		t.Errorf("outcome %+v", o)
+	if deny, err = deny.WithOwn("istio-system", "meshca"); err != nil {
+		t.Fatal(err)
+	}
+	a := &NodeAuthorizer{NodeProxyDeny: deny}
+	for _, tt := range []struct {
+		id   string
+		want []string
+	}{
+		{"spiffe://cluster.local/ns/kube-system/sa/coredns",
+			[]string{"node proxies may not request spiffe://cluster.local/ns/kube-system/sa/coredns", "--node-proxy-deny lists kube-system;", "its own token"}},
+		{"spiffe://cluster.local/ns/istio-system/sa/istiod-canary",
+			[]string{"node proxies may not request spiffe://cluster.local/ns/istio-system/sa/istiod-canary", "--node-proxy-deny lists istio-system/istiod-*;"}},
+		{"spiffe://cluster.local/ns/istio-system/sa/meshca",
+			[]string{"node proxies may not request spiffe://cluster.local/ns/istio-system/sa/meshca: it is this CA's own identity"}},
+	} {
+		o := classify(a.denied(spiffeid.RequireFromString(tt.id)))
+		for _, w := range tt.want {
+			if !strings.Contains(o.Msg, w) {
+				t.Errorf("message %q lacks %q", o.Msg, w)
+			}
+		}
+		if o.Code != codes.PermissionDenied || o.Reason != "impersonation_denied_identity" {
+			t.Errorf("outcome %+v", o)
+		}
 	}
 }
