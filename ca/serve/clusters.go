@@ -37,10 +37,11 @@ type Clusters struct {
 	// KubeconfigAllow is what a Secret's kubeconfig may use.
 	KubeconfigAllow kube.KubeconfigAllow
 	// Audiences, node accounts, the identities denied to node proxies
-	// and the token cache, as in kubeClusterConfig.
+	// and the token cache, as in kubeClusterConfig. meshca's own account
+	// is denied besides NodeProxyDeny's (OwnAccount).
 	Audiences             []string
 	NodeAccounts          map[string]bool
-	NodeProxyDeny         map[string]bool
+	NodeProxyDeny         *ca.DenyList
 	CacheTTL, NegativeTTL time.Duration
 	CacheSize             int
 	// NewClient makes a cluster's client from its configuration;
@@ -81,7 +82,15 @@ func newClusters(c Clusters, td spiffeid.TrustDomain, reg prometheus.Registerer,
 		}
 		return build(id, cfg)
 	}
-	local, err := fromFile(c.LocalID, c.LocalKubeconfig)
+	localCfg, err := clientcmd.BuildConfigFromFlags("", c.LocalKubeconfig)
+	if err != nil {
+		return nil, &FieldError{Field: "kubeconfig", Err: fmt.Errorf("cluster %s: kubernetes client configuration: %w", c.LocalID, err)}
+	}
+	// Before any cluster is built: every cluster's authorizer denies it.
+	if c.NodeProxyDeny, err = denyOwnAccount(c.NodeProxyDeny, localCfg, log); err != nil {
+		return nil, &FieldError{Field: "kubeconfig", Err: err}
+	}
+	local, err := build(c.LocalID, localCfg)
 	if err != nil {
 		return nil, &FieldError{Field: "kubeconfig", Err: err}
 	}

@@ -22,7 +22,7 @@ type kubeClusterConfig struct {
 	TrustDomain         spiffeid.TrustDomain
 	Audiences           []string
 	TrustedNodeAccounts map[string]bool
-	NodeProxyDeny       map[string]bool // ca.NodeAuthorizer.NodeProxyDeny
+	NodeProxyDeny       *ca.DenyList // ca.NodeAuthorizer.NodeProxyDeny
 	CacheTTL            time.Duration
 	CacheSize           int
 	NegativeTTL         time.Duration

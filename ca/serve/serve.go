@@ -119,6 +119,9 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Clusters.NodeProxyDeny, err = denyEndpointID(c.Clusters.NodeProxyDeny, bundlePlan); err != nil {
+		return nil, err
+	}
 	leaders := leaderprom.New(reg)
 	be, err := newBackend(ctx, c.Backend, c.TrustDomain, c.ServingNames, c.Clusters.stateSecret, reg, leaders, c.Logger)
 	if err != nil {
