@@ -80,6 +80,7 @@ type serveFlags struct {
 	bundle         bundleEndpointFlags
 	audit          auditFlags
 	enablePprof    bool
+	admin          adminFlags
 	memoryLimit    memoryLimitFlag
 	// settings says where each flag got its value (resolveSettings).
 	settings *settings
@@ -233,6 +234,9 @@ func (f *serveFlags) features(td spiffeid.TrustDomain, c *serve.Config) error {
 		return fmt.Errorf("--key-policy: %w", err)
 	}
 	if c.BundleEndpoint, err = f.bundle.config(td, f.b.signer); err != nil {
+		return err
+	}
+	if c.Admin, err = f.admin.config(); err != nil {
 		return err
 	}
 	c.AdminListen, err = adminAddress(f.adminListen, f.adminBind)

@@ -118,6 +118,7 @@ func (f *serveFlags) registerObservability(cmd *cobra.Command, fl *pflag.FlagSet
 	f.log.register(cmd)
 	f.audit.register(fl, "standard output")
 	fl.StringVar(&f.adminListen, "admin-listen", ":15014", "HTTP listen address for /metrics, /healthz and /readyz; empty disables it")
+	f.admin.register(fl)
 	fl.StringVar(&f.adminBind, "admin-bind-address", "", "the one IP address --admin-listen binds, in place of every interface (an IPv6 address without brackets; the chart's monitoring.bindPodIP passes the Pod's IP); --admin-listen then gives only the port")
 	fl.BoolVar(&f.enablePprof, "enable-pprof", false, "serve Go's CPU, heap and allocation profiles under /debug/pprof/ on --admin-listen (for performance work; they expose internals)")
 }
