@@ -12,9 +12,12 @@ import (
 
 	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/ca/serve"
 	"github.com/spf13/cobra"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 type explainFlags struct {
@@ -23,6 +26,7 @@ type explainFlags struct {
 	audiences      []string
 	nodeAccounts   []string
 	nodeProxyDeny  []string
+	caAccount      string
 	tokenFile      string
 	namespace      string
 	serviceAccount string
@@ -50,7 +54,8 @@ a real request would get.`,
 	fl.StringVar(&f.trustDomain, "trust-domain", ca.DefaultTrustDomain, "SPIFFE trust domain")
 	fl.StringSliceVar(&f.audiences, "token-audiences", []string{kube.DefaultAudience}, "audiences a token must carry (one of)")
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "trusted node proxy accounts, as the server has them")
-	fl.StringSliceVar(&f.nodeProxyDeny, "node-proxy-deny", ca.DefaultNodeProxyDeny(), "namespaces and accounts denied to node proxies, as the server has them")
+	fl.StringSliceVar(&f.nodeProxyDeny, "node-proxy-deny", ca.DefaultNodeProxyDeny(), "namespaces, accounts and account prefixes (ns/prefix*) denied to node proxies, as the server has them")
+	fl.StringVar(&f.caAccount, "ca-service-account", "", "namespace/serviceaccount meshca runs as, which serve denies to node proxies besides --node-proxy-deny; empty: the account of explain's own credentials, learnt as serve learns its own (right when explain runs in meshca's Pod, or with its kubeconfig)")
 	fl.StringVar(&f.tokenFile, "token-file", "", "the caller's service-account token")
 	fl.StringVar(&f.namespace, "namespace", "", "the caller's namespace (without --token-file)")
 	fl.StringVar(&f.serviceAccount, "service-account", "", "the caller's service account (without --token-file)")
@@ -69,13 +74,17 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--trusted-node-accounts: %w", err)
 	}
-	deny, err := ca.ParseNodeProxyDeny(f.nodeProxyDeny)
-	if err != nil {
-		return fmt.Errorf("--node-proxy-deny: %w", err)
-	}
-	kc, err := f.cluster.client()
+	cfg, err := f.cluster.restConfig()
 	if err != nil {
 		return err
+	}
+	deny, err := f.denyList(cfg)
+	if err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
@@ -102,6 +111,32 @@ func (f *explainFlags) run(ctx context.Context, w io.Writer) error {
 	e := ca.Explain(ctx, req)
 	printExplanation(w, e)
 	return nil
+}
+
+// denyList is the deny list serve would have: --node-proxy-deny's
+// entries, and meshca's own account (--ca-service-account, else the
+// account of cfg's credentials, serve.OwnAccount).
+func (f *explainFlags) denyList(cfg *rest.Config) (*ca.DenyList, error) {
+	deny, err := ca.ParseNodeProxyDeny(f.nodeProxyDeny)
+	if err != nil {
+		return nil, fmt.Errorf("--node-proxy-deny: %w", err)
+	}
+	ns, sa, ok := strings.Cut(f.caAccount, "/")
+	if f.caAccount == "" {
+		if ns, sa, ok, err = serve.OwnAccount(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if !ok {
+		if f.caAccount != "" {
+			return nil, fmt.Errorf("--ca-service-account %q is not namespace/serviceaccount", f.caAccount)
+		}
+		return deny, nil
+	}
+	if deny, err = deny.WithOwn(ns, sa); err != nil {
+		return nil, fmt.Errorf("--ca-service-account: %w", err)
+	}
+	return deny, nil
 }
 
 // caller builds the caller a bound token of the Pod would authenticate as.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -10,8 +9,9 @@ import (
 // TestServeNodeProxyDeny: --node-proxy-deny comes from the command line,
 // the config file (nodeProxyDeny) or MESHCA_NODE_PROXY_DENY like every
 // setting and reaches the clusters' configuration; by default it denies
-// kube-system and istiod's account; an entry that is neither a namespace
-// nor namespace/serviceaccount is refused, naming where it came from.
+// kube-system and istiod's account of every revision; an entry that is
+// neither a namespace, namespace/serviceaccount nor namespace/prefix* is
+// refused, naming where it came from.
 func TestServeNodeProxyDeny(t *testing.T) {
 	file := writeFile(t, "meshca.yaml", configHeader+"nodeProxyDeny: [mesh, istio-system/istiod-canary]\n")
 	tests := []struct {
@@ -21,7 +21,9 @@ func TestServeNodeProxyDeny(t *testing.T) {
 		want []string
 		err  string
 	}{
-		{name: "default", want: []string{"istio-system/istiod", "kube-system"}},
+		{name: "default", want: []string{"istio-system/istiod", "istio-system/istiod-*", "kube-system"}},
+		{name: "a prefix", args: []string{"--node-proxy-deny", "kube-system,mesh/istiod-*"}, want: []string{"kube-system", "mesh/istiod-*"}},
+		{name: "a prefix of nothing", args: []string{"--node-proxy-deny", "mesh/*"}, err: `--node-proxy-deny: entry "mesh/*": a namespace alone, "mesh", denies every account of it`},
 		{name: "flag", args: []string{"--node-proxy-deny", "kube-system,mesh/meshca"}, want: []string{"kube-system", "mesh/meshca"}},
 		{name: "flag, empty: none denied", args: []string{"--node-proxy-deny="}, want: []string{}},
 		{name: "config file", args: []string{"--config", file}, want: []string{"istio-system/istiod-canary", "mesh"}},
@@ -43,7 +45,7 @@ func TestServeNodeProxyDeny(t *testing.T) {
 				}
 				return
 			}
-			got := slices.Sorted(maps.Keys(c.Clusters.NodeProxyDeny))
+			got := c.Clusters.NodeProxyDeny.Entries()
 			if err != nil || !slices.Equal(got, tt.want) {
 				t.Fatalf("NodeProxyDeny %q, err %v; want %q", got, err, tt.want)
 			}

@@ -70,7 +70,7 @@ func (f *serveFlags) registerAuthn(fl *pflag.FlagSet) {
 
 func (f *serveFlags) registerNodeProxies(fl *pflag.FlagSet) {
 	fl.StringSliceVar(&f.nodeAccounts, "trusted-node-accounts", []string{ca.DefaultNodeAccount}, "namespace/serviceaccount of node proxies that may request the identities of Pods on their node")
-	fl.StringSliceVar(&f.nodeProxyDeny, "node-proxy-deny", ca.DefaultNodeProxyDeny(), "namespaces (ns) and service accounts (ns/sa) whose identities no node proxy may request, whatever runs on its node (PermissionDenied, impersonation_denied_identity): the control plane's; empty denies none")
+	fl.StringSliceVar(&f.nodeProxyDeny, "node-proxy-deny", ca.DefaultNodeProxyDeny(), "namespaces (ns), service accounts (ns/sa) and account prefixes (ns/prefix*: istiod-* is istiod of every revision) whose identities no node proxy may request, whatever runs on its node (PermissionDenied, impersonation_denied_identity): the control plane's; meshca's own account, that of its credentials, is denied besides, whatever this says; empty denies no other")
 }
 
 func (f *serveFlags) registerIssued(fl *pflag.FlagSet) {

@@ -251,6 +251,9 @@ func TestExplain(t *testing.T) {
 			[]string{"result: Unauthenticated (token_malformed)"}},
 		{"forged token", []string{"--token-file", harness.WriteToken(t, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"), "--identity", m.id("web").String()},
 			[]string{"result: Unauthenticated (token_invalid)"}},
+		{"meshca's own account", []string{"--token-file", tokenFile, "--ca-service-account", m.system + "/meshca",
+			"--identity", "spiffe://cluster.local/ns/" + m.system + "/sa/meshca"},
+			[]string{"FAIL: impersonation_denied_identity", "it is this CA's own identity", "result: PermissionDenied (impersonation_denied_identity)"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
