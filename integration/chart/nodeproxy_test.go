@@ -13,8 +13,9 @@ import (
 )
 
 // TestChartNodeProxyDeny: the Deployment passes --node-proxy-deny: the
-// values' entries (kube-system by default), then meshca's own account and
-// istiod's (istiod-<revision> with a revision), which no value removes.
+// values' entries (kube-system by default), then istiod's of every
+// revision in istio.namespace, which no value removes. meshca's own
+// account is meshca's to deny: it learns it from its credentials.
 func TestChartNodeProxyDeny(t *testing.T) {
 	ns := "mesh-ca"
 	tests := []struct {
@@ -22,13 +23,13 @@ func TestChartNodeProxyDeny(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"defaults", nil, "--node-proxy-deny=kube-system," + ns + "/meshca," + ns + "/istiod"},
-		{"istiod elsewhere, revisioned; meshca's account renamed", []string{"--set", "istio.namespace=istio-system",
+		{"defaults", nil, "--node-proxy-deny=kube-system," + ns + "/istiod," + ns + "/istiod-*"},
+		{"istiod elsewhere; a prefix of the values'", []string{"--set", "istio.namespace=istio-system",
 			"--set", "istio.istiodCertificate.revision=canary", "--set", "serviceAccount.name=ca",
-			"--set", "ca.nodeProxyDeny={kube-system,ops,istio-system/istiod-canary}"},
-			"--node-proxy-deny=kube-system,ops,istio-system/istiod-canary," + ns + "/ca"},
+			"--set", "ca.nodeProxyDeny={kube-system,ops,istio-system/istiod-*,ops/vault-*}"},
+			"--node-proxy-deny=kube-system,ops,istio-system/istiod-*,ops/vault-*,istio-system/istiod"},
 		{"no entries: the control plane's still", []string{"--set", "ca.nodeProxyDeny=null"},
-			"--node-proxy-deny=" + ns + "/meshca," + ns + "/istiod"},
+			"--node-proxy-deny=" + ns + "/istiod," + ns + "/istiod-*"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -42,6 +43,29 @@ func TestChartNodeProxyDeny(t *testing.T) {
 			}
 			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, []string{tt.want}, nil)
 		})
+	}
+}
+
+// TestChartAdminConnections: monitoring.maxConnections and
+// maxConnectionsPerPeer reach --admin-max-connections and
+// --admin-max-connections-per-peer, the binary's defaults by default.
+func TestChartAdminConnections(t *testing.T) {
+	for _, tt := range []struct {
+		args, want []string
+	}{
+		{nil, []string{"--admin-max-connections=128", "--admin-max-connections-per-peer=16"}},
+		{[]string{"--set", "monitoring.maxConnections=512", "--set", "monitoring.maxConnectionsPerPeer=0"},
+			[]string{"--admin-max-connections=512", "--admin-max-connections-per-peer=0"}},
+	} {
+		out, err := harness.HelmTemplate(helm, "meshca", "mesh-ca", tt.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := harness.Objects(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, tt.want, nil)
 	}
 }
 

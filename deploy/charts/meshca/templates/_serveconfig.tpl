@@ -10,11 +10,11 @@ ServeConfig file when serveConfig.configMap is set.
 - --trust-domain={{ .Values.ca.trustDomain }}
 - --cluster-id={{ .Values.ca.clusterID }}
 - --trusted-node-accounts={{ join "," .Values.ca.trustedNodeAccounts }}
-{{- /* No node proxy may take meshca's identity or istiod's. */}}
-{{- $rev := .Values.istio.istiodCertificate.revision }}
-{{- $istiod := printf "%s/%s" (include "meshca.istiodNamespace" .) (ternary (printf "istiod-%s" $rev) "istiod" (ne $rev "")) }}
-{{- $self := printf "%s/%s" $ns (include "meshca.serviceAccountName" .) }}
-- --node-proxy-deny={{ concat (.Values.ca.nodeProxyDeny | default list) (list $self $istiod) | uniq | join "," }}
+{{- /* No node proxy may take istiod's identity, of any revision, in
+istio.namespace; meshca denies its own account itself. */}}
+{{- $istiodNs := include "meshca.istiodNamespace" . }}
+{{- $istiod := list (printf "%s/istiod" $istiodNs) (printf "%s/istiod-*" $istiodNs) }}
+- --node-proxy-deny={{ concat (.Values.ca.nodeProxyDeny | default list) $istiod | uniq | join "," }}
 - --token-audiences={{ join "," .Values.ca.tokenAudiences }}
 - --default-ttl={{ .Values.ca.defaultTTL }}
 - --max-ttl={{ .Values.ca.maxTTL }}
@@ -78,8 +78,12 @@ ServeConfig file when serveConfig.configMap is set.
 {{- end }}
 {{- /* meshca watches $POD_NAMESPACE's remote-cluster Secrets unless told none. */}}
 - --remote-secret-namespace={{ with .Values.multiCluster.remoteSecrets }}{{ if .enabled }}{{ .namespace }}{{ end }}{{ end }}
-{{- if .Values.monitoring.bindPodIP }}
+{{- with .Values.monitoring }}
+{{- if .bindPodIP }}
 - --admin-bind-address=$(POD_IP)
+{{- end }}
+- --admin-max-connections={{ int .maxConnections }}
+- --admin-max-connections-per-peer={{ int .maxConnectionsPerPeer }}
 {{- end }}
 - --log-format={{ .Values.log.format }}
 - --log-level={{ .Values.log.level }}
