@@ -21,12 +21,15 @@ import (
 // (reset) as soon as it is accepted when the address has none idle,
 // before net/http spends a goroutine on it. At the total cap a new
 // connection takes the place of a connection of the address holding the
-// most (its oldest idle one, else its oldest), when that address holds at
-// least two more than the new connection's does; otherwise the new one
-// is closed. So a client that opens a connection per request and never
-// closes it does not lock itself out, and clients that fill the server
-// from a few addresses cannot keep out a kubelet probe or a scrape from
-// another: to fill it they need as many addresses as connections.
+// most (its oldest idle one, else its oldest) when that address holds at
+// least two more than the new connection's does, else of the oldest idle
+// connection of any address; with none idle it is closed. So a client
+// that opens a connection per request and never closes it does not lock
+// itself or others out (an idle connection costs its client a reconnect
+// at most), and clients that fill the server from a few addresses cannot
+// keep out a kubelet probe or a scrape from another: to fill it with
+// connections that are not idle they need as many addresses as
+// connections.
 //
 // Every refusal and eviction is counted in
 // meshca_http_connections_refused_total{server,reason} and logged at
@@ -40,6 +43,7 @@ type HTTPConns struct {
 	log           *slog.Logger
 	mu            sync.Mutex
 	total         int
+	seq           uint64                     // of the last connection admitted
 	byPeer        map[netip.Addr][]*httpConn // each address's, oldest first
 	lastLog, supp atomic.Int64
 }
@@ -156,7 +160,8 @@ func (h *HTTPConns) admit(c net.Conn) net.Conn {
 	if evicted != nil {
 		h.forget(evicted)
 	}
-	hc := &httpConn{Conn: c, h: h, peer: peer}
+	h.seq++
+	hc := &httpConn{Conn: c, h: h, peer: peer, seq: h.seq}
 	h.byPeer[peer] = append(h.byPeer[peer], hc)
 	h.total++
 	h.mu.Unlock()
@@ -171,8 +176,8 @@ func (h *HTTPConns) admit(c net.Conn) net.Conn {
 
 // roomFor returns the connection to close for a new one from peer at the
 // total cap: one of the address holding the most, its oldest idle one
-// else its oldest, when it holds at least two more than peer; nil when
-// none. Called with h.mu held.
+// else its oldest, when it holds at least two more than peer; else the
+// oldest idle one of any address; nil when none. Called with h.mu held.
 func (h *HTTPConns) roomFor(peer netip.Addr) *httpConn {
 	var most []*httpConn
 	for _, conns := range h.byPeer {
@@ -180,13 +185,19 @@ func (h *HTTPConns) roomFor(peer netip.Addr) *httpConn {
 			most = conns
 		}
 	}
-	if len(most) < len(h.byPeer[peer])+2 {
-		return nil
+	if len(most) >= len(h.byPeer[peer])+2 {
+		if c := oldestIdle(most); c != nil {
+			return c
+		}
+		return most[0]
 	}
-	if c := oldestIdle(most); c != nil {
-		return c
+	var idle *httpConn
+	for _, conns := range h.byPeer {
+		if c := oldestIdle(conns); c != nil && (idle == nil || c.seq < idle.seq) {
+			idle = c
+		}
 	}
-	return most[0]
+	return idle
 }
 
 // oldestIdle is the first of conns kept alive between requests, or nil.
@@ -276,6 +287,7 @@ type httpConn struct {
 	net.Conn
 	h          *HTTPConns
 	peer       netip.Addr
+	seq        uint64 // the order of admission
 	gone, idle bool
 }
 

@@ -159,6 +159,33 @@ func TestHTTPConnsIdleMakesRoom(t *testing.T) {
 	metricstest.Want(t, s.reg, "meshca_http_connections_refused_total", map[string]string{"server": "admin", "reason": "per_peer"}, 1)
 }
 
+// TestHTTPConnsIdleMakesRoomAtTotal: at the total cap, every address
+// holding one, a new connection takes the place of the oldest idle one of
+// any address; with none idle it is refused.
+func TestHTTPConnsIdleMakesRoomAtTotal(t *testing.T) {
+	s := listenCapped(t, HTTPLimits{MaxConnections: 3})
+	_, s0, _ := s.dial(t, "127.0.0.2")
+	c1, s1, _ := s.dial(t, "127.0.0.3")
+	c2, s2, _ := s.dial(t, "127.0.0.4")
+	s.h.connState(s0, http.StateActive)
+	s.h.connState(s2, http.StateIdle)
+	s.h.connState(s1, http.StateIdle)
+	if _, _, ok := s.dial(t, "127.0.0.5"); !ok {
+		t.Fatal("refused with idle connections to close")
+	}
+	if !closedByServer(c1, 2*time.Second) {
+		t.Fatal("the oldest idle connection was kept")
+	}
+	if _, _, ok := s.dial(t, "127.0.0.6"); !ok || !closedByServer(c2, 2*time.Second) {
+		t.Fatal("the next idle connection did not make room")
+	}
+	if _, _, ok := s.dial(t, "127.0.0.7"); ok {
+		t.Fatal("admitted past the total with none idle")
+	}
+	metricstest.Want(t, s.reg, "meshca_http_connections_refused_total", map[string]string{"server": "admin", "reason": "evicted"}, 2)
+	metricstest.Want(t, s.reg, "meshca_http_connections_refused_total", map[string]string{"server": "admin", "reason": "total"}, 1)
+}
+
 // TestHTTPConnsReleases: a closed connection gives its place back, to its
 // address and to the total; the defaults cap one address at 16 and all
 // at 128; NoLimit turns a cap off.

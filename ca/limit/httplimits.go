@@ -40,9 +40,9 @@ type HTTPLimits struct {
 	MaxHeaderBytes int
 	// MaxConnections bounds the connections open at once, and
 	// MaxConnectionsPerPeer those of one client address (its exact IP).
-	// At either cap a new connection takes the place of an idle or an
-	// unfairly numerous one, or is closed as soon as it is accepted
-	// (HTTPConns).
+	// At either cap a new connection takes the place of an idle one or of
+	// one of an address holding more than its share, or is closed as soon
+	// as it is accepted (HTTPConns).
 	MaxConnections, MaxConnectionsPerPeer int
 }
 

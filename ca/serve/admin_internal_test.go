@@ -191,15 +191,16 @@ func TestAdminServerLimits(t *testing.T) {
 			// A client that opens a connection for each request and
 			// leaves it open (go-spiffe's federation.FetchBundle).
 			for i := range 5 {
-				c := a.dial(t, "127.0.0.9", 0)
+				c := a.dial(t, "127.0.0.10", 0)
 				if r := get(t, c, bufio.NewReader(c), "/healthz"); r.StatusCode != http.StatusOK {
 					t.Fatalf("request %d: %s", i, r.Status)
 				}
+				settle()
 			}
 			a.want(t, "meshca_http_connections_refused_total", map[string]string{"reason": "evicted"}, 3)
 			a.want(t, "meshca_http_connections_open", map[string]string{}, 2)
 		}},
-		{"at the total cap the address holding most makes room", caps, func(t *testing.T, a *adminUnderTest) {
+		{"at the total cap the address holding most makes room, then an idle one", caps, func(t *testing.T, a *adminUnderTest) {
 			held := []net.Conn{a.dial(t, "127.0.0.5", 0), a.dial(t, "127.0.0.5", 0)}
 			a.dial(t, "127.0.0.6", 0)
 			c := a.dial(t, "127.0.0.7", 0) // 127.0.0.5's oldest goes
@@ -207,8 +208,12 @@ func TestAdminServerLimits(t *testing.T) {
 				t.Fatalf("a new address at the total cap: %s", r.Status)
 			}
 			refusedAtAccept(t, held[0])
-			refusedAtAccept(t, a.dial(t, "127.0.0.8", 0)) // every address holds one
-			a.want(t, "meshca_http_connections_refused_total", map[string]string{"reason": "evicted"}, 1)
+			settle()
+			// Every address holds one: 127.0.0.7's, idle, goes.
+			a.dial(t, "127.0.0.8", 0)
+			refusedAtAccept(t, c)
+			refusedAtAccept(t, a.dial(t, "127.0.0.9", 0)) // none idle
+			a.want(t, "meshca_http_connections_refused_total", map[string]string{"reason": "evicted"}, 2)
 			a.want(t, "meshca_http_connections_refused_total", map[string]string{"reason": "total"}, 1)
 			a.want(t, "meshca_http_connections_open", map[string]string{}, 3)
 		}},
@@ -217,6 +222,10 @@ func TestAdminServerLimits(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, serveAdmin(t, tt.lim)) })
 	}
 }
+
+// settle gives net/http the moment it takes, after an answer the client
+// has read, to mark its connection idle.
+func settle() { time.Sleep(100 * time.Millisecond) }
 
 // trickle writes head, then more every 100 ms until the connection fails.
 func trickle(c net.Conn, head, more string) {
