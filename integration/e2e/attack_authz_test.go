@@ -3,10 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/integration/harness"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -195,4 +198,51 @@ func nested(depth int) *structpb.Value {
 		v = structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{v}})
 	}
 	return v
+}
+
+// newOwnDenyArena is a meshca of its own run as the chart's service
+// account, istio-system/meshca, with deploy/manifests' RBAC, and WITHOUT
+// --node-proxy-deny: what it denies node proxies is the binary's own
+// default and the account it learns from its credentials.
+func newOwnDenyArena(t *testing.T) *arena {
+	data, err := os.ReadFile(filepath.Join(harness.RepoRoot(), "deploy", "manifests", "meshca.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyYAML(t, data)
+	system := cluster.Namespace(t, "istio-system")
+	m := &mesh{apps: cluster.Namespace(t, "apps"), system: system}
+	m.s = startServerAs(t, cluster.ServiceAccountKubeconfig(t, "istio-system", "meshca"), "--trusted-node-accounts", system+"/ztunnel")
+	m.ztunnelA = cluster.NewWorkload(t, system, "ztunnel", "node-a")
+	a := &arena{mesh: m, roots: m.s.roots}
+	a.web, a.webID = cluster.NewWorkload(t, m.apps, "web", "node-a"), m.id("web")
+	a.secret(a.web.Token, m.ztunnelA.Token)
+	return a
+}
+
+// ownIdentityAttacks (issue 28, item 7): a ztunnel asks for a revisioned
+// istiod's identity and for meshca's own, each with a Pod on its node in
+// istio-system; meshca, given no --node-proxy-deny, refuses both.
+func (a *arena) ownIdentityAttacks(t *testing.T) []attack {
+	const ns = "istio-system"
+	canary := "istiod-canary-" + strings.TrimPrefix(a.apps, "apps-")
+	pods := []string{canary + "-0", "meshca-" + strings.TrimPrefix(a.apps, "apps-")}
+	cluster.ServiceAccount(t, ns, canary)
+	cluster.Pod(t, ns, pods[0], canary, "node-a")
+	cluster.Pod(t, ns, pods[1], "meshca", "node-a")
+	t.Cleanup(func() {
+		for _, p := range pods {
+			_ = cluster.Client.CoreV1().Pods(ns).Delete(context.Background(), p, metav1.DeleteOptions{})
+		}
+		_ = cluster.Client.CoreV1().ServiceAccounts(ns).Delete(context.Background(), canary, metav1.DeleteOptions{})
+	})
+	z, td := a.ztunnelA.Token, "spiffe://cluster.local/ns/"+ns+"/sa/"
+	return []attack{
+		{name: "impersonation/a revisioned istiod, its Pod on the node, no --node-proxy-deny", do: a.impersonating(t, z, td+canary),
+			code: codes.PermissionDenied, msg: "the CA's --node-proxy-deny lists istio-system/istiod-*",
+			reason: "impersonation_denied_identity", defence: "authz:default_deny_istiod_revisions"},
+		{name: "impersonation/meshca's own account, its Pod on the node, no --node-proxy-deny", do: a.impersonating(t, z, td+"meshca"),
+			code: codes.PermissionDenied, msg: "node proxies may not request " + td + "meshca: it is this CA's own identity",
+			reason: "impersonation_denied_identity", defence: "authz:own_identity"},
+	}
 }

@@ -26,11 +26,12 @@ import (
 // newBudgetArena is a meshca of its own with budgets small enough to spend
 // in a test: a workload's burst of 3, a node proxy's of 40, 5 failed
 // authentications per address refilled one every 2 s, 2 streams per
-// connection, 4 connections per address and 20 in all.
+// connection, 4 connections per address and 20 in all; on the admin port
+// 3 connections per address and 6 in all.
 func newBudgetArena(t *testing.T) *arena {
-	m := newMesh(t, "--authn-failure-burst-per-peer", "5", "--authn-failure-rate-per-peer", "0.5",
+	m := newMesh(t, append([]string{"--authn-failure-burst-per-peer", "5", "--authn-failure-rate-per-peer", "0.5",
 		"--caller-burst", "3", "--caller-rate", "0.01", "--node-proxy-burst", "40", "--node-proxy-rate", "0.01",
-		"--max-concurrent-streams", "2", "--max-connections-per-peer", "4", "--max-connections", "20")
+		"--max-concurrent-streams", "2", "--max-connections-per-peer", "4", "--max-connections", "20"}, adminCapFlags...)...)
 	a := &arena{mesh: m, roots: m.s.roots}
 	a.web, a.webID = cluster.NewWorkload(t, m.apps, "web", "node-a"), m.id("web")
 	a.secret(a.web.Token, m.ztunnelA.Token, m.ztunnelB.Token)

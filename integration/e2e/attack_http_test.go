@@ -25,6 +25,8 @@ const headerTimeout = 5 * time.Second
 // started together so that their seconds overlap the other rows.
 type slowClients struct {
 	bundleHeaders, bundleHandshake, adminHeaders chan slowResult
+	// Kept alive after one answer, then silent (issue 28, item 5).
+	adminIdle, bundleIdle chan slowResult
 }
 
 // slowResult is how long the server kept a slow connection, and what it
@@ -36,7 +38,9 @@ type slowResult struct {
 }
 
 func (a *arena) slowClients(_ *testing.T) *slowClients {
-	s := &slowClients{make(chan slowResult, 1), make(chan slowResult, 1), make(chan slowResult, 1)}
+	s := &slowClients{make(chan slowResult, 1), make(chan slowResult, 1), make(chan slowResult, 1), make(chan slowResult, 1), make(chan slowResult, 1)}
+	go func() { s.adminIdle <- keptAlive(a.s.AdminAddr, false) }()
+	go func() { s.bundleIdle <- keptAlive(a.s.BundleAddr, true) }()
 	go func() { s.bundleHeaders <- trickle(a.s.BundleAddr, true) }()
 	go func() { s.bundleHandshake <- silent(a.s.BundleAddr) }()
 	go func() { s.adminHeaders <- trickle(a.s.AdminAddr, false) }()
@@ -110,6 +114,8 @@ func (s *slowClients) checks(_ *testing.T, _ *arena) []check {
 		cut("bundle endpoint/headers trickled (slowloris)", "bundle_endpoint:read_header_timeout", s.bundleHeaders),
 		cut("bundle endpoint/TLS handshake never begun", "bundle_endpoint:tls_handshake_timeout", s.bundleHandshake),
 		cut("admin/headers trickled (slowloris)", "admin:read_header_timeout", s.adminHeaders),
+		idleClosed("admin/a kept-alive connection left idle", "admin:idle_timeout", s.adminIdle),
+		idleClosed("bundle endpoint/a kept-alive connection left idle", "bundle_endpoint:idle_timeout", s.bundleIdle),
 	}
 }
 
@@ -199,6 +205,9 @@ func (a *arena) httpChecks(_ *testing.T) []check {
 		refused("admin/expvar", "admin:unknown_path", admin("/debug/vars"), http.StatusNotFound, "404"),
 		refused("admin/an unknown path", "admin:unknown_path", admin("/admin/config"), http.StatusNotFound, "404"),
 		refused("admin/a 2 MiB header", "admin:header_too_large", admin("/metrics", pad(2<<20)),
+			http.StatusRequestHeaderFieldsTooLarge, "431"),
+		// Issue 28: 8 KiB, no longer net/http's 1 MiB.
+		refused("admin/a 16 KiB header", "admin:header_too_large", admin("/metrics", pad(16<<10)),
 			http.StatusRequestHeaderFieldsTooLarge, "431"),
 	}
 }

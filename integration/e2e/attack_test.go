@@ -86,7 +86,11 @@ func TestAttack(t *testing.T) {
 	m.attacks(t, budget, budget.budgetRateAttacks(t))
 	m.checks(t, budget.budgetChecks(t))
 	m.checks(t, budget.connChecks(t))
+	m.checks(t, budget.adminConnChecks(t))
 	budget.checkNoSecretsLogged(t)
+	own := newOwnDenyArena(t)
+	m.attacks(t, own, own.ownIdentityAttacks(t))
+	own.checkNoSecretsLogged(t)
 	m.checks(t, concurrencyChecks(t))
 	m.checks(t, leaseChecks(t))
 	// Last: it retires the root that signed the workload's certificate.
