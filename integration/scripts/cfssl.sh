@@ -7,6 +7,8 @@
 #
 #   MESHCA_CACHE  default $HOME/.cache/meshca;  CFSSL_CACHE default $MESHCA_CACHE/cfssl
 set -euo pipefail
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 CFSSL_VERSION=1.6.5
 CACHE=${CFSSL_CACHE:-${MESHCA_CACHE:-$HOME/.cache/meshca}/cfssl}
 BIN=$CACHE/bin/cfssl-v$CFSSL_VERSION
@@ -16,8 +18,8 @@ case "${1:-}" in
     if [[ ! -x $BIN ]]; then
       echo "[cfssl] building cfssl v$CFSSL_VERSION (cold: ~3 min)" >&2
       mkdir -p "$CACHE/bin" "$CACHE/gobin"
-      GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOBIN=$CACHE/gobin GOFLAGS=-buildvcs=false GOWORK=off CGO_ENABLED=0 \
-        go install "github.com/cloudflare/cfssl/cmd/cfssl@v$CFSSL_VERSION"
+      progress cfssl env GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOBIN=$CACHE/gobin GOFLAGS=-buildvcs=false GOWORK=off CGO_ENABLED=0 \
+        go install -v "github.com/cloudflare/cfssl/cmd/cfssl@v$CFSSL_VERSION"
       mv "$CACHE/gobin/cfssl" "$BIN"
     fi
     echo "$BIN" ;;

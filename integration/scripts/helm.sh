@@ -12,6 +12,8 @@
 # is; the version is stamped the way helm's own Makefile does, or
 # `helm version` says v4.x-dev. Cold: a few minutes on 2 cores.
 set -euo pipefail
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 HELM_VERSION=4.3.2
 CACHE=${HELM_CACHE:-${MESHCA_CACHE:-$HOME/.cache/meshca}/helm}
 BIN=$CACHE/bin/helm-v$HELM_VERSION
@@ -22,8 +24,8 @@ case "${1:-}" in
     if [[ ! -x $BIN ]]; then
       echo "[helm] building helm v$HELM_VERSION (cold: ~5 min on 2 cores)" >&2
       mkdir -p "$CACHE/bin" "$CACHE/gobin"
-      GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOBIN=$CACHE/gobin GOFLAGS=-buildvcs=false GOWORK=off CGO_ENABLED=0 \
-        go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+      progress helm env GOMODCACHE=$CACHE/gomodcache GOCACHE=$CACHE/gocache GOBIN=$CACHE/gobin GOFLAGS=-buildvcs=false GOWORK=off CGO_ENABLED=0 \
+        go install -v -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
         "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
       mv "$CACHE/gobin/helm" "$BIN"
       "$BIN" version >&2

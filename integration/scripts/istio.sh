@@ -31,6 +31,8 @@ BINDIR=$CACHE/bin
 CMDS=(pilot-discovery pilot-agent)
 
 log() { echo "[istio] $*" >&2; }
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 
 # The istio.io/istio version integration/istioclient requires (a single-line require or one in a block).
 VERSION=$(awk '$1 == "require" && $2 == "istio.io/istio" {print $3; exit} $1 == "istio.io/istio" && $2 ~ /^v/ {print $2; exit}' "$CLIENT_MOD")
@@ -98,7 +100,7 @@ build() {
       [[ -x $b ]] && continue
       local t1; t1=$(date +%s)
       log "building $c $VERSION with GOCACHE $("$GO" env GOCACHE) (cold: ~15 min on 2 cores, 2.4 GB peak memory)"
-      (cd "$w" && "$GO" build -ldflags "$ld" -o "$b.tmp" "istio.io/istio/pilot/cmd/$c")
+      (cd "$w" && progress "$c" "$GO" build -v -ldflags "$ld" -o "$b.tmp" "istio.io/istio/pilot/cmd/$c")
       mv "$b.tmp" "$b"
       log "built $b in $(( $(date +%s) - t1 ))s"
     done

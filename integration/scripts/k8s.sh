@@ -35,6 +35,8 @@ KAS_BIN=$BIN/kube-apiserver-v$K8S_VERSION
 KCM_BIN=$BIN/kube-controller-manager-v$K8S_VERSION
 
 log() { echo "[k8s] $*" >&2; }
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 
 for t in curl openssl ss base64 "$GO"; do
   command -v "$t" >/dev/null || { log "missing $t (apt-get install -y curl openssl iproute2 coreutils; Go in PATH)"; exit 1; }
@@ -71,7 +73,7 @@ build_etcd() {
     printf ')\n'
   } > "$w/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > "$w/tools.go"
-  (cd "$w" && "$GO" mod tidy && "$GO" build -trimpath -ldflags "-s -w" -o "$ETCD_BIN.tmp" go.etcd.io/etcd/server/v3)
+  (cd "$w" && "$GO" mod tidy && progress etcd "$GO" build -v -trimpath -ldflags "-s -w" -o "$ETCD_BIN.tmp" go.etcd.io/etcd/server/v3)
   mv "$ETCD_BIN.tmp" "$ETCD_BIN"
 }
 
@@ -93,7 +95,7 @@ build_kas() {
   printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' > "$w/tools.go"
   local vpkg=k8s.io/component-base/version
   local ld="-s -w -X $vpkg.gitVersion=v$K8S_VERSION -X $vpkg.gitMajor=${K8S_VERSION%%.*} -X $vpkg.gitMinor=${minor%%.*} -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
-  (cd "$w" && "$GO" mod tidy && "$GO" build -trimpath -ldflags "$ld" -o "$KAS_BIN.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+  (cd "$w" && "$GO" mod tidy && progress kube-apiserver "$GO" build -v -trimpath -ldflags "$ld" -o "$KAS_BIN.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
   mv "$KAS_BIN.tmp" "$KAS_BIN"
 }
 
@@ -105,7 +107,7 @@ build_kcm() {  # optional; reuses the kube-apiserver wrapper + caches (~4.5 min 
   log "building kube-controller-manager v$K8S_VERSION"
   printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n)\n' > "$w/tools.go"
   local ld="-s -w -X $vpkg.gitVersion=v$K8S_VERSION -X $vpkg.gitMajor=${K8S_VERSION%%.*} -X $vpkg.gitMinor=${minor%%.*} -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
-  (cd "$w" && "$GO" mod tidy && "$GO" build -trimpath -ldflags "$ld" -o "$KCM_BIN.tmp" k8s.io/kubernetes/cmd/kube-controller-manager)
+  (cd "$w" && "$GO" mod tidy && progress kube-controller-manager "$GO" build -v -trimpath -ldflags "$ld" -o "$KCM_BIN.tmp" k8s.io/kubernetes/cmd/kube-controller-manager)
   mv "$KCM_BIN.tmp" "$KCM_BIN"
 }
 

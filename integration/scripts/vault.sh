@@ -17,6 +17,8 @@ VAULT_VERSION=1.21.4
 CACHE=${VAULT_CACHE:-${MESHCA_CACHE:-$HOME/.cache/meshca}/vault}
 BIN=$CACHE/bin/vault-v$VAULT_VERSION
 log() { echo "[vault] $*" >&2; }
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 
 build() {
   [[ -x $BIN ]] && { echo "$BIN"; return 0; }
@@ -58,7 +60,7 @@ MOD
   log "resolving modules"
   go get github.com/hashicorp/vault@v$VAULT_VERSION
   log "compiling (the long part)"
-  go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" github.com/hashicorp/vault
+  progress vault go build -v -trimpath -ldflags "-s -w" -o "$BIN.tmp" github.com/hashicorp/vault
   mv "$BIN.tmp" "$BIN"
   "$BIN" version >&2
   echo "$BIN"
