@@ -41,10 +41,10 @@ func TestExternalRefusals(t *testing.T) {
 		{name: "cfssl in process with one", ext: &cfsslExternal{local: &cfssl.LocalConfig{DNSProfile: cfssl.DefaultIstiodProfile}}},
 		{name: "k8scsr", ext: k8s, istiodField: "istiod-cert-secret",
 			istiod: "cannot be used with the k8scsr signer: a CertificateSigningRequest's signer decides what it certifies and cannot tell " +
-				"istiod's DNS request from a workload's; sign with the local, cfssl or vault signer",
+				"istiod's DNS request from a workload's; sign with the " + signerNames(func(b *signerBackend) bool { return b.name != signerK8sCSR }) + " signer",
 			pods: "the kubelet's stub CSR carries no name, the k8scsr signer hands the CSR as it is to the external signer, and the Pod's " +
 				"SPIFFE ID would only ride in the meshca.io/spiffe-id annotation, which anyone who may create a CertificateSigningRequest can set; " +
-				"sign pod certificates with the local, cfssl or vault signer"},
+				"sign pod certificates with the " + podSigners() + " signer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

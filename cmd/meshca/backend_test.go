@@ -44,7 +44,7 @@ func TestKeyTypeSettingsValidate(t *testing.T) {
 		{"k8scsr without a signer name", withK8sCSR(func(_ *backendFlags, k *k8scsrFlags) { k.signerName = "" }), "--k8scsr-signer-name (k8scsr.signerName) is required"},
 		{"k8scsr without trust", withK8sCSR(func(b *backendFlags, _ *k8scsrFlags) { b.trustAnchors = "" }), "--trust-anchors (trustAnchors) (or a CA state) is required with the k8scsr signer"},
 		{"k8scsr without a serving certificate", withK8sCSR(func(b *backendFlags, _ *k8scsrFlags) { b.servingKey = "" }), "--serving-cert-file (servingCertFile) and --serving-key-file (servingKeyFile) are required"},
-		{"unknown signer", backendFlags{signer: "acme"}, `--signer (signer): "acme" is not one of local, cfssl, k8scsr or vault`},
+		{"unknown signer", backendFlags{signer: "acme"}, `--signer (signer): "acme" is not one of ` + signerNames(func(*signerBackend) bool { return true })},
 		{"vault with an RSA role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh-rsa" }), ""},
 		{"vault RSA role is the main role", withVault(func(v *vaultFlags) { v.rsaRole = "mesh" }), "--vault-rsa-role (vault.rsaRole) names the same role as --vault-role (vault.role)"},
 		{"vault zero backoff", withVault(func(v *vaultFlags) { v.reloginBackoff = 0 }), ""},
@@ -156,5 +156,30 @@ func registerBackend(b *backendFlags, fl *pflag.FlagSet) {
 	b.registerServing(fl)
 	for _, g := range b.groups() {
 		g.register(fl)
+	}
+}
+
+// podSigners are the backends that may sign pod certificates, as the
+// messages list them: computed from the registered backends, so that a
+// new backend changes no test's expected message.
+func podSigners() string {
+	return signerNames(func(b *signerBackend) bool { return b.noPodCertificates == "" })
+}
+
+func TestSignerNames(t *testing.T) {
+	all := signerNames(func(*signerBackend) bool { return true })
+	for _, b := range signerBackends {
+		if strings.Count(all, b.name) != 1 {
+			t.Errorf("signerNames = %q: backend %q is not named exactly once", all, b.name)
+		}
+	}
+	if n := len(signerBackends); n > 1 && !strings.Contains(all, " or "+signerBackends[n-1].name) {
+		t.Errorf("signerNames = %q, want the last name after \"or\"", all)
+	}
+	if got := signerNames(func(b *signerBackend) bool { return b.name == signerK8sCSR }); got != signerK8sCSR {
+		t.Errorf("one name: %q, want %q", got, signerK8sCSR)
+	}
+	if got := signerNames(func(*signerBackend) bool { return false }); got != "" {
+		t.Errorf("no name: %q", got)
 	}
 }

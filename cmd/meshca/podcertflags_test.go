@@ -28,7 +28,7 @@ func TestPodCertFlags(t *testing.T) {
 		{name: "k8scsr backend", signer: "meshca.io/svid", backend: "k8scsr",
 			want: "--pod-certificate-signer-name cannot be used with --signer k8scsr: the kubelet's stub CSR carries no name, " +
 				"the k8scsr signer hands the CSR as it is to the external signer, and the Pod's SPIFFE ID would only ride in the meshca.io/spiffe-id annotation, " +
-				"which anyone who may create a CertificateSigningRequest can set; sign pod certificates with the local, cfssl or vault signer"},
+				"which anyone who may create a CertificateSigningRequest can set; sign pod certificates with the " + podSigners() + " signer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
