@@ -183,16 +183,30 @@ func TestClusterTrustBundleLifecycle(t *testing.T) {
 	}
 	eventually(t, "recreated", holds(client, name, "root-1\nroot-2"))
 
-	// Two creates; at least two updates (the new bundle, the repair). The
-	// fake clientset takes an update with a stale resourceVersion, which
-	// the apiserver refuses as a conflict, so a write decided on a cache
-	// that had not yet seen the publisher's own update counts here once
-	// more.
+	// The end state, not the timing: the object holds the bundle, and
+	// the publisher has settled. Two creates and at least two updates
+	// (the new bundle, the repair) were needed; a write decided on a
+	// cache that had not yet seen the publisher's own update adds one
+	// (the fake clientset takes a stale resourceVersion, which the
+	// apiserver would refuse as a conflict), and how many such reads
+	// happen depends on the machine's load. What must not happen is a
+	// publisher that keeps writing once the object is right.
 	if got := obs.get(trust.ResultCreated); got != 2 {
 		t.Errorf("created %d times, want 2", got)
 	}
-	if got := obs.get(trust.ResultUpdated); got < 2 || got > 3 {
-		t.Errorf("updated %d times, want 2 (3 after a stale read)", got)
+	if got := obs.get(trust.ResultUpdated); got < 2 {
+		t.Errorf("updated %d times, want at least 2 (the new bundle, the repair)", got)
+	}
+	settled := map[string]int{trust.ResultCreated: obs.get(trust.ResultCreated), trust.ResultUpdated: obs.get(trust.ResultUpdated)}
+	rv := ctb(client, name).ResourceVersion
+	time.Sleep(time.Second)
+	for r, n := range settled {
+		if got := obs.get(r); got != n {
+			t.Errorf("%s %d more times after the object was right: the publisher did not settle", r, got-n)
+		}
+	}
+	if !holds(client, name, "root-1\nroot-2")() || ctb(client, name).ResourceVersion != rv {
+		t.Errorf("the ClusterTrustBundle changed after the publisher settled")
 	}
 }
 
