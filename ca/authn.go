@@ -67,6 +67,7 @@ func (s *Server) authenticate(ctx context.Context, cluster *Cluster, r *request)
 	}
 	return limit.Authenticate(ctx, s.limits, limit.Authentication[*Credentials, *Caller]{
 		Peer: r.peer, Token: r.creds.Token, PeerCerts: len(r.creds.PeerCerts) > 0, Auths: auths, Costly: costlyRefusal,
+		Vouch: cluster.Vouch,
 	}, func(ctx context.Context, auths []limit.Authenticator[*Credentials, *Caller]) (*Caller, error) {
 		as := make([]Authenticator, len(auths))
 		for i, a := range auths {

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/meshca/meshca/ca/kube"
+	"github.com/meshca/meshca/ca/limit"
 )
 
 // Cluster is one Kubernetes cluster whose workloads this CA serves: the
@@ -15,6 +16,12 @@ type Cluster struct {
 	ID             string
 	Authenticators []Authenticator
 	Authorizer     *NodeAuthorizer
+	// Vouch, when set, vouches for tokens of this cluster before their
+	// review (kube.Plausibility): one it vouches for that has not failed
+	// from its address is reviewed at once, however many of its
+	// neighbours' requests wait for their review turns
+	// (limit.Authentication). nil: every token may wait for them.
+	Vouch limit.Vouch
 	// Ready reports whether the cluster's caches have synced; nil means
 	// always ready.
 	Ready func() bool

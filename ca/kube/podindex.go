@@ -166,6 +166,17 @@ func (x *PodIndex) Pod(ctx context.Context, ns, name string) (*PodInfo, error) {
 	return &out[0], nil
 }
 
+// Indexed returns the Pod ns/name if the index holds it, asking the
+// apiserver nothing: a miss may be informer lag.
+func (x *PodIndex) Indexed(ns, name string) (*PodInfo, bool) {
+	obj, ok, _ := x.informer.GetIndexer().GetByKey(ns + "/" + name)
+	if !ok {
+		return nil, false
+	}
+	p := podInfo(obj)
+	return p, p != nil
+}
+
 // OfAccount returns the live Pods (PodInfo.Live) of ns/sa on any node. A miss in the
 // index is confirmed against the apiserver (confirm).
 func (x *PodIndex) OfAccount(ctx context.Context, ns, sa string) ([]PodInfo, error) {

@@ -64,6 +64,14 @@ func TestPodIndex(t *testing.T) {
 	if err != nil || got == nil || got.UID != uidA || got.ServiceAccount != "web" || got.Node != "node-a" {
 		t.Fatalf("Pod: %+v %v", got, err)
 	}
+	// Indexed answers from the index alone: a miss asks no one.
+	if p, ok := x.Indexed("apps", "web-0"); !ok || p.UID != uidA || p.ServiceAccount != "web" {
+		t.Fatalf("Indexed: %+v %v", p, ok)
+	}
+	calls := len(client.Actions())
+	if p, ok := x.Indexed("apps", "not-there"); ok || p != nil || len(client.Actions()) != calls {
+		t.Fatalf("Indexed of a Pod not held: %+v %v, %d apiserver calls", p, ok, len(client.Actions())-calls)
+	}
 
 	// Moved to another node and replaced (a new UID) in one update, as a
 	// relist after a missed delete sees it.

@@ -147,6 +147,14 @@ func (b *buckets) reserve(key string, now time.Time, most time.Duration) (settle
 	}, wait, true
 }
 
+// spend spends one token of key's bucket, into debt if need be: a
+// failure counted against key without having waited for a token.
+func (b *buckets) spend(key string, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.getLocked(key, now).lim.ReserveN(now, 1)
+}
+
 // untilToken is how long until lim holds one token besides the held ones,
 // rounded up to a millisecond; 0 when it holds one now.
 func untilToken(lim *rate.Limiter, held int, now time.Time) time.Duration {

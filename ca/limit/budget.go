@@ -44,15 +44,21 @@ type Limits struct {
 	// each waits, before it takes an authentication turn
 	// (Config.MaxAuthnPerPeer), until the bucket has refilled a token
 	// for it, and only a request whose turn would come too late for its
-	// deadline is refused. A request is never refused for the failures of others
-	// at its address, only made to wait; one that needs no review (a
-	// client certificate, a cached token) does not wait at all; requests
-	// that carry the same token share one turn, as they share one
-	// review (kube.CachedTokenReviewer). A negative rate turns it off.
+	// deadline is refused. Those turns are for suspect tokens: a token
+	// the cluster vouches for (Vouch: a bound token naming a live Pod)
+	// that has not failed from the address, nor has its Pod, takes its
+	// turns in a lane of its own, from a second bucket of this size that
+	// only such tokens' failures spend (each a failure of the address
+	// too): a neighbour flooding the address with suspect tokens never
+	// delays it. One that needs no review (a client certificate, a
+	// cached token) does not wait at all; requests that carry the same
+	// token share one turn, as they share one review
+	// (kube.CachedTokenReviewer). A negative rate turns it off.
 	PeerFailureRate  float64
 	PeerFailureBurst int
 	// MaxKeys bounds the buckets kept for each kind of key (identities,
-	// node proxy Pods, peer addresses).
+	// node proxy Pods, peer addresses), and the failed tokens and Pods
+	// remembered over all addresses.
 	MaxKeys int
 }
 
@@ -62,8 +68,9 @@ type Limits struct {
 // ~110 Pods when its node restarts (Kubernetes' default --max-pods; 250
 // is the recommended maximum). A peer that fails to authenticate 100
 // times in a row is not a misconfigured client that backs off; after
-// that its reviews cost the apiserver 10 a second at most, and a good
-// token from its address waits for a turn, 100 ms once the failures stop.
+// that its suspect tokens' reviews cost the apiserver 10 a second at
+// most, and a good token from its address that the cluster does not
+// vouch for waits for a turn, 100 ms once the failures stop.
 var (
 	DefaultCallerBudget    = Budget{Rate: 50, Burst: 500, MaxInFlight: 32}
 	DefaultNodeProxyBudget = Budget{Rate: 200, Burst: 1000, MaxInFlight: 256}
@@ -139,9 +146,13 @@ type limiter struct {
 	caller   *callerBudget
 	node     *callerBudget
 	failures *buckets // by peer address; nil: off
+	// plausible are the failures of the plausible lane (vouch.go), by
+	// peer address; nil when failures is.
+	plausible *buckets
+	marks     *failedMarks // nil when failures is
 
 	mu    sync.Mutex
-	turns map[string]*turn // by peer address and token hash, while in use
+	turns map[string]*turn // by lane, peer address and token hash, while in use
 }
 
 // callerBudget is one kind of caller's budget: a bucket and an in-flight
@@ -163,7 +174,7 @@ func newLimiter(l Limits, now func() time.Time) *limiter {
 		return &callerBudget{b: b, rates: newBuckets(b.Rate, b.Burst, l.MaxKeys), rateReason: rateReason,
 			inFlightReason: inFlightReason, who: who, inFlight: map[string]int{}}
 	}
-	return &limiter{
+	lim := &limiter{
 		now:      now,
 		sleep:    timerSleep,
 		turns:    map[string]*turn{},
@@ -171,6 +182,11 @@ func newLimiter(l Limits, now func() time.Time) *limiter {
 		node:     budget(l.NodeProxy, ReasonNodeProxyRate, ReasonNodeProxyInFlight, "this node proxy"),
 		failures: newBuckets(l.PeerFailureRate, l.PeerFailureBurst, l.MaxKeys),
 	}
+	if lim.failures != nil {
+		lim.plausible = newBuckets(l.PeerFailureRate, l.PeerFailureBurst, l.MaxKeys)
+		lim.marks = newFailedMarks(l.MaxKeys)
+	}
+	return lim
 }
 
 // Caller is an authenticated caller as its budget sees it.
@@ -242,8 +258,8 @@ func (b *callerBudget) enter(key, who string) (func(), error) {
 }
 
 // turn is a review of one token from one address, shared by the requests
-// that carry it: it holds one failure of the address's bucket from the
-// moment it is taken until its last request has settled.
+// that carry it: it holds one failure of its lane's bucket for the
+// address from the moment it is taken until its last request has settled.
 type turn struct {
 	start  time.Time // when its reviews may start, on the limiter's clock
 	users  int
@@ -251,43 +267,59 @@ type turn struct {
 	settle func(spend bool, now time.Time)
 }
 
-// peerTurn holds, for a review of token for the peer at addr, one of the
-// address's failures, which a failure spends (settle(true)) and anything
-// else gives back. With none free the request waits for its turn, until
-// the bucket has refilled one for it after the turns before it, and is
-// refused at once when that would leave it less than reviewTime before
-// ctx's deadline. Requests with the same token share a turn. When lazy,
-// a request whose address has a failure free now holds nothing: settle
-// is nil, and it takes its turn when it comes to be reviewed (so that
-// requests do not hold failures, uncounted while the bucket is full,
-// before their authentication turns bound how many review at once).
+// peerTurn is laneTurn in the suspect lane, for token from addr.
 func (l *limiter) peerTurn(ctx context.Context, addr, token string, lazy bool) (settle func(failed bool), err error) {
-	if l.failures == nil {
+	return l.laneTurn(ctx, suspectLane, peerKey(addr), sha256.Sum256([]byte(token)), lazy)
+}
+
+// laneTurn holds, for a review of the token whose hash is sum for the
+// peer address peer, one of the address's failures in lane ln, which a
+// failure spends (settle(true)) and anything else gives back. With none
+// free the request waits for its turn, until the bucket has refilled one
+// for it after the turns before it in its lane, and is refused at once
+// when that would leave it less than reviewTime before ctx's deadline.
+// Requests with the same token share a turn. When lazy, a request whose
+// address has a failure free now holds nothing: settle is nil, and it
+// takes its turn when it comes to be reviewed (so that requests do not
+// hold failures, uncounted while the bucket is full, before their
+// authentication turns bound how many review at once).
+//
+// The suspect lane's bucket is the address's failures
+// (Limits.PeerFailureRate); the plausible lane's is its own, of the same
+// size, and a failure there spends one of the address's failures too, so
+// that the address's failures count every failure from it.
+func (l *limiter) laneTurn(ctx context.Context, ln lane, peer string, sum [sha256.Size]byte, lazy bool) (settle func(failed bool), err error) {
+	b := l.failures
+	if ln == plausibleLane {
+		b = l.plausible
+	}
+	if b == nil {
 		return func(bool) {}, nil
 	}
-	peer := peerKey(addr)
-	sum := sha256.Sum256([]byte(token))
-	key := peer + "\x00" + string(sum[:])
+	key := string(ln) + peer + "\x00" + string(sum[:])
 	// A turn must leave the review time to run before the deadline.
 	most := untilDeadline(ctx) - reviewTime
 	now := l.now()
 	l.mu.Lock()
 	t := l.turns[key]
 	switch {
-	case t == nil && lazy && l.failures.check(peer, now) == 0:
+	case t == nil && lazy && b.check(peer, now) == 0:
 		l.mu.Unlock()
 		return nil, nil
 	case t == nil:
-		settle, wait, ok := l.failures.reserve(peer, now, most)
+		settle, wait, ok := b.reserve(peer, now, most)
 		if !ok {
 			l.mu.Unlock()
-			return nil, peerFailuresSpent(peer, wait, most+reviewTime)
+			return nil, peerFailuresSpent(ln, peer, wait, most+reviewTime)
+		}
+		if ln == plausibleLane {
+			settle = l.countFailure(peer, settle)
 		}
 		t = &turn{start: now.Add(wait), settle: settle}
 		l.turns[key] = t
 	case t.start.Sub(now) > 0 && t.start.Sub(now) > most:
 		l.mu.Unlock()
-		return nil, peerFailuresSpent(peer, t.start.Sub(now), most+reviewTime)
+		return nil, peerFailuresSpent(ln, peer, t.start.Sub(now), most+reviewTime)
 	}
 	t.users++
 	l.mu.Unlock()
@@ -298,6 +330,17 @@ func (l *limiter) peerTurn(ctx context.Context, addr, token string, lazy bool) (
 		}
 	}
 	return func(failed bool) { l.leave(key, t, failed) }, nil
+}
+
+// countFailure is settle that also spends one of peer's failures when it
+// spends.
+func (l *limiter) countFailure(peer string, settle func(spend bool, now time.Time)) func(spend bool, now time.Time) {
+	return func(spend bool, now time.Time) {
+		settle(spend, now)
+		if spend {
+			l.failures.spend(peer, now)
+		}
+	}
 }
 
 // leave ends one request's share of t; the last one settles it.
@@ -343,9 +386,9 @@ func timerSleep(ctx context.Context, d time.Duration) error {
 // peerFailuresSpent is the refusal of a request whose address has spent
 // its failures and whose turn would come in wait, too late for its
 // deadline, in left.
-func peerFailuresSpent(peer string, wait, left time.Duration) *ExhaustedError {
+func peerFailuresSpent(ln lane, peer string, wait, left time.Duration) *ExhaustedError {
 	return exhausted(ReasonPeerAuthnFailures,
 		fmt.Sprintf("too many failed authentications from this address: its tokens are reviewed in turn, and this request's turn comes too late for its deadline, retry in %v", wait),
-		wait, fmt.Errorf("peer %s: bucket of authentication failures empty; the next review turn is in %v, the request's deadline in %v",
-			peer, wait, left.Round(time.Millisecond)))
+		wait, fmt.Errorf("peer %s: bucket of authentication failures of %s tokens empty; the next review turn is in %v, the request's deadline in %v",
+			peer, ln, wait, left.Round(time.Millisecond)))
 }

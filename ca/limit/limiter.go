@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"net"
 	"net/netip"
@@ -135,6 +136,11 @@ type Authentication[C, R any] struct {
 	// of the address's failures; a refusal decided without a review (no
 	// credentials, a token that is not a JWT) spends nothing.
 	Costly func(error) bool
+	// Vouch, when set, is the cluster's word on the token before its
+	// review: a token it vouches for that has not failed from this
+	// address takes its review turns in the plausible lane (vouch.go).
+	// nil: every token is suspect.
+	Vouch Vouch
 }
 
 // Authenticate has run try a's authenticators under the peer's budgets.
@@ -147,13 +153,16 @@ type Authentication[C, R any] struct {
 // waiting on the address's failures never hold the turns its other
 // requests need.
 //
-// An address may be shared (clients behind one NAT, hostNetwork Pods),
-// and one of them may fail on purpose. So that none of them can lock the
-// others out, the failures only ever make the address's reviews wait,
-// never refuse a request before it is reviewed; a request that
-// authenticates without asking anyone (a client certificate the Verifier
-// accepts, a token whose review is cached) does not wait at all; and a
-// refusal that cost nothing (Costly) spends nothing.
+// An address may be shared (clients behind one NAT, an east-west gateway,
+// hostNetwork Pods), and one of them may fail on purpose. So that none of
+// them can lock the others out, the failures only ever make the
+// address's reviews wait, never refuse a request before it is reviewed;
+// a token the cluster vouches for (a.Vouch) that has not failed from the
+// address, nor has its subject, waits in a lane of its own, which the
+// neighbour's suspect tokens, however many wait, never reach; a request
+// that authenticates without asking anyone (a client certificate the
+// Verifier accepts, a token whose review is cached) does not wait at
+// all; and a refusal that cost nothing (Costly) spends nothing.
 func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C, R],
 	try func(context.Context, []Authenticator[C, R]) (R, error)) (caller R, err error) {
 	auths := slices.Clone(a.Auths)
@@ -167,7 +176,7 @@ func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C,
 			free = true
 		case asksSomeone(au, a.Token):
 			if hold == nil {
-				hold = &reviewHold{limits: l.limits, peer: a.Peer, token: a.Token}
+				hold = l.limits.hold(ctx, a.Peer, a.Token, a.Vouch)
 			}
 			auths[i] = &budgetedReview[C, R]{Authenticator: au, hold: hold, costly: a.Costly}
 		}
@@ -210,21 +219,33 @@ func asksSomeone(a any, token string) bool {
 }
 
 // reviewHold is a request's share of a review turn of its address
-// (limiter.peerTurn), held from the moment it must wait for one, or else
-// first asks someone to authenticate it. end spends it if the request
-// failed after a refusal that cost something, and gives it back
-// otherwise.
+// (limiter.laneTurn), in its token's lane, held from the moment it must
+// wait for one, or else first asks someone to authenticate it. end
+// spends it if the request failed after a refusal that cost something,
+// and gives it back otherwise, and records the outcome of the review
+// (limiter.reviewed).
 type reviewHold struct {
-	limits      *limiter
-	peer, token string
-	settle      func(failed bool) // nil until held
-	failed      bool              // a review refused the credentials
+	limits *limiter
+	peer   string // peerKey
+	sum    [sha256.Size]byte
+	st     standing
+	settle func(failed bool) // nil until held
+	// failed: a review refused the credentials; passed: one accepted
+	// them.
+	failed, passed bool
+}
+
+// hold is the reviewHold of token from addr, in the lane v puts it in.
+func (l *limiter) hold(ctx context.Context, addr, token string, v Vouch) *reviewHold {
+	h := &reviewHold{limits: l, peer: peerKey(addr), sum: sha256.Sum256([]byte(token))}
+	h.st = l.classify(ctx, v, h.peer, h.sum, token)
+	return h
 }
 
 // await takes the request's turn before it authenticates, when its
-// address has no failure free now.
+// address has no failure free now in its lane.
 func (h *reviewHold) await(ctx context.Context) error {
-	settle, err := h.limits.peerTurn(ctx, h.peer, h.token, true)
+	settle, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, true)
 	h.settle = settle
 	return err
 }
@@ -234,14 +255,18 @@ func (h *reviewHold) take(ctx context.Context) error {
 	if h.settle != nil {
 		return nil
 	}
-	settle, err := h.limits.peerTurn(ctx, h.peer, h.token, false)
+	settle, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, false)
 	h.settle = settle
 	return err
 }
 
 func (h *reviewHold) end(err error) {
+	failed := err != nil && h.failed
 	if h.settle != nil {
-		h.settle(err != nil && h.failed)
+		h.settle(failed)
+	}
+	if failed || (err == nil && h.passed) {
+		h.limits.reviewed(h.peer, h.sum, h.st, failed)
 	}
 }
 
@@ -259,7 +284,10 @@ func (b *budgetedReview[C, R]) Authenticate(ctx context.Context, c C) (R, error)
 		return none, err
 	}
 	caller, err := b.Authenticator.Authenticate(ctx, c)
-	if err != nil && b.costly(err) {
+	switch {
+	case err == nil:
+		b.hold.passed = true
+	case b.costly(err):
 		b.hold.failed = true
 	}
 	return caller, err

@@ -33,7 +33,8 @@ type kubeClusterConfig struct {
 
 // kubeCluster is a ca.Cluster backed by a Kubernetes apiserver: a cached
 // TokenReviewer and a NodeAuthorizer over a Pod index whose deletions
-// invalidate the cache.
+// invalidate the cache, and which vouches for the tokens of the Pods it
+// holds before their review (kube.Plausibility).
 type kubeCluster struct {
 	Cluster *ca.Cluster
 	Client  kubernetes.Interface
@@ -67,6 +68,7 @@ func newKubeCluster(c kubeClusterConfig) (*kubeCluster, error) {
 			ID:             c.ID,
 			Authenticators: []ca.Authenticator{&ca.TokenAuthenticator{Reviewer: tokens}},
 			Authorizer:     &ca.NodeAuthorizer{TrustDomain: c.TrustDomain, TrustedNodeAccounts: c.TrustedNodeAccounts, NodeProxyDeny: c.NodeProxyDeny, Pods: pods},
+			Vouch:          &kube.Plausibility{Cluster: c.ID, Pods: pods, Audiences: c.Audiences, Now: c.Now},
 			Ready:          pods.Synced,
 		},
 		Tokens: tokens,

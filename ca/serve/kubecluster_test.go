@@ -2,10 +2,15 @@ package serve
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/meshca/meshca/ca"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 )
@@ -46,5 +51,40 @@ func TestRemoteClusters(t *testing.T) {
 	rc.Remove("east")
 	if rc.Has("east") {
 		t.Error("east still held after Remove")
+	}
+}
+
+// TestKubeClusterVouches (issue 28, item 3): a cluster vouches for the
+// tokens of the Pods its index holds, for its audiences, before their
+// review, and for no other.
+func TestKubeClusterVouches(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart-0", UID: "cart-uid"},
+		Spec: corev1.PodSpec{ServiceAccountName: "cart", NodeName: "node-a"}}
+	kc, err := newKubeCluster(kubeClusterConfig{ID: "east", Client: fake.NewClientset(pod), Audiences: []string{"mesh-ca"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kc.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(10 * time.Second); !kc.Pods.Synced(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Pod index did not sync")
+		}
+	}
+	token := func(aud, uid string) string {
+		claims, _ := json.Marshal(map[string]any{"aud": []string{aud}, "exp": time.Now().Add(time.Hour).Unix(),
+			"kubernetes.io": map[string]any{"namespace": "shop", "serviceaccount": map[string]string{"name": "cart"},
+				"pod": map[string]string{"name": "cart-0", "uid": uid}}})
+		return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString(claims) + ".c2ln"
+	}
+	if subject, ok := kc.Cluster.Vouch.Plausible(ctx, token("mesh-ca", "cart-uid")); !ok || subject != "east/cart-uid" {
+		t.Fatalf("the live Pod's token: %q %v, want east/cart-uid", subject, ok)
+	}
+	for _, tok := range []string{token("istio-ca", "cart-uid"), token("mesh-ca", "other-uid")} {
+		if subject, ok := kc.Cluster.Vouch.Plausible(ctx, tok); ok {
+			t.Fatalf("vouched for %s as %q", tok, subject)
+		}
 	}
 }
