@@ -120,8 +120,14 @@ func TestPlausibleTokenServedDuringFlood(t *testing.T) {
 			}
 		})
 	}
-	for waiting.Load()+refused.Load() < 320 {
-		time.Sleep(time.Millisecond)
+	defer func() {
+		close(release)
+		wg.Wait()
+	}()
+	for deadline := time.Now().Add(10 * time.Second); waiting.Load()+refused.Load() < 320; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d flood requests wait for their turns, %d refused, of 320", waiting.Load(), refused.Load())
+		}
 	}
 	if n := waiting.Load(); n < 290 {
 		t.Fatalf("%d flood requests wait for their turns, want about 300", n)
@@ -142,8 +148,6 @@ func TestPlausibleTokenServedDuringFlood(t *testing.T) {
 		t.Fatalf("a fresh random token during the flood: %s, turn in %v; want %s, behind the flood's 30 s of turns",
 			reason, after, ReasonPeerAuthnFailures)
 	}
-	close(release)
-	wg.Wait()
 }
 
 // TestPlausibleLaneMarks (issue 28, item 3): a plausible token that
