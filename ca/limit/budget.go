@@ -267,34 +267,44 @@ type turn struct {
 	settle func(spend bool, now time.Time)
 }
 
-// peerTurn is laneTurn in the suspect lane, for token from addr.
+// peerTurn is laneTurn in the suspect lane, for token from addr, waiting
+// for the turn.
 func (l *limiter) peerTurn(ctx context.Context, addr, token string, lazy bool) (settle func(failed bool), err error) {
-	return l.laneTurn(ctx, suspectLane, peerKey(addr), sha256.Sum256([]byte(token)), lazy)
+	settle, start, err := l.laneTurn(ctx, suspectLane, peerKey(addr), sha256.Sum256([]byte(token)), lazy)
+	if err != nil || settle == nil {
+		return settle, err
+	}
+	if err := l.waitUntil(ctx, start); err != nil {
+		settle(false)
+		return nil, err
+	}
+	return settle, nil
 }
 
 // laneTurn holds, for a review of the token whose hash is sum for the
 // peer address peer, one of the address's failures in lane ln, which a
 // failure spends (settle(true)) and anything else gives back. With none
-// free the request waits for its turn, until the bucket has refilled one
-// for it after the turns before it in its lane, and is refused at once
-// when that would leave it less than reviewTime before ctx's deadline.
-// Requests with the same token share a turn. When lazy, a request whose
-// address has a failure free now holds nothing: settle is nil, and it
-// takes its turn when it comes to be reviewed (so that requests do not
-// hold failures, uncounted while the bucket is full, before their
-// authentication turns bound how many review at once).
+// free the request's turn comes at start, once the bucket has refilled
+// one for it after the turns before it in its lane (its holder waits
+// until then: waitUntil), and it is refused at once when that would leave
+// it less than reviewTime before ctx's deadline. Requests with the same
+// token share a turn. When lazy, a request whose address has a failure
+// free now holds nothing: settle is nil, and it takes its turn when it
+// comes to be reviewed (so that requests do not hold failures, uncounted
+// while the bucket is full, before their authentication turns bound how
+// many review at once).
 //
 // The suspect lane's bucket is the address's failures
 // (Limits.PeerFailureRate); the plausible lane's is its own, of the same
 // size, and a failure there spends one of the address's failures too, so
 // that the address's failures count every failure from it.
-func (l *limiter) laneTurn(ctx context.Context, ln lane, peer string, sum [sha256.Size]byte, lazy bool) (settle func(failed bool), err error) {
+func (l *limiter) laneTurn(ctx context.Context, ln lane, peer string, sum [sha256.Size]byte, lazy bool) (settle func(failed bool), start time.Time, err error) {
 	b := l.failures
 	if ln == plausibleLane {
 		b = l.plausible
 	}
 	if b == nil {
-		return func(bool) {}, nil
+		return func(bool) {}, time.Time{}, nil
 	}
 	key := string(ln) + peer + "\x00" + string(sum[:])
 	// A turn must leave the review time to run before the deadline.
@@ -305,12 +315,12 @@ func (l *limiter) laneTurn(ctx context.Context, ln lane, peer string, sum [sha25
 	switch {
 	case t == nil && lazy && b.check(peer, now) == 0:
 		l.mu.Unlock()
-		return nil, nil
+		return nil, time.Time{}, nil
 	case t == nil:
 		settle, wait, ok := b.reserve(peer, now, most)
 		if !ok {
 			l.mu.Unlock()
-			return nil, peerFailuresSpent(ln, peer, wait, most+reviewTime)
+			return nil, time.Time{}, peerFailuresSpent(ln, peer, wait, most+reviewTime)
 		}
 		if ln == plausibleLane {
 			settle = l.countFailure(peer, settle)
@@ -319,17 +329,19 @@ func (l *limiter) laneTurn(ctx context.Context, ln lane, peer string, sum [sha25
 		l.turns[key] = t
 	case t.start.Sub(now) > 0 && t.start.Sub(now) > most:
 		l.mu.Unlock()
-		return nil, peerFailuresSpent(ln, peer, t.start.Sub(now), most+reviewTime)
+		return nil, time.Time{}, peerFailuresSpent(ln, peer, t.start.Sub(now), most+reviewTime)
 	}
 	t.users++
 	l.mu.Unlock()
-	if wait := t.start.Sub(l.now()); wait > 0 {
-		if err := l.sleep(ctx, wait); err != nil {
-			l.leave(key, t, false)
-			return nil, err
-		}
+	return func(failed bool) { l.leave(key, t, failed) }, t.start, nil
+}
+
+// waitUntil waits until start on the limiter's clock, or until ctx ends.
+func (l *limiter) waitUntil(ctx context.Context, start time.Time) error {
+	if wait := start.Sub(l.now()); wait > 0 {
+		return l.sleep(ctx, wait)
 	}
-	return func(failed bool) { l.leave(key, t, failed) }, nil
+	return nil
 }
 
 // countFailure is settle that also spends one of peer's failures when it

@@ -52,20 +52,31 @@ type lanes struct {
 
 func newLanes(t *testing.T, sleep func(context.Context, time.Duration) error) *lanes {
 	t.Helper()
+	return newLanesWith(t, Config{MaxInFlight: 1024, MaxAuthnPerPeer: 64, Sleep: sleep})
+}
+
+// newLanesWith is newLanes with c's limits; its clock is set.
+func newLanesWith(t *testing.T, c Config) *lanes {
+	t.Helper()
 	clk := &clock{now: time.Unix(1e9, 0)}
-	if sleep == nil {
-		sleep = sleeper(clk)
+	if c.Sleep == nil {
+		c.Sleep = sleeper(clk)
 	}
-	return &lanes{clk: clk, reviews: &reviewFake{}, vouch: vouchFake{},
-		l: New(Config{MaxInFlight: 1024, MaxAuthnPerPeer: 64, Now: clk.Now, Sleep: sleep})}
+	c.Now = clk.Now
+	return &lanes{clk: clk, reviews: &reviewFake{}, vouch: vouchFake{}, l: New(c)}
 }
 
 // authn authenticates token from addr with life to live, as ca does.
 func (ls *lanes) authn(addr, token string, life time.Duration) error {
+	return ls.authnWith(ls.reviews, addr, token, life)
+}
+
+// authnWith is authn with the reviewer r.
+func (ls *lanes) authnWith(r Authenticator[string, string], addr, token string, life time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), life)
 	defer cancel()
 	_, err := Authenticate(ctx, ls.l, Authentication[string, string]{
-		Peer: addr, Token: token, Auths: []Authenticator[string, string]{ls.reviews},
+		Peer: addr, Token: token, Auths: []Authenticator[string, string]{r},
 		Costly: func(err error) bool { return errors.Is(err, errRefused) }, Vouch: ls.vouch,
 	}, func(ctx context.Context, auths []Authenticator[string, string]) (string, error) {
 		return auths[0].Authenticate(ctx, token)
@@ -233,6 +244,76 @@ func TestFailureLanesBounded(t *testing.T) {
 				t.Fatalf("%d reviews in %v: they did not wait their turns", flood, elapsed)
 			}
 		})
+	}
+}
+
+// gatedReview is reviewFake whose reviews wait for gate to open.
+type gatedReview struct {
+	*reviewFake
+	gate chan struct{}
+}
+
+func (g gatedReview) Authenticate(ctx context.Context, token string) (string, error) {
+	<-g.gate
+	return g.reviewFake.Authenticate(ctx, token)
+}
+
+// TestTurnWaitedWithoutAuthnTurn (issue 28, item 3): a request that came
+// while its address had failures to spare, and finds at its review, once
+// it holds one of the address's authentication turns
+// (MaxAuthnPerPeer), that the address has failed meanwhile and its
+// review turn comes later, gives the authentication turn back while it
+// waits: a plausible token from the address is not kept out of the
+// authentication turns by requests waiting for the suspect lane.
+func TestTurnWaitedWithoutAuthnTurn(t *testing.T) {
+	const peer = "192.0.2.7:40000"
+	release := make(chan struct{})
+	var waiting atomic.Int64
+	ls := newLanesWith(t, Config{MaxInFlight: 16, MaxAuthnPerPeer: 1, Limits: Limits{PeerFailureRate: 1, PeerFailureBurst: 1},
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			waiting.Add(1)
+			defer waiting.Add(-1)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
+	gated := gatedReview{reviewFake: ls.reviews, gate: make(chan struct{})}
+	var wg sync.WaitGroup
+	defer func() {
+		close(release)
+		wg.Wait()
+	}()
+	// The first spends the address's one failure, while the second waits
+	// for the one authentication turn; both came with a failure to spare.
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what + ": not within 10s")
+			}
+		}
+	}
+	authnWaiting := func() int {
+		ls.l.authn.mu.Lock()
+		defer ls.l.authn.mu.Unlock()
+		return ls.l.authn.waiting
+	}
+	wg.Go(func() { _ = ls.authnWith(gated, peer, "forged-none-1", time.Minute) })
+	until("the first request holds the authentication turn", func() bool {
+		ls.l.authn.mu.Lock()
+		defer ls.l.authn.mu.Unlock()
+		p := ls.l.authn.peers[peerKey(peer)]
+		return p != nil && len(p.slots) == 1
+	})
+	wg.Go(func() { _ = ls.authnWith(ls.reviews, peer, "forged-none-2", time.Minute) })
+	until("the second request waits for the authentication turn", func() bool { return authnWaiting() == 1 })
+	gated.gate <- struct{}{} // the first fails; the second's review turn is 1 s away
+	until("the second request waits for its review turn", func() bool { return waiting.Load() == 1 })
+	if err := ls.authn(peer, "good-web-1", 2*time.Second); err != nil {
+		t.Fatalf("a plausible token while a suspect one waits for its review turn: %v", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 )
 
 // peerLimiter bounds the work one peer address may have in progress at a
@@ -151,7 +152,9 @@ type Authentication[C, R any] struct {
 // refills. The wait for a turn comes before the wait for one of the
 // address's MaxAuthnPerPeer authentication turns, so that requests
 // waiting on the address's failures never hold the turns its other
-// requests need.
+// requests need: one that finds, once it holds an authentication turn,
+// that its review turn comes later (the address failed meanwhile) gives
+// the authentication turn back while it waits.
 //
 // An address may be shared (clients behind one NAT, an east-west gateway,
 // hostNetwork Pods), and one of them may fail on purpose. So that none of
@@ -189,13 +192,24 @@ func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C,
 			}
 		}
 	}
-	release, err := l.authn.acquire(ctx, peerKey(a.Peer))
-	if err != nil {
-		return caller, exhausted(ReasonTooManyAuthentications,
-			"too many requests from this address are authenticating at once, retry later", BusyRetryAfter, err)
+	for {
+		release, err := l.authn.acquire(ctx, peerKey(a.Peer))
+		if err != nil {
+			return caller, exhausted(ReasonTooManyAuthentications,
+				"too many requests from this address are authenticating at once, retry later", BusyRetryAfter, err)
+		}
+		caller, err = try(ctx, auths)
+		release()
+		if hold == nil || !errors.Is(err, errTurnLater) {
+			return caller, err
+		}
+		// The address failed while the request waited for its
+		// authentication turn: it waits for its review turn without
+		// holding one, then tries again.
+		if err := hold.wait(ctx); err != nil {
+			return caller, err
+		}
 	}
-	defer release()
-	return try(ctx, auths)
 }
 
 // knows reports whether a already holds token's identity (a cached
@@ -230,10 +244,15 @@ type reviewHold struct {
 	sum    [sha256.Size]byte
 	st     standing
 	settle func(failed bool) // nil until held
+	start  time.Time         // when the held turn comes; zero once waited for
 	// failed: a review refused the credentials; passed: one accepted
 	// them.
 	failed, passed bool
 }
+
+// errTurnLater: the request's review turn comes later than now, and it
+// holds an authentication turn (reviewHold.take).
+var errTurnLater = errors.New("the review turn comes later")
 
 // hold is the reviewHold of token from addr, in the lane v puts it in.
 func (l *limiter) hold(ctx context.Context, addr, token string, v Vouch) *reviewHold {
@@ -242,22 +261,47 @@ func (l *limiter) hold(ctx context.Context, addr, token string, v Vouch) *review
 	return h
 }
 
-// await takes the request's turn before it authenticates, when its
-// address has no failure free now in its lane.
+// await takes the request's turn and waits for it, before it takes an
+// authentication turn, when its address has no failure free now in its
+// lane.
 func (h *reviewHold) await(ctx context.Context) error {
-	settle, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, true)
-	h.settle = settle
-	return err
+	settle, start, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, true)
+	if err != nil || settle == nil {
+		return err
+	}
+	h.settle, h.start = settle, start
+	return h.wait(ctx)
 }
 
-// take takes the request's turn, unless it holds one.
-func (h *reviewHold) take(ctx context.Context) error {
-	if h.settle != nil {
-		return nil
+// wait waits for the turn held, holding no authentication turn; ended
+// early, it gives the turn back.
+func (h *reviewHold) wait(ctx context.Context) error {
+	if err := h.limits.waitUntil(ctx, h.start); err != nil {
+		h.settle(false)
+		h.settle = nil
+		return err
 	}
-	settle, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, false)
-	h.settle = settle
-	return err
+	h.start = time.Time{}
+	return nil
+}
+
+// take takes the request's turn as it is about to be reviewed, holding an
+// authentication turn, unless it holds one. A turn that comes later is
+// errTurnLater, as a limit's refusal (which stops the authenticators):
+// Authenticate then gives the authentication turn back while the request
+// waits.
+func (h *reviewHold) take(ctx context.Context) error {
+	if h.settle == nil {
+		settle, start, err := h.limits.laneTurn(ctx, h.st.lane, h.peer, h.sum, false)
+		if err != nil {
+			return err
+		}
+		h.settle, h.start = settle, start
+	}
+	if h.start.After(h.limits.now()) {
+		return exhausted(ReasonPeerAuthnFailures, "the review turn comes later", 0, errTurnLater)
+	}
+	return nil
 }
 
 func (h *reviewHold) end(err error) {
