@@ -237,7 +237,54 @@ func (b *arena) budgetChecks(t *testing.T) []check {
 			run: func(t *testing.T) { b.served(t, fresh, flooder) }},
 		{name: "budget/another address during the flood", defence: "peer_authn_failures:per_address",
 			run: func(t *testing.T) { b.served(t, elsewhere, "127.0.0.3") }},
+		b.sustainedFloodCheck(flooder),
 	}
+}
+
+// sustainedFloodCheck (issue 28, item 3): while a neighbour keeps the
+// flooding address's review turns taken (random JWT-shaped tokens, two
+// connections of two streams each: four turns, 8 s of them), a fresh
+// valid token from that address, never reviewed, is served at once, and
+// a fresh random one is still queued behind the flood: refused at once,
+// its turn past its 6 s deadline.
+func (b *arena) sustainedFloodCheck(flooder string) check {
+	return check{name: "budget/a fresh token during a sustained flood from its address", defence: "peer_authn_failures:plausible_lane",
+		run: func(t *testing.T) {
+			const life = 6 * time.Second
+			f := startFlood([]*grpc.ClientConn{b.connFrom(t, flooder), b.connFrom(t, flooder)}, 2, 30*time.Second, newCSR(t, b.webID))
+			defer f.stop()
+			conn := b.connFrom(t, flooder)
+			api := authpb.NewIstioCertificateServiceClient(conn)
+			var st *status.Status
+			for i := 0; st.Code() != codes.ResourceExhausted; i++ { // once the flood holds the turns
+				if i == 20 {
+					t.Fatalf("random tokens from the flooding address never queued behind it: %v %q; flood %s", st.Code(), st.Message(), codeCounts(f.counts()))
+				}
+				time.Sleep(250 * time.Millisecond)
+				_, took, err := callWithin(api, randomJWT(), newCSR(t, b.webID), life)
+				if st = status.Convert(err); st.Code() == codes.ResourceExhausted && took > time.Second {
+					t.Fatalf("a random token refused after %v, want at once", took)
+				}
+			}
+			if !strings.Contains(st.Message(), "too many failed authentications from this address") {
+				t.Fatalf("a random token from the flooding address: %q", st.Message())
+			}
+			w := cluster.NewWorkload(t, b.apps, "during-flood", "node-a")
+			b.secret(w.Token)
+			key, csrPEM := newKeyAndCSR(t, workloadID(w))
+			ctx, cancel := context.WithTimeout(context.Background(), life)
+			defer cancel()
+			start := time.Now()
+			resp, err := b.send(ctx, probe{token: w.Token, conn: conn, req: &authpb.IstioCertificateRequest{Csr: csrPEM, ValidityDuration: 3600}})
+			took := time.Since(start)
+			if err != nil || took > 2*time.Second {
+				t.Fatalf("a fresh valid token from the flooding address during the flood: %v after %v, want served at once", err, took)
+			}
+			if _, err := checked.Check(t, resp.GetCertChain(), workloadID(w), key); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("served in %v while the flood's requests wait their turns", took.Round(time.Millisecond))
+		}}
 }
 
 // concurrencyChecks: the limits on requests at once, with a meshca of

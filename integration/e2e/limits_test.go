@@ -29,7 +29,8 @@ import (
 // client whose retry policy retries RESOURCE_EXHAUSTED waits that long
 // and gets its certificate; a peer that keeps failing to authenticate has
 // its tokens not yet reviewed wait for turns, and one whose turn comes
-// after its deadline is refused before authentication. Every refusal
+// after its deadline is refused before authentication, but for a token
+// bound to a live Pod, which waits for none. Every refusal
 // comes at once and is counted in meshca_rate_limited_total by reason.
 func TestCallerLimits(t *testing.T) {
 	const (
@@ -94,11 +95,12 @@ func TestCallerLimits(t *testing.T) {
 				t.Fatalf("failure %d: %v, want Unauthenticated", i+1, err)
 			}
 		}
-		// A token never reviewed waits for the address's next review
-		// turn, 5 s away (0.2 a second): with 1 s to live it is refused at
-		// once, told when to retry (issue 22: never locked out, only
-		// made to wait).
-		fresh := cluster.Token(t, m.apps, "db", db.Pod, []string{"istio-ca"}, time.Hour)
+		// A token never reviewed that the cluster does not vouch for
+		// (not bound to a Pod) waits for the address's next review turn,
+		// 5 s away (0.2 a second): with 1 s to live it is refused at once,
+		// told when to retry (issue 22: never locked out, only made to
+		// wait).
+		fresh := cluster.Token(t, m.apps, "db", "", []string{"istio-ca"}, time.Hour)
 		trailer, took, err := callWithin(lc.api, fresh, newCSR(t, m.id("db")), time.Second)
 		checkRetryHints(t, err, trailer, "peer_authn_failures", 5*time.Second)
 		if took > 900*time.Millisecond {
@@ -110,7 +112,13 @@ func TestCallerLimits(t *testing.T) {
 		if _, took, err := lc.call(t, db.Token, m.id("db"), false, nil); err != nil || took > 2*time.Second {
 			t.Fatalf("a token whose review is cached, from the failing address: %v after %v", err, took)
 		}
-		// With time enough, the fresh token is served at its turn.
+		// A fresh token bound to db's live Pod waits for no turn (issue
+		// 28): the address's failures are not its own.
+		bound := cluster.Token(t, m.apps, "db", db.Pod, []string{"istio-ca"}, time.Hour)
+		if _, took, err := callWithin(lc.api, bound, newCSR(t, m.id("db")), time.Second); err != nil {
+			t.Fatalf("a fresh token bound to a live Pod, from the failing address, 1 s to live: %v after %v", err, took)
+		}
+		// With time enough, the unbound token is served at its turn.
 		_, took, err = lc.call(t, fresh, m.id("db"), false, nil)
 		if err != nil {
 			t.Fatalf("a fresh token from the failing address, 20 s to live: %v after %v", err, took)
