@@ -18,6 +18,8 @@ const (
 	ReasonUntrusted        = "untrusted"          // the chain does not verify to the trust bundle
 	ReasonRenewal          = "renewal"            // two thirds of its life are past
 	ReasonRestarter        = "deployment_changed" // the Deployment restarted for new roots is another
+	ReasonAdopted          = "adopted"            // an operator handed the Secret over (AnnotationAdopt)
+	ReasonOwnerMark        = "owner_mark"         // a Secret an older meshca wrote, without AnnotationOwner
 )
 
 // Now is the state of the CA the Secret must match.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/meshca/meshca/csr"
@@ -34,11 +35,15 @@ const (
 	maxBackoff = time.Minute
 )
 
-// Config assembles a Keeper. Client, Namespace, Name, Names, Issuer,
-// Bundle are required.
+// Config assembles a Keeper. Client, Namespace, Name, Owner, Names,
+// Issuer, Bundle are required.
 type Config struct {
 	Client          kubernetes.Interface
 	Namespace, Name string
+	// Owner is the keeper's mark, AnnotationOwner's value: it writes only
+	// a Secret it creates, one marked Owner, or one handed over
+	// (AnnotationAdopt).
+	Owner string
 	// Names are the DNS names of istiod's certificate.
 	Names []string
 	// TTL is its lifetime; DefaultTTL when zero. It is renewed at two
@@ -70,6 +75,9 @@ type Observer interface {
 	Failed(reason string)
 	// Restarted: istiod's Deployment was restarted to load new roots.
 	Restarted()
+	// Refused: the Secret is another owner's (a RefusalReasons), or ""
+	// when the keeper may write it (again), or no longer looks.
+	Refused(reason string)
 }
 
 // Keeper keeps the Secret. Only one replica should run it: see
@@ -78,6 +86,9 @@ type Keeper struct {
 	c     Config
 	poke  chan struct{}
 	fails int
+
+	mu      sync.Mutex
+	refusal *RefusedError // the Secret is another owner's; nil: none
 }
 
 // New returns a Keeper; it starts nothing.
@@ -87,6 +98,8 @@ func New(c Config) (*Keeper, error) {
 		return nil, errors.New("istiodcert: a Kubernetes client is required")
 	case c.Namespace == "" || c.Name == "":
 		return nil, errors.New("istiodcert: the Secret's namespace and name are required")
+	case c.Owner == "":
+		return nil, errors.New("istiodcert: the keeper's owner mark is required")
 	case len(c.Names) == 0:
 		return nil, errors.New("istiodcert: at least one DNS name is required")
 	case c.Issuer == nil || c.Bundle == nil:
@@ -135,6 +148,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	}
 	f.Start(ctx.Done())
 	defer f.Shutdown()
+	defer k.forget()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return nil
 	}
@@ -170,16 +184,28 @@ func (k *Keeper) Run(ctx context.Context) error {
 // next look.
 func (k *Keeper) keep(ctx context.Context, cur *corev1.Secret) time.Duration {
 	now := k.now()
-	held := &Held{}
+	held, adopt := &Held{}, false
 	if cur != nil {
+		var refused *RefusedError
+		if adopt, refused = judge(cur, k.c.Owner); refused != nil {
+			k.refuse(ctx, refused)
+			return k.c.Resync
+		}
 		held = Parse(cur)
 	}
+	k.refuse(ctx, nil)
 	reason := decide(held, now)
+	switch {
+	case adopt && cur.Annotations[AnnotationAdopt] == "true":
+		reason = ReasonAdopted
+	case adopt && reason == "":
+		reason = ReasonOwnerMark
+	}
 	if reason == "" {
 		k.fails = 0
 		return min(k.c.Resync, max(RenewAt(held.Leaf()).Sub(now.Time), time.Second), k.restartIstiod(ctx, now.Bundle))
 	}
-	leaf, err := k.write(ctx, cur, now, reason)
+	leaf, err := k.write(ctx, cur, now, reason, adopt)
 	if err != nil {
 		if k.c.Observe != nil {
 			k.c.Observe.Failed(reason)
@@ -241,7 +267,7 @@ func (k *Keeper) now() Now {
 // write issues a certificate for a fresh key and writes it over cur (nil:
 // creates the Secret), compare-and-swap on cur's resourceVersion. The key
 // lives only in this process and in the Secret.
-func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason string) (*x509.Certificate, error) {
+func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason string, adopt bool) (*x509.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("istiodcert: generate key: %w", err)
@@ -258,6 +284,7 @@ func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason 
 	if err != nil {
 		return nil, err
 	}
+	markSecret(s, k.c.Owner, adopt || cur == nil)
 	if cur == nil {
 		_, err = k.c.Client.CoreV1().Secrets(k.c.Namespace).Create(ctx, s, metav1.CreateOptions{})
 	} else {
@@ -270,9 +297,10 @@ func (k *Keeper) write(ctx context.Context, cur *corev1.Secret, now Now, reason 
 }
 
 // secretFor is cur (or a new kubernetes.io/tls Secret) holding key and
-// out: exactly the three keys, whatever else cur held, the fingerprint of
-// the certificate that signed for the CA at issuance, and the Deployment
-// restarted for new roots.
+// out: exactly the three keys, whatever else cur held (a Secret the
+// keeper may write: judge), the fingerprint of the certificate that
+// signed for the CA at issuance, and the Deployment restarted for new
+// roots. markSecret marks it.
 func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, out *Issued, now Now) (*corev1.Secret, error) {
 	keyPEM, err := pemutil.EncodePrivateKey(key)
 	if err != nil {
@@ -284,10 +312,6 @@ func secretFor(cur *corev1.Secret, namespace, name string, key crypto.Signer, ou
 	} else {
 		s = cur.DeepCopy()
 	}
-	if s.Labels == nil {
-		s.Labels = map[string]string{}
-	}
-	s.Labels["app.kubernetes.io/managed-by"] = "meshca"
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}

@@ -29,6 +29,9 @@ import (
 
 var names = []string{"istiod.istio-system.svc"}
 
+// testOwner is the test keeper's mark.
+const testOwner = "meshca-system/meshca-istiod-cert"
+
 // ca is the test's CA: an authority that signs, the bundle in service, a
 // clock; issue through the built-in signer, as the CA's path would.
 type testCA struct {
@@ -79,7 +82,7 @@ func newTest(t *testing.T) (*Keeper, *testCA, *fake.Clientset, *testca.CA) {
 	tc := &testCA{mgr: keymgr.NewManager(spiffeid.RequireTrustDomainFromString("cluster.local"), inter.Authority()),
 		bundle: []*x509.Certificate{root.Cert}, now: time.Now()}
 	client := fake.NewClientset()
-	k, err := New(Config{Client: client, Namespace: "istio-system", Name: "istiod-tls", Names: names, TTL: time.Hour,
+	k, err := New(Config{Client: client, Namespace: "istio-system", Name: "istiod-tls", Owner: testOwner, Names: names, TTL: time.Hour,
 		Issuer: tc, Bundle: tc.roots,
 		Signing: func() *x509.Certificate { return tc.mgr.Authority().Cert },
 		Now:     func() time.Time { return tc.now }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
