@@ -33,6 +33,12 @@ func TestAssembleIstiodCertRefusals(t *testing.T) {
 			field: "istiod-cert-dns-names", msg: "at least one DNS name"},
 		{name: "no Lease namespace", mutate: func(c *serve.Config) { c.Trust.LeaseNamespace = "" },
 			field: "trust-lease-namespace", msg: "needs the namespace of its Lease"},
+		{name: "the CA state's Secret", mutate: func(c *serve.Config) {
+			c.Backend = serve.Backend{StateSecret: "istio-system/meshca-ca-state"}
+			c.IstiodCert.Secret = "istio-system/meshca-ca-state"
+		}, field: "istiod-cert-secret", msg: `"istio-system/meshca-ca-state" is the CA state's Secret (--state-secret), which holds the CA's keys`},
+		{name: "Istio's cacerts", mutate: func(c *serve.Config) { c.IstiodCert.Secret = "istio-system/cacerts" },
+			field: "istiod-cert-secret", msg: `"istio-system/cacerts" is Istio's CA Secret cacerts, which holds a CA's private key`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

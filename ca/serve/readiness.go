@@ -33,6 +33,11 @@ import (
 //     replica out at once. An outage longer than that does, deliberately:
 //     no replica could sign anyway. The in-process backends (the built-in
 //     CA, local cfssl) have no such check.
+//   - istiod-cert (with --istiod-cert-secret): never fails. On the replica
+//     that keeps istiod's certificate, a Secret of another owner, which
+//     the keeper refuses to write (istiodcert.RefusedError), shows on its
+//     ok line, naming the owner: workloads' certificates do not depend on
+//     it, and taking the replica out would only move the keeper.
 
 const (
 	// warnEvery is how often a failing apiserver is logged at most.
@@ -329,7 +334,8 @@ func (h *backendHealth) Run(ctx context.Context) error {
 }
 
 // readiness lists the checks /readyz reports, in order: pod-cache,
-// ca-state (with a CA state), signer (with an external backend).
+// ca-state (with a CA state), signer (with an external backend); Assemble
+// adds istiod-cert.
 func readiness(cl *clusterParts, be *backend) ca.Readiness {
 	r := ca.Readiness{{Name: "pod-cache", Check: cl.watch.ready}}
 	if be.signing != nil {

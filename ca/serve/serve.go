@@ -154,6 +154,13 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		append(grpcOptions(), grpc.StatsHandler(guard))...)}
 	// gRPC probes of the CA's port see the readiness /readyz reports.
 	ready := readiness(cl, be)
+	if c.IstiodCert.Secret != "" {
+		run, check, err := newIstiodRunner(c.IstiodCert, c.TrustDomain, cl.localClient, be, srv, c.Trust.LeaseNamespace, reg, leaders, c.Logger)
+		if err != nil {
+			return nil, err
+		}
+		p.runners, ready = append(p.runners, run), append(ready, check)
+	}
 	p.health = ca.RegisterHealth(p.grpc, ready.Ready)
 	p.runners = append(p.runners, p.health.Run)
 	if p.lis, err = net.Listen("tcp", c.Listen); err != nil {
@@ -184,14 +191,6 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if c.PodCertificates.SignerName != "" {
 		run, err := newPodCertRunner(c.PodCertificates, c.Backend.External, c.TrustDomain, cl.localClient, srv,
 			c.Trust.LeaseNamespace, reg, leaders, c.Logger)
-		if err != nil {
-			p.closeListeners()
-			return nil, err
-		}
-		p.runners = append(p.runners, run)
-	}
-	if c.IstiodCert.Secret != "" {
-		run, err := newIstiodRunner(c.IstiodCert, c.TrustDomain, cl.localClient, be, srv, c.Trust.LeaseNamespace, reg, leaders, c.Logger)
 		if err != nil {
 			p.closeListeners()
 			return nil, err
