@@ -24,7 +24,9 @@ type istiodFlags struct {
 
 func (f *istiodFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.secret, "istiod-cert-secret", "", "keep istiod's serving certificate in this Secret, namespace/name (istiod-tls in istiod's namespace: tls.crt, tls.key, ca.crt), "+
-		"issued by the signer and rewritten through every root rotation step; one replica writes, elected on the Lease "+serve.IstiodCertLease+" in --trust-lease-namespace; empty: off")
+		"issued by the signer and rewritten through every root rotation step; one replica writes, elected on the Lease "+serve.IstiodCertLease+" in --trust-lease-namespace; "+
+		"only a Secret it creates, one annotated "+istiodcert.AnnotationOwner+"=<lease namespace>/"+serve.IstiodCertLease+", or one an operator annotated "+istiodcert.AnnotationAdopt+"=true; "+
+		"never --state-secret, cacerts or istio-ca-secret; empty: off")
 	fl.StringSliceVar(&f.names, "istiod-cert-dns-names", nil, "DNS names of istiod's certificate; empty: istiod.<namespace>.svc, and istiod-<revision>.<namespace>.svc with --istiod-revision")
 	fl.StringVar(&f.revision, "istiod-revision", "", "istiod's revision (its chart's revision value), whose Service name joins the default DNS names")
 	fl.StringVar(&f.deployment, "istiod-deployment", "", "istiod's Deployment, in --istiod-cert-secret's namespace, restarted (as kubectl rollout restart) when the roots grow: "+
@@ -32,8 +34,9 @@ func (f *istiodFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.ttl, "istiod-cert-ttl", istiodcert.DefaultTTL, "lifetime of istiod's certificate; it is renewed at two thirds of it")
 }
 
-// config checks the flags, without I/O; maxTTL is --max-ttl.
-func (f *istiodFlags) config(maxTTL time.Duration) (serve.IstiodCert, error) {
+// config checks the flags, without I/O; maxTTL is --max-ttl, stateSecret
+// --state-secret.
+func (f *istiodFlags) config(maxTTL time.Duration, stateSecret string) (serve.IstiodCert, error) {
 	c := serve.IstiodCert{Secret: f.secret, TTL: f.ttl, Deployment: f.deployment}
 	if f.secret == "" {
 		if len(f.names) > 0 || f.revision != "" || f.deployment != "" {
@@ -49,6 +52,9 @@ func (f *istiodFlags) config(maxTTL time.Duration) (serve.IstiodCert, error) {
 		return c, fmt.Errorf("--istiod-cert-ttl %v must be positive and at most --max-ttl %v", f.ttl, maxTTL)
 	case f.revision != "" && len(f.names) > 0:
 		return c, errors.New("give --istiod-cert-dns-names or --istiod-revision, not both: the names are then yours to list")
+	}
+	if err := istiodcert.CheckSecretName(f.secret, stateSecret); err != nil {
+		return c, fmt.Errorf("--istiod-cert-secret %w", err)
 	}
 	c.DNSNames = f.names
 	if len(c.DNSNames) == 0 {

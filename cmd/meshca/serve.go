@@ -212,7 +212,7 @@ func (f *serveFlags) features(td spiffeid.TrustDomain, c *serve.Config) error {
 	if err != nil {
 		return err
 	}
-	if c.IstiodCert, err = f.istiod.config(f.maxTTL); err != nil {
+	if c.IstiodCert, err = f.istiod.config(f.maxTTL, f.stateSecret); err != nil {
 		return err
 	}
 	if podCert.SignerName != "" && f.ctb.signer == "" {
