@@ -152,6 +152,7 @@ func (k *Keeper) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return nil
 	}
+	k.probeRestartGuard(ctx)
 	lister := inf.Lister().Secrets(k.c.Namespace)
 	timer := time.NewTimer(0)
 	defer timer.Stop()

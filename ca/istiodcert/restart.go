@@ -83,15 +83,57 @@ func (k *Keeper) restart(ctx context.Context, bundle []*x509.Certificate) (bool,
 			return false, "istio-ca-root-cert in istiod's namespace does not hold the bundle yet", nil
 		}
 	}
-	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{"metadata": map[string]any{
-		"annotations": map[string]string{AnnotationTrustedRoots: strings.Join(want, ",")}}}}})
-	if err != nil {
-		return false, "", err
-	}
-	if _, err := deployments.Patch(ctx, k.c.Deployment, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := deployments.Patch(ctx, k.c.Deployment, types.StrategicMergePatchType, RestartPatch(want), metav1.PatchOptions{}); err != nil {
 		return false, "", fmt.Errorf("istiodcert: restarting Deployment %s/%s: %w", k.c.Namespace, k.c.Deployment, err)
 	}
 	return true, "", nil
+}
+
+// RestartPatch is the strategic merge patch that restarts istiod's
+// Deployment to load the roots of fingerprints (sorted): it sets the pod
+// template annotation AnnotationTrustedRoots, and nothing else, which is
+// all the admission policy of meshca's chart lets meshca's account change.
+func RestartPatch(fingerprints []string) []byte {
+	return templateAnnotationPatch(AnnotationTrustedRoots, strings.Join(fingerprints, ","))
+}
+
+// templateAnnotationPatch is a strategic merge patch setting the pod
+// template annotation key to value.
+func templateAnnotationPatch(key, value string) []byte {
+	patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{"metadata": map[string]any{
+		"annotations": map[string]string{key: value}}}}})
+	return patch
+}
+
+// probeAnnotation is the pod template annotation probeRestartGuard asks,
+// in a dry run, to add.
+const probeAnnotation = "meshca.io/restart-guard-probe"
+
+// probeRestartGuard asks the apiserver, in a dry run that changes nothing,
+// to add another pod template annotation to istiod's Deployment than
+// AnnotationTrustedRoots, and logs what it answered: an admission policy
+// (the ValidatingAdmissionPolicy meshca's chart ships) refusing it is the
+// guard that keeps the patch the restart needs from changing what istiod
+// runs; a dry run that passes means this account could run any code as
+// istiod's service account.
+func (k *Keeper) probeRestartGuard(ctx context.Context) {
+	if k.c.Deployment == "" {
+		return
+	}
+	_, err := k.c.Client.AppsV1().Deployments(k.c.Namespace).Patch(ctx, k.c.Deployment, types.StrategicMergePatchType,
+		templateAnnotationPatch(probeAnnotation, "x"), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	dep := k.c.Namespace + "/" + k.c.Deployment
+	switch {
+	case err == nil:
+		k.c.Logger.WarnContext(ctx, "istiod's Deployment takes any change from this account, not only the restart annotation: "+
+			"install the ValidatingAdmissionPolicy meshca's chart renders with istio.enabled (docs/istio.md), or restart istiod yourself",
+			"deployment", dep)
+	case strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
+		k.c.Logger.InfoContext(ctx, "istiod's Deployment is guarded: an admission policy lets this account change its restart annotation alone",
+			"deployment", dep)
+	default:
+		k.c.Logger.DebugContext(ctx, "istiod's Deployment: the restart guard could not be probed", "deployment", dep, "error", err)
+	}
 }
 
 // readRestart fills d's Restarter, Loaded and Restarting from the

@@ -3,6 +3,9 @@ package istiodcert
 import (
 	"context"
 	"crypto/x509"
+	"errors"
+	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,7 +15,10 @@ import (
 	"github.com/meshca/meshca/keymgr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // TestKeeperRestartsIstiod: when the roots grow, istiod's Deployment is
@@ -89,5 +95,55 @@ func TestKeeperRestartsIstiod(t *testing.T) {
 	look(t, k, client)
 	if got := trusted(); !strings.Contains(got, keymgr.Fingerprint(rootA.Cert)) {
 		t.Fatalf("restarted when a root left: %q", got)
+	}
+}
+
+// TestRestartPatch: the restart sets the trusted-roots pod template
+// annotation and nothing else, the one change the chart's admission
+// policy lets meshca's account make.
+func TestRestartPatch(t *testing.T) {
+	fps := []string{strings.Repeat("a", 64), strings.Repeat("b", 64)}
+	want := `{"spec":{"template":{"metadata":{"annotations":{"meshca.io/trusted-roots":"` + fps[0] + "," + fps[1] + `"}}}}}`
+	if got := string(RestartPatch(fps)); got != want {
+		t.Fatalf("RestartPatch = %s\nwant %s", got, want)
+	}
+}
+
+// TestProbeRestartGuard: when it starts, the keeper asks the apiserver,
+// in a dry run, for a change the restart does not need, and logs whether
+// an admission policy refused it.
+func TestProbeRestartGuard(t *testing.T) {
+	tests := []struct {
+		name  string
+		err   error
+		level slog.Level
+		log   string
+	}{
+		{"guarded", apierrors.NewForbidden(appsv1.Resource("deployments"), "istiod",
+			errors.New(`ValidatingAdmissionPolicy 'meshca.istio-system.istiod-restart.meshca.io' with binding 'x' denied request: meshca's account may change istiod's Deployment only to restart it`)),
+			slog.LevelInfo, "istiod's Deployment is guarded"},
+		{"not guarded", nil, slog.LevelWarn, "istiod's Deployment takes any change from this account"},
+		{"not allowed to patch at all", apierrors.NewForbidden(appsv1.Resource("deployments"), "istiod", errors.New("RBAC")),
+			slog.LevelDebug, "the restart guard could not be probed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, _, client, _ := newTest(t)
+			k.c.Deployment = "istiod"
+			var logs strings.Builder
+			k.c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			var got k8stesting.PatchActionImpl
+			client.PrependReactor("patch", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				got = a.(k8stesting.PatchActionImpl)
+				return true, &appsv1.Deployment{}, tt.err
+			})
+			k.probeRestartGuard(context.Background())
+			if !slices.Equal(got.PatchOptions.DryRun, []string{metav1.DryRunAll}) || !strings.Contains(string(got.Patch), probeAnnotation) {
+				t.Fatalf("probe %s with options %+v, want a dry run adding %s", got.Patch, got.PatchOptions, probeAnnotation)
+			}
+			if !strings.Contains(logs.String(), "level="+tt.level.String()) || !strings.Contains(logs.String(), tt.log) {
+				t.Errorf("log:\n%s\nwant a %s line saying %q", logs.String(), tt.level, tt.log)
+			}
+		})
 	}
 }
