@@ -173,6 +173,15 @@ syntax; JSON schema cannot compare two values, so the templates do.
 {{- end }}
 {{- end -}}
 
+{{/*
+The ValidatingAdmissionPolicy (and its binding) that keeps meshca's patch
+of istiod's Deployment to the restart annotation: cluster-scoped, so named
+for the release's namespace too.
+*/}}
+{{- define "meshca.istiodRestartPolicy" -}}
+{{- printf "%s.%s.istiod-restart.meshca.io" (include "meshca.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "." -}}
+{{- end -}}
+
 {{/* --istiod-cert-secret's value: namespace/name. */}}
 {{- define "meshca.istiodCertSecret" -}}
 {{- include "meshca.istiodNamespace" . }}/{{ .Values.istio.istiodCertificate.secretName -}}

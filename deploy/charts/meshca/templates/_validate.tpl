@@ -53,6 +53,10 @@ across two keys. Each message names the keys and what to do.
 {{- if and (eq $s.type "cfssl") (not $s.cfssl.istiodProfile) -}}
 {{- fail "signer.cfssl.istiodProfile is required with istio.enabled: istiod's DNS certificate needs a cfssl profile of its own (docs/signers/cfssl.md)" -}}
 {{- end -}}
+{{- include "meshca.validateIstiodSecret" . -}}
+{{- if and (include "meshca.istiodDeployment" .) (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "istio.istiodDeployment.restart needs Kubernetes 1.30 or later (this is %s): its ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) keeps meshca's patch of istiod's Deployment to the restart annotation; set it false and restart istiod yourself after a rotation's prepare" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
 {{- end -}}
 {{- include "meshca.validateBudget" . -}}
 {{- include "meshca.validateExtras" . -}}
@@ -136,5 +140,22 @@ stop matching, or meshca would read another value.
 {{- end -}}
 {{- if and (eq $a.method "approle") (not (and $a.approle.roleID $a.approle.secretID.secretName)) -}}
 {{- fail "signer.vault.auth.approle.roleID and signer.vault.auth.approle.secretID.secretName are required with signer.vault.auth.method approle" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+istiod's certificate Secret is never a Secret holding a CA's key: the CA
+state's (state.type secret) or the plugged-in CA's (state.type cacerts),
+when it is in the same namespace. The schema refuses Istio's names.
+*/}}
+{{- define "meshca.validateIstiodSecret" -}}
+{{- $ic := .Values.istio.istiodCertificate.secretName -}}
+{{- if eq (include "meshca.istiodNamespace" .) .Release.Namespace -}}
+{{- if and (eq .Values.state.type "secret") (eq $ic (include "meshca.stateSecretName" .)) -}}
+{{- fail (printf "istio.istiodCertificate.secretName (%s) is the CA state's Secret (state.secret.name) in %s: it holds the CA's keys, not istiod's serving certificate; name another Secret (istiod-tls)" $ic .Release.Namespace) -}}
+{{- end -}}
+{{- if and (eq .Values.state.type "cacerts") (eq $ic .Values.state.cacerts.secretName) -}}
+{{- fail (printf "istio.istiodCertificate.secretName (%s) is the plugged-in CA's Secret (state.cacerts.secretName) in %s: it holds a CA's key, not istiod's serving certificate; name another Secret (istiod-tls)" $ic .Release.Namespace) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
