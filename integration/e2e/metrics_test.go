@@ -132,7 +132,7 @@ func request(t *testing.T, issue func(token string) error, w *harness.Workload) 
 
 func scrapeBuiltin(t *testing.T) *exposition {
 	s := startServer(t, "--publish-root-cert-configmaps", "--trust-lease-namespace", cluster.Namespace(t, "metrics-lease"),
-		"--trust-namespace-selector", "meshca.io/metrics-test=none")
+		"--trust-namespace-selector", "meshca.io/metrics-test=none", "--istiod-cert-secret", cluster.Namespace(t, "metrics-istiod")+"/istiod-tls")
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "metrics"), "frontend", "node-a")
 	request(t, func(token string) error {
 		_, err := s.client(t, token).Fetch(context.Background(), workloadID(w), caclient.Options{})
@@ -169,6 +169,7 @@ func scrapeBuiltin(t *testing.T) *exposition {
 		{"meshca_trust_bundle_sequence", nil, 1, 1e9},
 		{"meshca_rotation_steps_total", map[string]string{"verb": "prepare"}, 0, 0},
 		{"citadel_server_root_cert_expiry_seconds", nil, 365 * 86400, 11 * 365 * 86400},
+		{"meshca_istiod_certificate_refused", map[string]string{"reason": "cert_manager"}, 0, 0},
 	})
 	return e
 }
