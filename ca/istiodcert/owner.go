@@ -23,6 +23,9 @@ import (
 const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedBy      = "meshca"
+	// labelPartOf=meshca marks the objects of meshca's chart: before
+	// AnnotationOwner, the empty istiod-tls it created carried it alone.
+	labelPartOf = "app.kubernetes.io/part-of"
 	// AnnotationOwner names the meshca that keeps the Secret: the Lease
 	// (namespace/name) its replicas elect the keeper on.
 	AnnotationOwner = "meshca.io/owner"
@@ -86,7 +89,7 @@ func (e *RefusedError) Error() string {
 // judge says whether the keeper marked mark may write s: a refusal, or
 // nil and whether it must write s to make it its own (an operator's
 // AnnotationAdopt, which a write consumes, or a Secret an older meshca
-// wrote before AnnotationOwner). cert-manager's marks on a Secret marked
+// wrote, or its chart created, before AnnotationOwner). cert-manager's marks on a Secret marked
 // as the keeper's are a refusal: adopted while its Certificate still
 // exists, it is contested, and a second adoption is asked for, not a
 // silent fight.
@@ -114,6 +117,8 @@ func judge(s *corev1.Secret, mark string) (adopt bool, refused *RefusedError) {
 		return true, nil // written by a meshca before AnnotationOwner: marked at once
 	case managedBy != "":
 		return refuse(RefusedManagedBy, fmt.Sprintf("%s (label %s)", quote(managedBy), LabelManagedBy))
+	case s.Labels[labelPartOf] == ManagedBy:
+		return true, nil // created by meshca's chart before AnnotationOwner: marked at once
 	}
 	return refuse(RefusedUnmarked, "no owner meshca knows of (no meshca mark)")
 }

@@ -169,6 +169,9 @@ func TestKeeperWritesItsOwn(t *testing.T) {
 		{name: "the chart's, empty", secret: &corev1.Secret{Type: corev1.SecretTypeOpaque, ObjectMeta: metav1.ObjectMeta{
 			Labels: map[string]string{LabelManagedBy: "Helm"}, Annotations: map[string]string{AnnotationOwner: testOwner, "helm.sh/resource-policy": "keep"}}},
 			reason: ReasonMissing, managedBy: "Helm"},
+		{name: "an older chart's, empty", secret: &corev1.Secret{Type: corev1.SecretTypeOpaque, ObjectMeta: metav1.ObjectMeta{
+			Labels: map[string]string{"app.kubernetes.io/part-of": "meshca", "helm.sh/chart": "meshca-0.1.0"}}},
+			reason: ReasonMissing, managedBy: ManagedBy},
 		{name: "an older meshca's", secret: &corev1.Secret{Type: corev1.SecretTypeTLS, ObjectMeta: metav1.ObjectMeta{
 			Labels: map[string]string{LabelManagedBy: ManagedBy}}, Data: map[string][]byte{KeyCert: nil, KeyKey: nil, KeyRoots: nil}},
 			reason: ReasonMissing, managedBy: ManagedBy},
