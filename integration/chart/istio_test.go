@@ -31,9 +31,11 @@ func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	wantArgs(t, "serve", c.Args, []string{"--istiod-cert-secret=" + ns + "/istiod-tls", "--istiod-revision=canary", "--istiod-cert-ttl=24h",
 		"--istiod-deployment=istiod-canary", "--publish-root-cert-configmaps"}, []string{"--istiod-cert-dns-names"})
 	s := find(t, objs, "Secret", "istiod-tls")
-	if s.Object["type"] != string(corev1.SecretTypeOpaque) || s.Object["data"] != nil || s.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
-		t.Errorf("istiod-tls %v: want an empty Secret, kept on uninstall", s.Object)
+	if s.Object["type"] != string(corev1.SecretTypeOpaque) || s.Object["data"] != nil || s.GetAnnotations()["helm.sh/resource-policy"] != "keep" ||
+		s.GetAnnotations()[istiodcert.AnnotationOwner] != ns+"/meshca-istiod-cert" {
+		t.Errorf("istiod-tls %v: want an empty Secret, kept on uninstall, marked as the keeper's", s.Object)
 	}
+	find(t, objs, "ValidatingAdmissionPolicy", "meshca."+ns+".istiod-restart.meshca.io")
 	wantRules(t, "Role meshca-istiod-cert", role(t, objs, "meshca-istiod-cert").Rules, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"istiod-tls"}, Verbs: []string{"get", "list", "watch", "update"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{"istiod-canary"}, Verbs: []string{"get", "patch"}},
