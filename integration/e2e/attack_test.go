@@ -51,7 +51,9 @@ import (
 // abuse) and the record on the trust publishers' Lease. Every row names
 // the defence it exercises (a CreateCertificate row, its audit reason);
 // the matrix reports how many distinct defences held, and asks for at
-// least minDefences.
+// least minDefences. Issue 28 adds istiod's certificate Secret (another
+// owner's, a CA's, named by a typo) and istiod's restart (the chart's
+// admission policy), each with a meshca or a rendering of its own.
 func TestAttack(t *testing.T) {
 	start := time.Now()
 	// The surfaces besides CreateCertificate that the arena's meshca
@@ -93,6 +95,7 @@ func TestAttack(t *testing.T) {
 	own.checkNoSecretsLogged(t)
 	m.checks(t, concurrencyChecks(t))
 	m.checks(t, leaseChecks(t))
+	m.checks(t, istiodChecks(t))
 	// Last: it retires the root that signed the workload's certificate.
 	m.attack(t, a, a.retiredRootAttack(t))
 	a.checkNoSecretsLogged(t)
