@@ -157,7 +157,8 @@ func convert(t *testing.T, u *unstructured.Unstructured, into any) {
 }
 
 func namespaced(kind string) bool {
-	return !slices.Contains([]string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}, kind)
+	return !slices.Contains([]string{"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kind)
 }
 
 // kinds counts the rendered objects by kind.
