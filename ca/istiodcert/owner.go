@@ -89,10 +89,10 @@ func (e *RefusedError) Error() string {
 // judge says whether the keeper marked mark may write s: a refusal, or
 // nil and whether it must write s to make it its own (an operator's
 // AnnotationAdopt, which a write consumes, or a Secret an older meshca
-// wrote, or its chart created, before AnnotationOwner). cert-manager's marks on a Secret marked
-// as the keeper's are a refusal: adopted while its Certificate still
-// exists, it is contested, and a second adoption is asked for, not a
-// silent fight.
+// wrote, or its chart created, before AnnotationOwner). cert-manager's
+// marks on a Secret marked as the keeper's are a refusal: adopted while
+// its Certificate still exists, it is contested, and a second adoption is
+// asked for, not a silent fight.
 func judge(s *corev1.Secret, mark string) (adopt bool, refused *RefusedError) {
 	refuse := func(reason, owner string) (bool, *RefusedError) {
 		return false, &RefusedError{Secret: s.Namespace + "/" + s.Name, Reason: reason, Owner: owner, Mark: mark}
