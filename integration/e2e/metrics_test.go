@@ -54,6 +54,10 @@ var issueMetrics = []string{
 // vaultOnly tells the metrics only a meshca signing with Vault exports.
 func vaultOnly(name string) bool { return strings.HasPrefix(name, "meshca_vault_") }
 
+// istiodOnly tells the metrics only a meshca keeping istiod's
+// certificate exports.
+func istiodOnly(name string) bool { return strings.HasPrefix(name, "meshca_istiod_") }
+
 // wantSample is a sample a scrape must hold, with a value in [min, max].
 type wantSample struct {
 	name     string
@@ -71,21 +75,26 @@ func checkSamples(t *testing.T, e *exposition, want []wantSample) {
 	}
 }
 
-// TestMetrics scrapes two running meshcas after one issued and one refused
-// request each: the built-in CA with the trust publisher on (so that it
-// campaigns for a Lease), and the Vault backend. Between them they must
+// TestMetrics scrapes three running meshcas: after one issued and one
+// refused request each, the built-in CA with the trust publisher on (so
+// that it campaigns for a Lease) and the Vault backend; and one keeping
+// istiod's certificate, once written. Between them they must
 // export every metric issue 10 names and every metric that the Grafana
 // dashboard's queries and the alerts' expressions use.
 func TestMetrics(t *testing.T) {
-	var builtin, withVault *exposition
+	var builtin, withVault, withIstiod *exposition
 	t.Run("built-in", func(t *testing.T) { builtin = scrapeBuiltin(t) })
 	t.Run("vault", func(t *testing.T) { withVault = scrapeVault(t) })
-	if builtin == nil || withVault == nil {
+	t.Run("istiod", func(t *testing.T) { withIstiod = scrapeIstiod(t) })
+	if builtin == nil || withVault == nil || withIstiod == nil {
 		t.Fatal("no scrape to check")
 	}
 	exporter := func(name string) *exposition {
-		if vaultOnly(name) {
+		switch {
+		case vaultOnly(name):
 			return withVault
+		case istiodOnly(name):
+			return withIstiod
 		}
 		return builtin
 	}
@@ -130,9 +139,27 @@ func request(t *testing.T, issue func(token string) error, w *harness.Workload) 
 	}
 }
 
+// scrapeIstiod scrapes a meshca keeping istiod's certificate once it has
+// written it.
+func scrapeIstiod(t *testing.T) *exposition {
+	ns := cluster.Namespace(t, "metrics-istiod")
+	s := startServer(t, "--istiod-cert-secret", ns+"/istiod-tls", "--trust-lease-namespace", ns)
+	var e *exposition
+	waitUntil(t, "istiod's certificate written", 20*time.Second, func() bool {
+		e = scrapeMetrics(t, s.AdminAddr)
+		v, _ := e.value("meshca_istiod_certificate_writes_total", map[string]string{"reason": "missing", "result": "written"})
+		return v == 1
+	})
+	checkSamples(t, e, []wantSample{
+		{"meshca_istiod_certificate_refused", map[string]string{"reason": "cert_manager"}, 0, 0},
+		{"meshca_istiod_certificate_expiry_timestamp_seconds", nil, float64(time.Now().Unix()), float64(time.Now().Add(25 * time.Hour).Unix())},
+	})
+	return e
+}
+
 func scrapeBuiltin(t *testing.T) *exposition {
 	s := startServer(t, "--publish-root-cert-configmaps", "--trust-lease-namespace", cluster.Namespace(t, "metrics-lease"),
-		"--trust-namespace-selector", "meshca.io/metrics-test=none", "--istiod-cert-secret", cluster.Namespace(t, "metrics-istiod")+"/istiod-tls")
+		"--trust-namespace-selector", "meshca.io/metrics-test=none")
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "metrics"), "frontend", "node-a")
 	request(t, func(token string) error {
 		_, err := s.client(t, token).Fetch(context.Background(), workloadID(w), caclient.Options{})
@@ -169,7 +196,6 @@ func scrapeBuiltin(t *testing.T) *exposition {
 		{"meshca_trust_bundle_sequence", nil, 1, 1e9},
 		{"meshca_rotation_steps_total", map[string]string{"verb": "prepare"}, 0, 0},
 		{"citadel_server_root_cert_expiry_seconds", nil, 365 * 86400, 11 * 365 * 86400},
-		{"meshca_istiod_certificate_refused", map[string]string{"reason": "cert_manager"}, 0, 0},
 	})
 	return e
 }
