@@ -1,7 +1,7 @@
 package limit
 
 import (
-	"context"
+	"container/list"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -10,43 +10,71 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/stats"
 )
 
-// ConnGuard admits the gRPC server's connections under ConnLimits'
-// connection caps and deadlines. Its Listener closes a connection past
-// MaxConnections or MaxConnectionsPerPeer as soon as it is accepted,
-// before its TLS handshake and before grpc-go spends a goroutine on it;
-// the connections it admits are closed when their TLS handshake and
-// HTTP/2 preface take longer than TLSHandshakeTimeout, or, until one of
-// their requests authenticates, when they have had no RPC in progress for
-// MaxUnauthenticatedIdle. As the gRPC server's stats.Handler (ServerOption)
-// it learns which connection an RPC runs on; the server tells it when a
-// request authenticates.
+// ConnGuard admits the gRPC server's connections and streams under
+// ConnLimits' caps and deadlines, so that a peer without credentials
+// holds a bounded share of the server whatever it sends.
+//
+// Its Listener closes a connection past MaxConnectionsPerPeer as soon as
+// it is accepted, before its TLS handshake and before grpc-go spends a
+// goroutine on it. Past MaxConnections it makes room by closing the
+// oldest connection not yet authenticated (handshaking, or serving with
+// no request authenticated) of the address holding the most connections,
+// unless the newcomer's own address holds as many: only then, or when no
+// connection may be closed, is the newcomer refused. The connections it
+// admits are closed when their TLS handshake and HTTP/2 preface take
+// longer than TLSHandshakeTimeout, and, until one of their requests
+// authenticates, when they have had no RPC in progress for
+// MaxUnauthenticatedIdle or are MaxUnauthenticatedAge old.
+//
+// As the gRPC server's stats handler it learns which connection an RPC
+// runs on; as its tap (AdmitStream) it bounds the streams whose request
+// has not authenticated and cancels those whose request message is late
+// (connguard_streams.go); the server tells it when a request
+// authenticates (ConnAuthenticated).
 //
 // Every refusal and closing is counted in
-// meshca_connections_refused_total{reason} and logged at debug level, at
-// most once a second; meshca_connections_open is the connections it holds.
+// meshca_connections_refused_total{reason} or
+// meshca_streams_refused_total{reason} and logged at debug level, at
+// most once a second; meshca_connections_open is the connections it
+// holds, meshca_streams_unauthenticated the streams it counts.
 type ConnGuard struct {
-	lim     ConnLimits
-	log     *slog.Logger
-	refused *prometheus.CounterVec
-	open    prometheus.Gauge
+	lim            ConnLimits
+	log            *slog.Logger
+	refused        *prometheus.CounterVec
+	open           prometheus.Gauge
+	streamsRefused *prometheus.CounterVec
+	unauthStreams  prometheus.Gauge
 
 	mu     sync.Mutex
 	total  int
-	byPeer map[netip.Addr]int
+	byPeer map[netip.Addr]*connPeer
 	byAddr map[connAddrs]*guardedConn
+	// heavy weighs each address that has a connection not yet
+	// authenticated by its number of connections.
+	heavy   *heaviest[netip.Addr]
+	streams streamCounts
 
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	suppressed atomic.Int64 // refusals not logged since
 }
 
+// connPeer is what one address holds.
+type connPeer struct {
+	n int // connections open
+	// unauthed are its connections not yet authenticated, oldest first:
+	// the ones a full server may close.
+	unauthed list.List
+}
+
 // ConnGuardConfig is what NewConnGuard takes.
 type ConnGuardConfig struct {
 	// Limits: MaxConnections, MaxConnectionsPerPeer, TLSHandshakeTimeout,
-	// MaxUnauthenticatedIdle and KeepaliveTimeout are used; zero fields
-	// take ConnLimits' defaults.
+	// MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
+	// RequestMessageTimeout, MaxUnauthenticatedStreams(PerPeer),
+	// MaxHealthWatches(PerPeer) and KeepaliveTimeout are used; zero
+	// fields take ConnLimits' defaults.
 	Limits     ConnLimits
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -54,11 +82,14 @@ type ConnGuardConfig struct {
 
 // The reason label values of meshca_connections_refused_total.
 const (
-	refusedTotal       = "total"
-	refusedPerPeer     = "per_peer"
-	refusedHandshake   = "handshake_timeout"
-	refusedUnauthIdle  = "unauthenticated_idle"
-	refusalLogInterval = time.Second
+	refusedTotal          = "total"
+	refusedPerPeer        = "per_peer"
+	refusedEvicted        = "evicted"
+	refusedHandshake      = "handshake_timeout"
+	refusedUnauthIdle     = "unauthenticated_idle"
+	refusedUnauthAge      = "unauthenticated_age"
+	refusedStreamsRefused = "streams_refused"
+	refusalLogInterval    = time.Second
 )
 
 // NewConnGuard returns a guard registering its metrics with c.Registerer.
@@ -71,20 +102,25 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 		log: c.Logger,
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "meshca_connections_refused_total",
-			Help: "gRPC connections closed by meshca's connection guard: at accept, past --max-connections (total) or --max-connections-per-peer (per_peer); " +
-				"later, past --tls-handshake-timeout (handshake_timeout) or --max-connection-idle-unauthenticated (unauthenticated_idle).",
+			Help: "gRPC connections closed by meshca's connection guard: at accept, past --max-connections-per-peer (per_peer) or --max-connections with nothing to close in their place (total); " +
+				"closed to make room for a connection from an address holding fewer (evicted); " +
+				"later, past --tls-handshake-timeout (handshake_timeout), --max-connection-idle-unauthenticated (unauthenticated_idle) or --max-connection-age-unauthenticated (unauthenticated_age), " +
+				"or after 32 of their streams were refused (streams_refused).",
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_connections_open", Help: "gRPC connections open (accepted and not yet closed).",
 		}),
-		byPeer: map[netip.Addr]int{},
+		byPeer: map[netip.Addr]*connPeer{},
 		byAddr: map[connAddrs]*guardedConn{},
+		heavy:  newHeaviest[netip.Addr](),
 	}
-	for _, r := range []string{refusedTotal, refusedPerPeer, refusedHandshake, refusedUnauthIdle} {
+	g.streams.init()
+	g.streamsRefused, g.unauthStreams = newStreamMetrics()
+	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused} {
 		g.refused.WithLabelValues(r)
 	}
 	if c.Registerer != nil {
-		c.Registerer.MustRegister(g.refused, g.open)
+		c.Registerer.MustRegister(g.refused, g.open, g.streamsRefused, g.unauthStreams)
 	}
 	return g
 }
@@ -123,210 +159,138 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 // admit returns c guarded, or closes it and returns nil when a cap is
-// reached.
+// reached and no connection can be closed in its place.
 func (g *ConnGuard) admit(c net.Conn) *guardedConn {
 	addrs := connAddrs{local: addrPort(c.LocalAddr()), remote: addrPort(c.RemoteAddr())}
 	peer := addrs.remote.Addr()
 	g.mu.Lock()
+	p := g.byPeer[peer]
+	held := 0
+	if p != nil {
+		held = p.n
+	}
 	reason := ""
+	var evicted *guardedConn
 	switch {
-	case g.lim.MaxConnections > 0 && g.total >= g.lim.MaxConnections:
-		reason = refusedTotal
-	case g.lim.MaxConnectionsPerPeer > 0 && g.byPeer[peer] >= g.lim.MaxConnectionsPerPeer:
+	case g.lim.MaxConnectionsPerPeer > 0 && held >= g.lim.MaxConnectionsPerPeer:
 		reason = refusedPerPeer
+	case g.lim.MaxConnections > 0 && g.total >= g.lim.MaxConnections:
+		if evicted = g.evictLocked(held); evicted == nil {
+			reason = refusedTotal
+		}
 	}
 	if reason != "" {
 		g.mu.Unlock()
-		g.refuse(reason, peer)
-		if t, ok := c.(*net.TCPConn); ok {
-			// A reset, not a FIN: no TIME_WAIT left here per refusal.
-			_ = t.SetLinger(0)
-		}
-		c.Close()
+		g.refuse(g.refused, "connection refused", reason, peer)
+		reset(c)
 		return nil
 	}
-	gc := &guardedConn{Conn: c, g: g, peer: peer, addrs: addrs}
+	if p == nil {
+		p = &connPeer{}
+		g.byPeer[peer] = p
+	}
+	gc := &guardedConn{Conn: c, g: g, peer: peer, addrs: addrs, accepted: time.Now()}
 	g.total++
-	g.byPeer[peer]++
+	p.n++
+	gc.unauthed = p.unauthed.PushBack(gc)
+	g.heavy.set(peer, p.n)
 	g.byAddr[addrs] = gc
 	g.mu.Unlock()
 	g.open.Inc()
-	setUserTimeout(c, g.lim.KeepaliveTimeout)
-	if d := g.lim.TLSHandshakeTimeout; d > 0 {
-		gc.arm(d)
+	if evicted != nil {
+		evicted.closeEvicted()
 	}
+	setUserTimeout(c, g.lim.KeepaliveTimeout)
+	gc.arm(gc.handshakeDeadline())
 	return gc
+}
+
+// evictLocked makes room for a connection from an address holding held
+// connections: it takes the oldest connection not yet authenticated of
+// the address holding the most, if that holds more than held, out of
+// the counts and returns it for closeEvicted. It returns nil when there
+// is none to take.
+func (g *ConnGuard) evictLocked(held int) *guardedConn {
+	for {
+		peer, n, ok := g.heavy.top()
+		if !ok || n <= held {
+			return nil
+		}
+		c := g.byPeer[peer].unauthed.Front().Value.(*guardedConn)
+		// A connection authenticating or closing meanwhile leaves the
+		// list once it has the lock: take it out now and look again.
+		if !c.state.CompareAndSwap(connHandshake, connClosed) && !c.state.CompareAndSwap(connUnauthenticated, connClosed) {
+			g.authedLocked(c)
+			continue
+		}
+		g.releaseLocked(c)
+		return c
+	}
+}
+
+// reset closes c with a reset, not a FIN: no TIME_WAIT left here per
+// refusal.
+func reset(c net.Conn) {
+	if t, ok := c.(*net.TCPConn); ok {
+		_ = t.SetLinger(0)
+	}
+	c.Close()
 }
 
 // release forgets c, once it is closed.
 func (g *ConnGuard) release(c *guardedConn) {
 	g.mu.Lock()
+	g.releaseLocked(c)
+	g.mu.Unlock()
+}
+
+func (g *ConnGuard) releaseLocked(c *guardedConn) {
 	g.total--
-	if n := g.byPeer[c.peer] - 1; n > 0 {
-		g.byPeer[c.peer] = n
-	} else {
+	p := g.byPeer[c.peer]
+	p.n--
+	if c.unauthed != nil {
+		p.unauthed.Remove(c.unauthed)
+		c.unauthed = nil
+	}
+	switch {
+	case p.n == 0:
 		delete(g.byPeer, c.peer)
+		g.heavy.set(c.peer, 0)
+	case p.unauthed.Len() == 0:
+		g.heavy.set(c.peer, 0)
+	default:
+		g.heavy.set(c.peer, p.n)
 	}
 	delete(g.byAddr, c.addrs)
-	g.mu.Unlock()
 	g.open.Dec()
 }
 
-// refuse counts a refusal and logs it, unless one was logged less than
-// refusalLogInterval ago: a flood of connections is one line a second.
-func (g *ConnGuard) refuse(reason string, peer netip.Addr) {
-	g.refused.WithLabelValues(reason).Inc()
+// authedLocked takes c out of its address's connections that a full
+// server may close.
+func (g *ConnGuard) authedLocked(c *guardedConn) {
+	if c.unauthed == nil {
+		return
+	}
+	p := g.byPeer[c.peer]
+	p.unauthed.Remove(c.unauthed)
+	c.unauthed = nil
+	if p.unauthed.Len() == 0 {
+		g.heavy.set(c.peer, 0)
+	}
+}
+
+// refuse counts a refusal in counter and logs it as msg, unless one was
+// logged less than refusalLogInterval ago: a flood of refusals is one
+// line a second.
+func (g *ConnGuard) refuse(counter *prometheus.CounterVec, msg, reason string, peer netip.Addr) {
+	counter.WithLabelValues(reason).Inc()
 	now, last := time.Now().UnixNano(), g.lastLog.Load()
 	if now-last < int64(refusalLogInterval) || !g.lastLog.CompareAndSwap(last, now) {
 		g.suppressed.Add(1)
 		return
 	}
 	g.mu.Lock()
-	open := g.total
+	open, streams := g.total, g.streams.total
 	g.mu.Unlock()
-	g.log.Debug("connection refused", logReason, reason, logPeer, peer.String(), logOpenConns, open, logSuppressed, g.suppressed.Swap(0))
-}
-
-// The states of a guarded connection.
-const (
-	connHandshake       int32 = iota // TLS handshake and HTTP/2 preface under way
-	connUnauthenticated              // serving; no request authenticated yet
-	connAuthed                       // a request authenticated: only grpc-go's limits apply
-	connClosed
-)
-
-// guardedConn is an admitted connection. Its one timer is the handshake
-// deadline, then the unauthenticated idle limit.
-type guardedConn struct {
-	net.Conn
-	g     *ConnGuard
-	peer  netip.Addr
-	addrs connAddrs
-
-	tmu   sync.Mutex
-	timer *time.Timer // nil until armed
-
-	state      atomic.Int32
-	active     atomic.Int32 // RPCs in progress
-	lastActive atomic.Int64 // unix nanoseconds: serving began, or an RPC ended
-}
-
-// Close closes the connection and, the first time, releases its place.
-func (c *guardedConn) Close() error {
-	if c.state.Swap(connClosed) != connClosed {
-		c.stop()
-		c.g.release(c)
-	}
-	return c.Conn.Close()
-}
-
-// arm runs check in d.
-func (c *guardedConn) arm(d time.Duration) {
-	c.tmu.Lock()
-	defer c.tmu.Unlock()
-	if c.timer == nil {
-		c.timer = time.AfterFunc(d, c.check)
-		return
-	}
-	c.timer.Reset(d)
-}
-
-func (c *guardedConn) stop() {
-	c.tmu.Lock()
-	defer c.tmu.Unlock()
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-}
-
-// check runs when the timer fires.
-func (c *guardedConn) check() {
-	switch c.state.Load() {
-	case connHandshake:
-		c.expire(connHandshake, refusedHandshake)
-	case connUnauthenticated:
-		idle := c.g.lim.MaxUnauthenticatedIdle
-		if c.active.Load() > 0 {
-			c.arm(idle)
-			return
-		}
-		if since := time.Since(time.Unix(0, c.lastActive.Load())); since < idle {
-			c.arm(idle - since)
-			return
-		}
-		c.expire(connUnauthenticated, refusedUnauthIdle)
-	}
-}
-
-// expire closes the connection for reason if it is still in state from.
-func (c *guardedConn) expire(from int32, reason string) {
-	if !c.state.CompareAndSwap(from, connClosed) {
-		return
-	}
-	c.stop()
-	c.g.release(c)
-	c.g.refuse(reason, c.peer)
-	c.Conn.Close()
-}
-
-// serving is called once grpc-go serves the connection: its handshake is
-// done, and the unauthenticated idle limit starts.
-func (c *guardedConn) serving() {
-	c.lastActive.Store(time.Now().UnixNano())
-	if !c.state.CompareAndSwap(connHandshake, connUnauthenticated) {
-		return
-	}
-	if idle := c.g.lim.MaxUnauthenticatedIdle; idle > 0 {
-		c.arm(idle)
-	} else {
-		c.stop()
-	}
-}
-
-// connKey is the context key of an RPC's *guardedConn.
-type connKey struct{}
-
-// ConnAuthenticated records that a request on ctx's connection
-// authenticated: the connection is no longer closed for being idle
-// unauthenticated. Without a guarded connection it does nothing.
-func ConnAuthenticated(ctx context.Context) {
-	c, ok := ctx.Value(connKey{}).(*guardedConn)
-	if ok && c.state.CompareAndSwap(connUnauthenticated, connAuthed) {
-		c.stop()
-	}
-}
-
-// TagConn finds the guarded connection grpc-go now serves and puts it in
-// the connection's context, which every RPC's context derives from.
-func (g *ConnGuard) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
-	g.mu.Lock()
-	c := g.byAddr[connAddrs{local: addrPort(info.LocalAddr), remote: addrPort(info.RemoteAddr)}]
-	g.mu.Unlock()
-	if c == nil {
-		return ctx
-	}
-	c.serving()
-	return context.WithValue(ctx, connKey{}, c)
-}
-
-// HandleConn implements stats.Handler.
-func (g *ConnGuard) HandleConn(context.Context, stats.ConnStats) {}
-
-// TagRPC implements stats.Handler.
-func (g *ConnGuard) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-
-// HandleRPC counts the RPCs in progress on a connection, so that one
-// waiting for an answer is not idle.
-func (g *ConnGuard) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s.(type) {
-	case *stats.Begin:
-		if c, ok := ctx.Value(connKey{}).(*guardedConn); ok {
-			c.active.Add(1)
-		}
-	case *stats.End:
-		if c, ok := ctx.Value(connKey{}).(*guardedConn); ok {
-			c.lastActive.Store(time.Now().UnixNano())
-			c.active.Add(-1)
-		}
-	}
+	g.log.Debug(msg, logReason, reason, logPeer, peer.String(), logOpenConns, open, logSuppressed, g.suppressed.Swap(0), logUnauthStreams, streams)
 }

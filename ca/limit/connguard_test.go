@@ -2,10 +2,12 @@ package limit
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/meshca/meshca/internal/metricstest"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/stats"
 )
 
 // guarded is a ConnGuard's listener on 127.0.0.1 whose accepted
@@ -22,6 +25,16 @@ type guarded struct {
 	addr     string
 	reg      *prometheus.Registry
 	accepted chan net.Conn
+
+	mu    sync.Mutex
+	conns []net.Conn // admitted, in order
+}
+
+// held returns the connections admitted so far.
+func (s *guarded) held(*testing.T) []net.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.conns)
 }
 
 func listenGuarded(t *testing.T, lim ConnLimits) *guarded {
@@ -83,6 +96,9 @@ func (s *guarded) dialFrom(t *testing.T, from string) (net.Conn, bool) {
 			t.Fatalf("accepted %v, dialled from %v", sc.RemoteAddr(), c.LocalAddr())
 		}
 		t.Cleanup(func() { sc.Close() })
+		s.mu.Lock()
+		s.conns = append(s.conns, sc)
+		s.mu.Unlock()
 		return sc, true
 	case err := <-closed:
 		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
@@ -95,9 +111,10 @@ func (s *guarded) dialFrom(t *testing.T, from string) (net.Conn, bool) {
 	return nil, false
 }
 
-// TestConnGuardCaps: a connection past the total or the per-address cap
-// is closed as soon as it is accepted and counted; another address keeps
-// its own per-address cap; the defaults cap one address at 256.
+// TestConnGuardCaps: a connection past the per-address cap is closed as
+// soon as it is accepted and counted, another address keeps its own cap;
+// past the total, the newcomer is refused only when its own address
+// holds the most; the defaults cap one address at 256.
 func TestConnGuardCaps(t *testing.T) {
 	const a, b = "127.0.0.1", "127.0.0.2"
 	many := func(from string, n int) []string {
@@ -112,17 +129,19 @@ func TestConnGuardCaps(t *testing.T) {
 		lim      ConnLimits
 		from     []string
 		refused  []int // indexes into from
-		reason   string
+		reasons  map[string]float64
 		wantOpen int
 	}{
 		{name: "per address", lim: ConnLimits{MaxConnections: NoLimit, MaxConnectionsPerPeer: 3},
-			from: []string{a, a, a, a, b, b, b, b, a}, refused: []int{3, 7, 8}, reason: "per_peer", wantOpen: 6},
-		{name: "total", lim: ConnLimits{MaxConnections: 3, MaxConnectionsPerPeer: NoLimit},
-			from: []string{a, b, a, b, a}, refused: []int{3, 4}, reason: "total", wantOpen: 3},
-		{name: "total before per address", lim: ConnLimits{MaxConnections: 2, MaxConnectionsPerPeer: 2},
-			from: []string{a, a, a, b}, refused: []int{2, 3}, reason: "total", wantOpen: 2},
+			from: []string{a, a, a, a, b, b, b, b, a}, refused: []int{3, 7, 8}, reasons: map[string]float64{"per_peer": 3}, wantOpen: 6},
+		{name: "total, the newcomer's address holding the most", lim: ConnLimits{MaxConnections: 3, MaxConnectionsPerPeer: NoLimit},
+			from: []string{a, a, b, a, a}, refused: []int{3, 4}, reasons: map[string]float64{"total": 2}, wantOpen: 3},
+		{name: "total, ties refused", lim: ConnLimits{MaxConnections: 4, MaxConnectionsPerPeer: NoLimit},
+			from: []string{a, a, a, b, b, a}, refused: []int{5}, reasons: map[string]float64{"evicted": 1, "total": 1}, wantOpen: 4},
+		{name: "per address before total", lim: ConnLimits{MaxConnections: 2, MaxConnectionsPerPeer: 2},
+			from: []string{a, a, a}, refused: []int{2}, reasons: map[string]float64{"per_peer": 1}, wantOpen: 2},
 		{name: "default per address", from: many(a, DefaultMaxConnectionsPerPeer+1),
-			refused: []int{DefaultMaxConnectionsPerPeer}, reason: "per_peer", wantOpen: DefaultMaxConnectionsPerPeer},
+			refused: []int{DefaultMaxConnectionsPerPeer}, reasons: map[string]float64{"per_peer": 1}, wantOpen: DefaultMaxConnectionsPerPeer},
 		{name: "no limits", lim: ConnLimits{MaxConnections: NoLimit, MaxConnectionsPerPeer: NoLimit},
 			from: many(a, DefaultMaxConnectionsPerPeer+1), wantOpen: DefaultMaxConnectionsPerPeer + 1},
 	}
@@ -139,12 +158,8 @@ func TestConnGuardCaps(t *testing.T) {
 				}
 			}
 			wantSample(t, s.reg, "meshca_connections_open", nil, float64(tt.wantOpen))
-			for _, r := range []string{"total", "per_peer", "handshake_timeout", "unauthenticated_idle"} {
-				want := 0.0
-				if r == tt.reason {
-					want = float64(len(tt.refused))
-				}
-				wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": r}, want)
+			for _, r := range []string{"total", "per_peer", "evicted", "handshake_timeout", "unauthenticated_idle", "unauthenticated_age", "streams_refused"} {
+				wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": r}, tt.reasons[r])
 			}
 		})
 	}
@@ -169,14 +184,17 @@ func TestConnGuardReleasesOnClose(t *testing.T) {
 	c2.Close()
 	c3, _ := s.dialFrom(t, "127.0.0.2")
 	c4, _ := s.dialFrom(t, "127.0.0.2")
-	if _, ok := s.dialFrom(t, "127.0.0.3"); ok {
-		t.Fatal("a fourth connection was admitted past the total cap of 3")
-	}
 	c3.Close()
 	c4.Close()
 	wantSample(t, s.reg, "meshca_connections_open", nil, 1)
-	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "per_peer"}, 1)
-	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "total"}, 1)
+	s.dialFrom(t, "127.0.0.3")
+	s.dialFrom(t, "127.0.0.3")
+	if _, ok := s.dialFrom(t, "127.0.0.3"); ok {
+		t.Fatal("a connection was admitted past the total cap of 3 and its address's cap of 2")
+	}
+	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "per_peer"}, 2)
+	wantSample(t, s.reg, "meshca_connections_refused_total", map[string]string{"reason": "total"}, 0)
+	wantSample(t, s.reg, "meshca_connections_open", nil, 3)
 }
 
 // guardedFixture is the CA server behind a ConnGuard with lim.
@@ -222,4 +240,88 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// served has grpc-go's part of serving c done by hand: TagConn, which
+// moves it past its handshake; it returns the connection's context.
+func served(g *ConnGuard, c net.Conn) context.Context {
+	return g.TagConn(context.Background(), &stats.ConnTagInfo{LocalAddr: c.LocalAddr(), RemoteAddr: c.RemoteAddr()})
+}
+
+func closed(c net.Conn) bool { return c.(*guardedConn).state.Load() == connClosed }
+
+// TestConnGuardEvicts: a full server closes the oldest connection not
+// yet authenticated, handshaking or serving, of the address holding the
+// most, never an authenticated one; with nothing to close, the newcomer
+// is refused.
+func TestConnGuardEvicts(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := NewConnGuard(ConnGuardConfig{Limits: ConnLimits{MaxConnections: 5, MaxConnectionsPerPeer: NoLimit}, Registerer: reg})
+	s := serveGuard(t, g, reg)
+	var a []net.Conn
+	for range 4 {
+		c, _ := s.dialFrom(t, "127.0.0.1")
+		a = append(a, c)
+	}
+	ConnAuthenticated(served(g, a[0])) // authenticated: never closed
+	served(g, a[1])                    // serving, not authenticated
+	b, _ := s.dialFrom(t, "127.0.0.2")
+	// Full. 127.0.0.3 holds none: 127.0.0.1's oldest one not
+	// authenticated makes room.
+	if _, ok := s.dialFrom(t, "127.0.0.3"); !ok {
+		t.Fatal("a newcomer from an address holding nothing was refused")
+	}
+	if !closed(a[1]) || closed(a[0]) || closed(a[2]) {
+		t.Fatalf("closed: authenticated %v, serving %v, handshaking %v; want only the serving one (the oldest not authenticated)", closed(a[0]), closed(a[1]), closed(a[2]))
+	}
+	// 127.0.0.2 (1) makes 127.0.0.1 (3) give up its next oldest.
+	if _, ok := s.dialFrom(t, "127.0.0.2"); !ok || !closed(a[2]) {
+		t.Fatalf("a newcomer from an address holding fewer: admitted %v, the heaviest's handshaking one closed %v", ok, closed(a[2]))
+	}
+	// 127.0.0.1 and 127.0.0.2 hold 2 each: 127.0.0.2 is refused, a tie.
+	if _, ok := s.dialFrom(t, "127.0.0.2"); ok {
+		t.Fatal("a newcomer from an address holding as many as any was admitted")
+	}
+	wantSample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "evicted"}, 2)
+	// Only authenticated connections left to 127.0.0.1 and 127.0.0.2:
+	// nothing to close, even for a newcomer holding none.
+	ConnAuthenticated(served(g, a[3]))
+	ConnAuthenticated(served(g, b))
+	for _, c := range s.held(t) {
+		if !closed(c) {
+			ConnAuthenticated(served(g, c))
+		}
+	}
+	if _, ok := s.dialFrom(t, "127.0.0.4"); ok {
+		t.Fatal("a connection was admitted with every slot held by authenticated ones")
+	}
+	wantSample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "total"}, 2)
+	wantSample(t, reg, "meshca_connections_open", nil, 5)
+}
+
+// TestConnGuardUnauthenticatedAge: a connection on which no request has
+// authenticated is closed MaxUnauthenticatedAge after its accept,
+// whether still handshaking or serving with an RPC in progress; one on
+// which a request authenticated stays.
+func TestConnGuardUnauthenticatedAge(t *testing.T) {
+	const age = 300 * time.Millisecond
+	reg := prometheus.NewRegistry()
+	g := NewConnGuard(ConnGuardConfig{Limits: ConnLimits{MaxUnauthenticatedAge: age, TLSHandshakeTimeout: NoLimit, MaxUnauthenticatedIdle: NoLimit}, Registerer: reg})
+	s := serveGuard(t, g, reg)
+	handshaking, _ := s.dialFrom(t, "127.0.0.1")
+	busy, _ := s.dialFrom(t, "127.0.0.1")
+	g.HandleRPC(served(g, busy), &stats.Begin{})
+	authed, _ := s.dialFrom(t, "127.0.0.1")
+	ConnAuthenticated(served(g, authed))
+	start := time.Now()
+	waitFor(t, func() bool { return closed(handshaking) && closed(busy) }, "the unauthenticated connections to close")
+	if took := time.Since(start); took < age/2 {
+		t.Fatalf("closed after %v, before the age of %v", took, age)
+	}
+	time.Sleep(age)
+	if closed(authed) {
+		t.Fatal("an authenticated connection was closed for its age")
+	}
+	wantSample(t, reg, "meshca_connections_refused_total", map[string]string{"reason": "unauthenticated_age"}, 2)
+	wantSample(t, reg, "meshca_connections_open", nil, 1)
 }

@@ -8,13 +8,13 @@ import (
 )
 
 // ConnLimits bound the server's connections: how many, HTTP/2 keepalive,
-// handshake, idle and age limits, and the streams of one connection. Zero
-// fields take the defaults below; NoLimit turns MaxConnections,
-// MaxConnectionsPerPeer, TLSHandshakeTimeout, MaxUnauthenticatedIdle,
-// MaxConnectionIdle, MaxConnectionAge or MaxConcurrentStreams off. The
-// caps, the handshake deadline and the unauthenticated idle limit are
-// ConnGuard's, in front of the gRPC server's listener; the others are
-// grpc-go's.
+// handshake, idle and age limits, and the streams of one connection and
+// of the connections that have not authenticated. Zero fields take the
+// defaults below; NoLimit turns any limit but the keepalive ones off. The
+// caps, the handshake deadline, the limits of unauthenticated connections
+// and streams and the request message deadline are ConnGuard's, in front
+// of the gRPC server's listener and as its tap and stats handler; the
+// others are grpc-go's.
 //
 // ztunnel and istio-agent keep one connection to the CA and use it
 // rarely: ztunnel's client drops it itself after 90 s without a request
@@ -59,6 +59,24 @@ type ConnLimits struct {
 	// A connection on which a request authenticated is closed after
 	// MaxConnectionIdle instead.
 	MaxUnauthenticatedIdle time.Duration
+	// MaxUnauthenticatedAge closes a connection none of whose requests
+	// has authenticated this long after it was accepted, whatever it has
+	// in progress.
+	MaxUnauthenticatedAge time.Duration
+	// RequestMessageTimeout cancels a stream whose request message has
+	// not arrived this long after its headers, whoever sent them.
+	RequestMessageTimeout time.Duration
+	// MaxUnauthenticatedStreams bounds the streams in progress whose
+	// request has not authenticated, over all connections, and
+	// MaxUnauthenticatedStreamsPerPeer those of one client address. A
+	// stream past the address's cap is refused before it costs a
+	// goroutine; past the total, the oldest such stream of the address
+	// holding the most is cancelled to make room, unless that is the
+	// newcomer's own.
+	MaxUnauthenticatedStreams, MaxUnauthenticatedStreamsPerPeer int
+	// MaxHealthWatches bounds the grpc.health.v1.Health/Watch streams
+	// open at once, and MaxHealthWatchesPerPeer those of one address.
+	MaxHealthWatches, MaxHealthWatchesPerPeer int
 }
 
 // Defaults of ConnLimits.
@@ -86,12 +104,33 @@ const (
 	// alone can take no more than a sixteenth of DefaultMaxConnections.
 	DefaultMaxConnectionsPerPeer = 256
 	// DefaultTLSHandshakeTimeout is ample for a handshake over a slow
-	// link, and 12 times shorter than grpc-go's 120 s.
-	DefaultTLSHandshakeTimeout = 10 * time.Second
+	// link (a few round trips), and 24 times shorter than grpc-go's
+	// 120 s: a connection that never finishes its handshake holds a slot
+	// of MaxConnections at most this long.
+	DefaultTLSHandshakeTimeout = 5 * time.Second
 	// DefaultMaxUnauthenticatedIdle: ztunnel and istio-agent connect to
 	// send a request and send it at once; a kubelet gRPC probe closes its
 	// connection after its check.
-	DefaultMaxUnauthenticatedIdle = time.Minute
+	DefaultMaxUnauthenticatedIdle = 30 * time.Second
+	// DefaultMaxUnauthenticatedAge: a client with credentials
+	// authenticates with its first request, within its request timeout;
+	// a tool watching the health service reconnects.
+	DefaultMaxUnauthenticatedAge = time.Minute
+	// DefaultRequestMessageTimeout: every client sends its request
+	// message with its headers.
+	DefaultRequestMessageTimeout = 5 * time.Second
+	// DefaultMaxUnauthenticatedStreamsPerPeer lets a ztunnel ask for
+	// every Pod of a 250-Pod node at once on a fresh connection, before
+	// its token is reviewed.
+	DefaultMaxUnauthenticatedStreamsPerPeer = 256
+	// DefaultMaxUnauthenticatedStreams: a stream waiting for its message
+	// or its authentication costs ~12 KiB (its goroutine, grpc-go's state,
+	// its headers), so 4096 of them hold ~50 MiB.
+	DefaultMaxUnauthenticatedStreams = 4096
+	// DefaultMaxHealthWatches and DefaultMaxHealthWatchesPerPeer: a probe
+	// (kubelet's included) uses Check; only tools watch.
+	DefaultMaxHealthWatches        = 64
+	DefaultMaxHealthWatchesPerPeer = 4
 )
 
 // WithDefaults is c with its zero fields set to the defaults above; a
@@ -110,6 +149,8 @@ func (c ConnLimits) WithDefaults(requestTimeout time.Duration) ConnLimits {
 	def(&c.MaxConnectionAgeGrace, requestTimeout)
 	def(&c.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
 	def(&c.MaxUnauthenticatedIdle, DefaultMaxUnauthenticatedIdle)
+	def(&c.MaxUnauthenticatedAge, DefaultMaxUnauthenticatedAge)
+	def(&c.RequestMessageTimeout, DefaultRequestMessageTimeout)
 	defInt := func(n *int, v int) {
 		if *n == 0 {
 			*n = v
@@ -118,6 +159,10 @@ func (c ConnLimits) WithDefaults(requestTimeout time.Duration) ConnLimits {
 	defInt(&c.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	defInt(&c.MaxConnections, DefaultMaxConnections)
 	defInt(&c.MaxConnectionsPerPeer, DefaultMaxConnectionsPerPeer)
+	defInt(&c.MaxUnauthenticatedStreams, DefaultMaxUnauthenticatedStreams)
+	defInt(&c.MaxUnauthenticatedStreamsPerPeer, DefaultMaxUnauthenticatedStreamsPerPeer)
+	defInt(&c.MaxHealthWatches, DefaultMaxHealthWatches)
+	defInt(&c.MaxHealthWatchesPerPeer, DefaultMaxHealthWatchesPerPeer)
 	return c
 }
 

@@ -272,15 +272,6 @@ func (h *HTTPConns) refuse(reason string, peer netip.Addr) {
 	h.log.Debug("connection refused", "server", h.server, logReason, reason, logPeer, peer.String(), logOpenConns, open, logSuppressed, h.supp.Swap(0))
 }
 
-// reset closes c with a reset, not a FIN: no TIME_WAIT is left here for
-// each connection refused.
-func reset(c net.Conn) {
-	if t, ok := c.(*net.TCPConn); ok {
-		_ = t.SetLinger(0)
-	}
-	c.Close()
-}
-
 // httpConn is an admitted connection. Under its HTTPConns' mu: gone
 // once it no longer counts, idle while kept alive between requests.
 type httpConn struct {

@@ -7,4 +7,6 @@ const (
 	logPeer       = "peer"
 	logOpenConns  = "open_connections"
 	logSuppressed = "suppressed"
+	// logUnauthStreams is the streams not yet authenticated.
+	logUnauthStreams = "unauthenticated_streams"
 )

@@ -27,7 +27,7 @@ func TestLimitFlags(t *testing.T) {
 	defaultConn := limit.ConnLimits{
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 10 * time.Second, KeepaliveMinTime: 15 * time.Second,
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
-		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 10 * time.Second, MaxUnauthenticatedIdle: time.Minute,
+		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 5 * time.Second, MaxUnauthenticatedIdle: 30 * time.Second,
 	}
 	tests := []struct {
 		name   string
