@@ -116,7 +116,7 @@ func newFixture(t *testing.T, a *keymgr.Authority, o options) *fixture {
 	}
 	var gopts []grpc.ServerOption
 	if o.guard != nil {
-		gopts = append(gopts, grpc.StatsHandler(o.guard))
+		gopts = append(gopts, ca.GuardOptions(o.guard)...)
 	}
 	g := ca.NewGRPCServer(srv, ca.TLSConfig(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving, nil }, td, mgr), gopts...)
 	if o.register != nil {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/meshca/meshca/ca/limit"
 	"github.com/meshca/meshca/keymgr/certs"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,9 +18,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
 )
 
 // MaxRequestBytes bounds a CreateCertificate message: a CSR is a few KiB.
@@ -90,6 +95,35 @@ func NewGRPCServer(s *Server, tc *tls.Config, opts ...grpc.ServerOption) *grpc.S
 	return g
 }
 
+// GuardOptions are the gRPC server options that put g in front of every
+// connection's RPCs: its stats handler, and its tap, which admits each
+// stream when its headers arrive, before grpc-go spends a goroutine on
+// it (limit.ConnGuard.AdmitStream). A stream it refuses gets
+// ResourceExhausted, with the retry hint, as a trailers-only answer.
+// With them, give the server g's Listener.
+func GuardOptions(g *limit.ConnGuard) []grpc.ServerOption {
+	admit := func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := g.AdmitStream(ctx, headerListSize(info.Header))
+		if err != nil {
+			return nil, classify(err).Status()
+		}
+		return ctx, nil
+	}
+	return []grpc.ServerOption{grpc.StatsHandler(g), grpc.InTapHandle(admit)}
+}
+
+// headerListSize is the size of a header list as HTTP/2 counts it
+// (RFC 9113 6.5.2): each field's name and value, and 32 bytes.
+func headerListSize(md metadata.MD) int {
+	n := 0
+	for k, vs := range md {
+		for _, v := range vs {
+			n += len(k) + len(v) + 32
+		}
+	}
+	return n
+}
+
 // AdminHandler serves /metrics from g, /healthz (the process is alive)
 // and /readyz (each of ready's checks and its state; 503 when one fails).
 func AdminHandler(g prometheus.Gatherer, ready Readiness) http.Handler {
@@ -109,7 +143,9 @@ func AdminHandler(g prometheus.Gatherer, ready Readiness) http.Handler {
 // while it returns an error and from Shutdown on. A health RPC takes
 // none of the CA's steps: no credentials, no authentication budget, no
 // audit event, no CA metric (grpc_server_* count it under its own
-// service).
+// service). Watch answers only for those two names (NotFound for any
+// other, as Check) and within the connection guard's caps on watches
+// (limit.AdmitWatch): a watch is a stream held open without credentials.
 type Health struct {
 	srv   *health.Server
 	ready func() error
@@ -134,8 +170,24 @@ func RegisterHealth(g *grpc.Server, ready func() error) *Health {
 	for _, name := range healthServices {
 		h.srv.SetServingStatus(name, h.last)
 	}
-	healthpb.RegisterHealthServer(g, h.srv)
+	healthpb.RegisterHealthServer(g, guardedHealth{h.srv})
 	return h
+}
+
+// guardedHealth is grpc-go's health server with Watch bounded.
+type guardedHealth struct{ *health.Server }
+
+// Watch refuses a service name Health does not report, at once, and a
+// watch past the guard's caps; then it is grpc-go's.
+func (h guardedHealth) Watch(in *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if !slices.Contains(healthServices, in.GetService()) {
+		return classify(refuse(codes.NotFound, "health_unknown_service",
+			fmt.Sprintf("unknown service: this server reports the health of %q (the server) and %q", healthServices[0], healthServices[1]), nil)).Status()
+	}
+	if err := limit.AdmitWatch(stream.Context()); err != nil {
+		return classify(err).Status()
+	}
+	return h.Server.Watch(in, stream)
 }
 
 // Run keeps the status in step with ready until ctx ends. It leaves the

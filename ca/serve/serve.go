@@ -151,7 +151,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	// and deadlines) and, as a stats handler, follows their RPCs.
 	guard := limit.NewConnGuard(limit.ConnGuardConfig{Limits: c.Conn, Registerer: reg, Logger: c.Logger})
 	p := &Parts{log: c.Logger, grpc: ca.NewGRPCServer(srv, ca.TLSConfig(be.getCert, c.TrustDomain, be.bundles),
-		append(grpcOptions(), grpc.StatsHandler(guard))...)}
+		append(grpcOptions(), ca.GuardOptions(guard)...)...)}
 	// gRPC probes of the CA's port see the readiness /readyz reports.
 	ready := readiness(cl, be)
 	if c.IstiodCert.Secret != "" {
