@@ -19,9 +19,12 @@ type limitFlags struct {
 	keepaliveTime, keepaliveTimeout, minPing time.Duration
 	maxIdle, maxAge, maxAgeGrace             time.Duration
 	maxStreams                               int
-	// The connection guard: caps, handshake deadline, unauthenticated idle.
-	maxConns, maxConnsPerPeer       int
-	handshakeTimeout, maxUnauthIdle time.Duration
+	// The connection guard: caps, handshake deadline, the limits of
+	// unauthenticated connections and streams, the message deadline.
+	maxConns, maxConnsPerPeer                     int
+	handshakeTimeout, maxUnauthIdle, maxUnauthAge time.Duration
+	messageTimeout                                time.Duration
+	maxUnauthStreams, maxUnauthStreamsPerPeer     int
 }
 
 func (f *limitFlags) register(fl *pflag.FlagSet) {
@@ -45,6 +48,10 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxConnsPerPeer, "max-connections-per-peer", limit.DefaultMaxConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP); more are closed as soon as accepted (per_peer); raise it for clients behind one address (SNAT, an east-west gateway); 0: no limit")
 	fl.DurationVar(&f.handshakeTimeout, "tls-handshake-timeout", limit.DefaultTLSHandshakeTimeout, "close a connection whose TLS handshake and HTTP/2 preface are not done this long after it was accepted (handshake_timeout); 0: grpc-go's 120s")
 	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", limit.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
+	fl.DurationVar(&f.maxUnauthAge, "max-connection-age-unauthenticated", limit.DefaultMaxUnauthenticatedAge, "close a connection on which no request has authenticated yet this long after it was accepted, whatever it has in progress (unauthenticated_age); one that has gets --max-connection-age; 0: off")
+	fl.DurationVar(&f.messageTimeout, "request-message-timeout", limit.DefaultRequestMessageTimeout, "cancel a request whose message has not arrived this long after its headers (meshca_streams_refused_total{reason=\"message_timeout\"}); clients send both at once; 0: off")
+	fl.IntVar(&f.maxUnauthStreams, "max-unauthenticated-streams", limit.DefaultMaxUnauthenticatedStreams, "requests in progress that have not authenticated, over all connections, each counting once more for every 4 KiB of its headers and message (~12 KiB each); past it, the oldest of the address holding the most is cancelled to make room (evicted), or, that address being the newcomer's, the newcomer refused (ResourceExhausted, total); 0: no limit")
+	fl.IntVar(&f.maxUnauthStreamsPerPeer, "max-unauthenticated-streams-per-peer", limit.DefaultMaxUnauthenticatedStreamsPerPeer, "requests in progress that have not authenticated from one client address (exact IP), counted as for --max-unauthenticated-streams; more are refused before they run (ResourceExhausted, per_peer); a ztunnel asks for a 250-Pod node at once; 0: no limit")
 }
 
 // config checks the flags and returns them as ca takes them.
@@ -77,6 +84,9 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 	case f.maxConns < 0 || f.maxConnsPerPeer < 0 || f.handshakeTimeout < 0 || f.maxUnauthIdle < 0:
 		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
 			f.maxConns, f.maxConnsPerPeer, f.handshakeTimeout, f.maxUnauthIdle)
+	case f.maxUnauthAge < 0 || f.messageTimeout < 0 || f.maxUnauthStreams < 0 || f.maxUnauthStreamsPerPeer < 0:
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-age-unauthenticated (%v), --request-message-timeout (%v), --max-unauthenticated-streams (%d) and --max-unauthenticated-streams-per-peer (%d) must not be negative (0: no limit)",
+			f.maxUnauthAge, f.messageTimeout, f.maxUnauthStreams, f.maxUnauthStreamsPerPeer)
 	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
 		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
 			f.maxIdle, f.maxAge, f.maxAgeGrace)
@@ -98,6 +108,8 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 		MaxConnectionIdle: idle, MaxConnectionAge: age, MaxConnectionAgeGrace: f.maxAgeGrace, MaxConcurrentStreams: off(f.maxStreams),
 		MaxConnections: off(f.maxConns), MaxConnectionsPerPeer: off(f.maxConnsPerPeer),
 		TLSHandshakeTimeout: offDuration(f.handshakeTimeout), MaxUnauthenticatedIdle: offDuration(f.maxUnauthIdle),
+		MaxUnauthenticatedAge: offDuration(f.maxUnauthAge), RequestMessageTimeout: offDuration(f.messageTimeout),
+		MaxUnauthenticatedStreams: off(f.maxUnauthStreams), MaxUnauthenticatedStreamsPerPeer: off(f.maxUnauthStreamsPerPeer),
 	}
 	return limits, conn, nil
 }

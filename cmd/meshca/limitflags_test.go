@@ -28,6 +28,7 @@ func TestLimitFlags(t *testing.T) {
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 10 * time.Second, KeepaliveMinTime: 15 * time.Second,
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
 		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 5 * time.Second, MaxUnauthenticatedIdle: 30 * time.Second,
+		MaxUnauthenticatedAge: time.Minute, RequestMessageTimeout: 5 * time.Second, MaxUnauthenticatedStreams: 4096, MaxUnauthenticatedStreamsPerPeer: 256,
 	}
 	tests := []struct {
 		name   string
@@ -62,6 +63,14 @@ func TestLimitFlags(t *testing.T) {
 			conn: func(c *limit.ConnLimits) {
 				c.MaxConnections, c.MaxConnectionsPerPeer, c.TLSHandshakeTimeout, c.MaxUnauthenticatedIdle = 10000, limit.NoLimit, limit.NoLimit, 30*time.Second
 			}},
+		{name: "unauthenticated connections and streams", args: []string{"--max-connection-age-unauthenticated", "2m", "--request-message-timeout", "0"},
+			env:  []string{"MESHCA_MAX_UNAUTHENTICATED_STREAMS_PER_PEER=512"},
+			file: "maxUnauthenticatedStreams: 0\n",
+			conn: func(c *limit.ConnLimits) {
+				c.MaxUnauthenticatedAge, c.RequestMessageTimeout, c.MaxUnauthenticatedStreamsPerPeer, c.MaxUnauthenticatedStreams = 2*time.Minute, limit.NoLimit, 512, limit.NoLimit
+			}},
+		{name: "negative stream cap", args: []string{"--max-unauthenticated-streams", "-2"}, err: "--max-unauthenticated-streams (-2)"},
+		{name: "negative message timeout", file: "requestMessageTimeout: -1s\n", err: "--request-message-timeout (-1s)"},
 		{name: "negative connection cap", env: []string{"MESHCA_MAX_CONNECTIONS_PER_PEER=-1"}, err: "--max-connections-per-peer (-1)"},
 		{name: "negative rate", args: []string{"--caller-rate", "-1"}, err: "--caller-rate -1 must be a number of requests a second, at least 0"},
 		{name: "NaN rate", env: []string{"MESHCA_NODE_PROXY_RATE=NaN"}, err: "--node-proxy-rate NaN must be a number of requests a second, at least 0 (0: no limit) (--node-proxy-rate from env MESHCA_NODE_PROXY_RATE)"},

@@ -93,6 +93,10 @@ istio.namespace; meshca denies its own account itself. */}}
 - --max-connections-per-peer={{ int .maxPerPeer }}
 - --tls-handshake-timeout={{ .tlsHandshakeTimeout }}
 - --max-connection-idle-unauthenticated={{ .maxIdleUnauthenticated }}
+- --max-connection-age-unauthenticated={{ .maxAgeUnauthenticated }}
+- --request-message-timeout={{ .requestMessageTimeout }}
+- --max-unauthenticated-streams={{ int .maxUnauthenticatedStreams }}
+- --max-unauthenticated-streams-per-peer={{ int .maxUnauthenticatedStreamsPerPeer }}
 {{- end }}
 {{- end }}
 
