@@ -133,7 +133,7 @@ func TestConnGuardUnauthenticatedAge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), age+5*time.Second)
 	defer cancel()
 	w, err := healthFrom(t, f, "127.0.0.3").Watch(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {

@@ -220,11 +220,12 @@ func waitSample(t *testing.T, reg *prometheus.Registry, name string, labels map[
 func TestUnauthenticatedStreamsOnTheWire(t *testing.T) {
 	f, reg := guardedFixture(t, limit.ConnLimits{MaxUnauthenticatedStreamsPerPeer: 3, RequestMessageTimeout: time.Minute})
 	c1, c2, other := dialH2From(t, f, "127.0.0.1"), dialH2From(t, f, "127.0.0.1"), dialH2From(t, f, "127.0.0.2")
+	idle := runtime.NumGoroutine()
 	for _, id := range ids(1, 2) {
 		c1.open(t, id, createCertificate, 0, "")
 	}
 	c2.open(t, 1, healthWatch, 0, "")
-	waitSample(t, reg, "meshca_streams_unauthenticated", nil, 3)
+	waitFor(t, 5*time.Second, func() bool { return runtime.NumGoroutine()-idle >= 3 }, "the three streams' goroutines")
 	before := runtime.NumGoroutine()
 	for _, c := range []*h2conn{c1, c2} {
 		c.open(t, 5, createCertificate, 0, "30S")

@@ -158,7 +158,10 @@ func TestRequestMessageDeadline(t *testing.T) {
 	late := a.mustAdmit(t, "127.0.0.1", 0)
 	onTime := a.mustAdmit(t, "127.0.0.1", 0)
 	a.g.HandleRPC(onTime, &stats.InPayload{Length: 10})
-	<-late.Done()
+	select {
+	case <-late.Done():
+	case <-time.After(5 * time.Second):
+	}
 	if err := context.Cause(late); !errors.Is(err, ErrRequestMessageTimeout) {
 		t.Fatalf("a stream without its message: %v, want %v", err, ErrRequestMessageTimeout)
 	}
