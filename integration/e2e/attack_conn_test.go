@@ -14,18 +14,20 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
 // connChecks: connection floods past --max-connections-per-peer (4 in
 // the budget arena) and --max-connections (20), and HTTP/2 used against
-// its peer.
+// its peer; then, against a meshca of their own, what a peer without
+// credentials can hold (unauthChecks).
 func (b *arena) connChecks(t *testing.T) []check {
 	other := cluster.NewWorkload(t, b.apps, "other", "node-a")
 	after := cluster.NewWorkload(t, b.apps, "after", "node-a")
 	later := cluster.NewWorkload(t, b.apps, "later", "node-a")
 	b.secret(other.Token, after.Token, later.Token)
-	return []check{
+	return append([]check{
 		{name: "connections/one address past its connections", defence: "conn:per_peer_cap", run: func(t *testing.T) {
 			held := b.hold(t, 4, func(int) string { return "127.0.0.4" })
 			b.turnedAway(t, "127.0.0.4", "per_peer")
@@ -33,11 +35,15 @@ func (b *arena) connChecks(t *testing.T) []check {
 			closeAll(held)
 			b.servedSoon(t, after, "127.0.0.4")
 		}},
+		// Full, a newcomer from an address holding fewer would have a
+		// connection not yet authenticated closed for it
+		// (conn:evicted); one from an address holding as many as any is
+		// refused.
 		{name: "connections/all clients past the total", defence: "conn:total_cap", run: func(t *testing.T) {
-			held := b.hold(t, 20, func(i int) string { return fmt.Sprintf("127.0.1.%d", 1+i/4) })
-			b.turnedAway(t, "127.0.2.1", "total")
+			held := b.hold(t, 20, func(i int) string { return fmt.Sprintf("127.0.1.%d", 1+i/3) }) // 3 each, 2 from 127.0.1.7
+			b.turnedAway(t, "127.0.1.1", "total")
 			closeAll(held)
-			b.servedSoon(t, later, "127.0.2.1")
+			b.servedSoon(t, later, "127.0.1.1")
 		}},
 		{name: "http2/streams past --max-concurrent-streams", defence: "transport:max_concurrent_streams", run: func(t *testing.T) {
 			h := b.dialH2(t)
@@ -59,6 +65,141 @@ func (b *arena) connChecks(t *testing.T) []check {
 			f := h.until(t, func(f h2frame) bool { return f.typ == 0x7 })
 			if code := binary.BigEndian.Uint32(f.payload[4:]); code != 0xb || string(f.payload[8:]) != "too_many_pings" {
 				t.Errorf("GOAWAY code %d %q, want ENHANCE_YOUR_CALM (11) too_many_pings", code, f.payload[8:])
+			}
+		}},
+	}, unauthChecks(t)...)
+}
+
+// unauthChecks (issue 28, items 1 and 2): a peer without credentials
+// holds a bounded number of streams and connections for a bounded time,
+// against newUnauthArena's meshca; other clients are served meanwhile.
+func unauthChecks(t *testing.T) []check {
+	u := newUnauthArena(t)
+	workload := func(name string) *harness.Workload {
+		w := cluster.NewWorkload(t, u.apps, name, "node-a")
+		u.secret(w.Token)
+		return w
+	}
+	stalled, other, newcomer, early := workload("stalled"), workload("other"), workload("newcomer"), workload("early")
+	const RE = codes.ResourceExhausted
+	return []check{
+		{name: "streams/half-open requests past --request-message-timeout", defence: "stream:message_timeout", run: func(t *testing.T) {
+			r := u.rawFrom(t, "127.0.3.1")
+			ids := append(r.openN(t, 6, methodCreateCertificate), r.open(t, methodHealthWatch, 0))
+			before := u.metric(t, "meshca_streams_refused_total", "reason", "message_timeout")
+			got := r.ends(t, ids, 8*time.Second)
+			for _, id := range ids {
+				if e, ok := got[id]; !ok || e.status != "1" || e.at < 2*time.Second {
+					t.Errorf("stream %d without its message: %+v, want CANCELLED (1) at the 3s deadline", id, e)
+				}
+			}
+			u.awaitMetric(t, "meshca_streams_refused_total", "reason", "message_timeout", before+float64(len(ids)))
+			u.awaitMetric(t, "meshca_streams_unauthenticated", "", "", 0)
+			u.served(t, stalled, "127.0.3.1")
+		}},
+		{name: "health/Watch of a 60 KiB service name", defence: "health:watch_unknown_service", run: func(t *testing.T) {
+			start := time.Now()
+			_, err := u.watchFrom(t, "127.0.3.2", strings.Repeat("x", 60<<10))
+			wantStatus(t, "a Watch of a 60 KiB name", err, codes.NotFound, "unknown service")
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("refused after %v, want at once", took)
+			}
+		}},
+		{name: "health/watches past the address's cap", defence: "health:watch_per_peer_cap", run: func(t *testing.T) {
+			for i := range 4 {
+				if _, err := u.watchFrom(t, "127.0.3.3", ""); err != nil {
+					t.Fatalf("watch %d of 4: %v", i+1, err)
+				}
+			}
+			_, err := u.watchFrom(t, "127.0.3.3", "istio.v1.auth.IstioCertificateService")
+			wantStatus(t, "a fifth watch from one address", err, RE, "this address already watches the health service 4 times, the most it may; use Check")
+			if _, err := healthpb.NewHealthClient(u.connFrom(t, "127.0.3.3")).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+				t.Fatalf("Check from the address: %v", err)
+			}
+		}},
+		{name: "streams/one address past --max-unauthenticated-streams-per-peer", defence: "stream:per_peer_cap", run: func(t *testing.T) {
+			r1, r2 := u.rawFrom(t, "127.0.3.4"), u.rawFrom(t, "127.0.3.4")
+			r1.openN(t, 12, methodCreateCertificate)
+			r2.openN(t, 8, methodCreateCertificate)
+			id := r2.open(t, methodCreateCertificate, 0)
+			e, ok := r2.ends(t, []uint32{id}, 2*time.Second)[id]
+			if !ok || e.status != "8" || !strings.Contains(e.message, "this address already has 20 requests in progress that have not authenticated") {
+				t.Fatalf("a 21st stream from one address over two connections: %+v, want RESOURCE_EXHAUSTED (8) at once", e)
+			}
+			u.served(t, other, "127.0.3.5")
+		}},
+		{name: "streams/addresses past --max-unauthenticated-streams", defence: "stream:total_evicted", run: func(t *testing.T) {
+			a, b, c := u.rawFrom(t, "127.0.3.6"), u.rawFrom(t, "127.0.3.7"), u.rawFrom(t, "127.0.3.8")
+			aIDs, bIDs := a.openN(t, 17, methodCreateCertificate), b.openN(t, 17, methodCreateCertificate)
+			c.openN(t, 6, methodCreateCertificate)
+			u.awaitMetric(t, "meshca_streams_unauthenticated", "", "", 40)
+			// 127.0.3.7 holds as many as any: refused.
+			id := b.open(t, methodCreateCertificate, 0)
+			if e := b.ends(t, []uint32{id}, 2*time.Second)[id]; e.status != "8" || !strings.Contains(e.message, "the CA holds 40 requests that have not authenticated") {
+				t.Fatalf("a stream from the address holding the most: %+v, want RESOURCE_EXHAUSTED (8)", e)
+			}
+			evicted := u.metric(t, "meshca_streams_refused_total", "reason", "evicted")
+			// An address holding none is served: the oldest stream of
+			// 127.0.3.6 or 127.0.3.7 makes room.
+			u.served(t, newcomer, "127.0.3.9")
+			if now := u.metric(t, "meshca_streams_refused_total", "reason", "evicted"); now <= evicted {
+				t.Errorf("meshca_streams_refused_total{reason=evicted} stayed at %v", now)
+			}
+			ea, eb := a.ends(t, aIDs[:1], 500*time.Millisecond), b.ends(t, bIDs[:1], 500*time.Millisecond)
+			if len(ea)+len(eb) != 1 || ea[aIDs[0]].status+eb[bIDs[0]].status != "1" {
+				t.Errorf("the oldest streams of the two heaviest addresses: %+v %+v, want one CANCELLED (1)", ea, eb)
+			}
+		}},
+		{name: "connections/silent TCP from many addresses past --max-connections", defence: "conn:evicted", run: func(t *testing.T) {
+			var silent []net.Conn
+			t.Cleanup(func() { closeAll(silent) })
+			for i := range 12 {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("127.0.4.%d", 1+i/6))}}
+				if c, err := d.Dial("tcp", u.s.Addr); err == nil {
+					silent = append(silent, c)
+				}
+			}
+			u.awaitMetric(t, "meshca_connections_open", "", "", 12)
+			evicted := u.metric(t, "meshca_connections_refused_total", "reason", "evicted")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if _, err := u.send(ctx, u.own(t, early, "127.0.4.3")); err != nil {
+				t.Fatalf("a client from a third address with the connections full of silent ones: %v, want served at once", err)
+			}
+			if now := u.metric(t, "meshca_connections_refused_total", "reason", "evicted"); now <= evicted {
+				t.Errorf("meshca_connections_refused_total{reason=evicted} stayed at %v", now)
+			}
+		}},
+		{name: "tls/a ClientHello that stops halfway", defence: "conn:handshake_timeout", run: func(t *testing.T) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.4.4")}}
+			c, err := d.Dial("tcp", u.s.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			before := u.metric(t, "meshca_connections_refused_total", "reason", "handshake_timeout")
+			hello := clientHello(t)
+			if _, err := c.Write(hello[:len(hello)/2]); err != nil {
+				t.Fatal(err)
+			}
+			if took, ok := closedIn(c, 10*time.Second); !ok || took < 2*time.Second || took > 6*time.Second {
+				t.Fatalf("half a ClientHello: closed %v after %v, want closed at the 3s handshake timeout", ok, took)
+			}
+			if now := u.metric(t, "meshca_connections_refused_total", "reason", "handshake_timeout"); now <= before {
+				t.Errorf("meshca_connections_refused_total{reason=handshake_timeout} stayed at %v", now)
+			}
+		}},
+		{name: "connections/a health watch past --max-connection-age-unauthenticated", defence: "conn:unauthenticated_age", run: func(t *testing.T) {
+			start := time.Now()
+			w, err := u.watchFrom(t, "127.0.4.5", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for err == nil {
+				_, err = w.Recv()
+			}
+			if took := time.Since(start); status.Code(err) != codes.Unavailable || took < 6*time.Second || took > 14*time.Second {
+				t.Fatalf("a watch without credentials: %v after %v, want its connection closed at its age of 8s", err, took)
 			}
 		}},
 	}
