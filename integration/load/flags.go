@@ -6,8 +6,10 @@ import (
 )
 
 // budgets are meshca serve's per-caller limits, as flags that take 0 for
-// "no limit".
-var budgets = []string{"caller-rate", "caller-max-in-flight", "node-proxy-rate", "node-proxy-max-in-flight"}
+// "no limit", and its cap of the unauthenticated requests of one address:
+// every simulated node connects from 127.0.0.1, where a cluster's each
+// have their own.
+var budgets = []string{"caller-rate", "caller-max-in-flight", "node-proxy-rate", "node-proxy-max-in-flight", "max-unauthenticated-streams-per-peer"}
 
 // Unlimited returns the flags that turn off, on the meshca binary bin,
 // the budgets of one caller: a measurement of what a request costs must

@@ -183,6 +183,11 @@ func run(ctx context.Context, o options) error {
 		if load.HasFlag(string(help), "node-proxy-rate") {
 			burstArgs = append(burstArgs, "--node-proxy-rate=0")
 		}
+		// Every node's ztunnel connects from 127.0.0.1: 1,100 requests
+		// from one address before their new tokens are reviewed.
+		if load.HasFlag(string(help), "max-unauthenticated-streams-per-peer") {
+			burstArgs = append(burstArgs, "--max-unauthenticated-streams-per-peer=0")
+		}
 		if o.profile != "" {
 			burstArgs = append(burstArgs, "--enable-pprof")
 		}
