@@ -136,7 +136,8 @@ type guardedStream struct {
 // is at MaxUnauthenticatedStreamsPerPeer, or the server at
 // MaxUnauthenticatedStreams with no stream of an address holding more
 // to cancel. A stream counts once, and once more for each
-// StreamHeaderUnit of its headers, until its request authenticates
+// StreamHeaderUnit of its headers and, once it is in, of its message
+// (received), until its request authenticates
 // (ConnAuthenticated) or it ends. Streams of connections the guard did
 // not admit are let through untouched.
 func (g *ConnGuard) AdmitStream(ctx context.Context, headerBytes int) (context.Context, error) {

@@ -10,11 +10,14 @@ import (
 // ConnLimits bound the server's connections: how many, HTTP/2 keepalive,
 // handshake, idle and age limits, and the streams of one connection and
 // of the connections that have not authenticated. Zero fields take the
-// defaults below; NoLimit turns any limit but the keepalive ones off. The
-// caps, the handshake deadline, the limits of unauthenticated connections
-// and streams and the request message deadline are ConnGuard's, in front
-// of the gRPC server's listener and as its tap and stats handler; the
-// others are grpc-go's.
+// defaults below; NoLimit turns MaxConnections, MaxConnectionsPerPeer,
+// TLSHandshakeTimeout, MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
+// RequestMessageTimeout, MaxUnauthenticatedStreams(PerPeer),
+// MaxHealthWatches(PerPeer), MaxConnectionIdle, MaxConnectionAge or
+// MaxConcurrentStreams off. The caps, the handshake deadline, the limits
+// of unauthenticated connections and streams and the request message
+// deadline are ConnGuard's, in front of the gRPC server's listener and
+// as its tap and stats handler; the others are grpc-go's.
 //
 // ztunnel and istio-agent keep one connection to the CA and use it
 // rarely: ztunnel's client drops it itself after 90 s without a request
@@ -68,11 +71,12 @@ type ConnLimits struct {
 	RequestMessageTimeout time.Duration
 	// MaxUnauthenticatedStreams bounds the streams in progress whose
 	// request has not authenticated, over all connections, and
-	// MaxUnauthenticatedStreamsPerPeer those of one client address. A
-	// stream past the address's cap is refused before it costs a
-	// goroutine; past the total, the oldest such stream of the address
-	// holding the most is cancelled to make room, unless that is the
-	// newcomer's own.
+	// MaxUnauthenticatedStreamsPerPeer those of one client address, a
+	// stream counting once more for each StreamHeaderUnit of its headers
+	// and of its message. A stream past the address's cap is refused
+	// before it costs a goroutine; past the total, the oldest such stream
+	// of the address holding the most is cancelled to make room, unless
+	// the newcomer's own address holds as many.
 	MaxUnauthenticatedStreams, MaxUnauthenticatedStreamsPerPeer int
 	// MaxHealthWatches bounds the grpc.health.v1.Health/Watch streams
 	// open at once, and MaxHealthWatchesPerPeer those of one address.
