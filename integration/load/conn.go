@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
@@ -37,9 +38,21 @@ type Conn struct {
 
 // Dial returns a connection with token, connected lazily by the first
 // request (a restarted ztunnel's first requests wait for its handshake).
-func (t Target) Dial(token string) (*Conn, error) {
+func (t Target) Dial(token string) (*Conn, error) { return t.DialFrom(nil, token) }
+
+// DialFrom is Dial from the source address src (any 127/8 address on
+// Linux's loopback), as a client on a host of its own; nil lets the
+// kernel choose.
+func (t Target) DialFrom(src net.IP, token string) (*Conn, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: t.Roots, ServerName: "istiod.istio-system.svc"}
-	cc, err := grpc.NewClient(t.Addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}
+	if src != nil {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	}
+	cc, err := grpc.NewClient(t.Addr, opts...)
 	if err != nil {
 		return nil, err
 	}
