@@ -141,7 +141,7 @@ test-integration: tools
 SOAK_DURATION ?= 5m
 soak: k8s
 	@report=$$(mktemp) && trap 'rm -f $$report' EXIT; rc=0; \
-	(cd integration && MESHCA_SOAK_DURATION=$(SOAK_DURATION) MESHCA_TEST_REPORT=$$report \
+	(cd integration && MESHCA_SOAK_DURATION=$(SOAK_DURATION) MESHCA_SOAK_STRICT=1 MESHCA_TEST_REPORT=$$report \
 	  $(GO) test -count=1 -timeout 30m -run '^TestSoak$$' ./e2e) || rc=$$?; \
 	echo "== soak figures (harness.Report) =="; cat $$report; exit $$rc
 

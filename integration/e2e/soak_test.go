@@ -33,6 +33,12 @@ const (
 	soakDurationEnv = "MESHCA_SOAK_DURATION"
 	soakShort       = 50 * time.Second
 	soakAttacksEnv  = "MESHCA_SOAK_ATTACKS"
+	// soakStrictEnv, set by `make soak`, makes the latency and memory
+	// targets fail the test. In `make test` the soak shares two cores
+	// with the rest of the suite, whose load decides its p99 more than
+	// meshca does: there it fails on any failed request, probe or
+	// aborted phase, and reports the two targets as figures.
+	soakStrictEnv = "MESHCA_SOAK_STRICT"
 )
 
 // soakPhase is one stretch of the soak and what was measured in it.
@@ -284,12 +290,23 @@ func checkSoak(t *testing.T, phases []*soakPhase, obs *soakObserver) {
 			t.Errorf("%s stopped after %v: %s", p.name, p.took.Round(time.Millisecond), p.aborted)
 		}
 		if p99 := p.lat.pct("", 0.99); p.sources > 0 && p99 > soakP99Factor*base {
-			t.Errorf("%s: p99 %v, more than %d× the baseline's %v", p.name, p99, soakP99Factor, base)
+			missed(t, "%s: p99 %v, more than %d× the baseline's %v", p.name, p99, soakP99Factor, base)
 		}
 	}
 	for i := range obs.rssMax {
 		if rss := obs.rssMax[i].Load(); rss >= soakMaxRSS {
-			t.Errorf("replica %d: RSS reached %d MiB, the soak allows less than %d MiB", i, rss>>20, soakMaxRSS>>20)
+			missed(t, "replica %d: RSS reached %d MiB, the soak allows less than %d MiB", i, rss>>20, soakMaxRSS>>20)
 		}
 	}
+}
+
+// missed is a target the soak did not meet: an error under `make soak`
+// (soakStrictEnv), a reported figure in `make test`.
+func missed(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv(soakStrictEnv) != "" {
+		t.Errorf(format, args...)
+		return
+	}
+	harness.Report(t, "soak target not met (asserted by make soak): "+format, args...)
 }
