@@ -1,5 +1,6 @@
 // Package keymgrprom exports where the CA state's root rotation stands as
-// Prometheus metrics; the state follower and the rotator feed it.
+// Prometheus metrics, fed by the state follower and the rotator, and the
+// serving certificate meshca presents (serving.go).
 package keymgrprom
 
 import (
