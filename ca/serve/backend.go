@@ -58,11 +58,13 @@ type Backend struct {
 	// certificate meshca issues itself. As in certs.WindowOptions, zero
 	// means certs.Backdate and certs.NoBackdate means none.
 	Backdate time.Duration
-	// An external backend's pinned trust bundle, and the serving
-	// certificate the operator provides. Without one, meshca issues its
-	// own from the backend's CA when it holds its key (Opened.CA).
-	TrustAnchors []*x509.Certificate
-	Serving      *tls.Certificate
+	// An external backend's pinned trust bundle, and the files of the
+	// serving certificate the operator provides (its chain, leaf first,
+	// and its key), followed as they are renewed. Without them, meshca
+	// issues its own from the backend's CA when it holds its key
+	// (Opened.CA).
+	TrustAnchors                    []*x509.Certificate
+	ServingCertFile, ServingKeyFile string
 	// localKubeconfig is the local cluster's (Clusters.LocalKubeconfig).
 	localKubeconfig string
 	// audit receives automatic rotation steps (Config.Audit).
@@ -77,6 +79,8 @@ type backend struct {
 	bundles x509bundle.Source
 	expiry  ca.ExpirySource
 	getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// servingFiles is the operator's serving certificate, when given.
+	servingFiles *keymgr.ServingFiles
 	// signing is the certificate that signs for the CA now; nil when
 	// meshca does not know it (a pinned bundle).
 	signing func() *x509.Certificate
@@ -148,9 +152,10 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		b, _ := ext.GetX509BundleForTrustDomain(td)
 		roots = b.X509Authorities()
 	}
-	if c.Serving != nil {
-		cert := c.Serving
-		be.getCert = func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil }
+	if c.ServingCertFile != "" {
+		if err := be.followServing(c, td, reg, log); err != nil {
+			return nil, err
+		}
 		return be, nil
 	}
 	if opened.CA == nil {

@@ -2,8 +2,6 @@ package serve_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"strings"
 	"testing"
@@ -16,7 +14,6 @@ import (
 // assembly cannot run names the setting at fault and says why.
 func TestAssembleIstiodCertRefusals(t *testing.T) {
 	issuer := testca.NewRoot(t, "external signer's root", testca.Options{})
-	serving := &tls.Certificate{Certificate: [][]byte{issuer.Cert.Raw}, PrivateKey: issuer.Key}
 	tests := []struct {
 		name   string
 		mutate func(*serve.Config)
@@ -24,8 +21,9 @@ func TestAssembleIstiodCertRefusals(t *testing.T) {
 		msg    string
 	}{
 		{name: "a backend that cannot", mutate: func(c *serve.Config) {
-			c.Backend = serve.Backend{TrustAnchors: []*x509.Certificate{issuer.Cert}, Serving: serving, External: &external{name: "vault", issuer: issuer,
-				istiod: &serve.FieldError{Field: "vault-istiod-role", Err: errors.New("needs a Vault role of its own")}}}
+			c.Backend = externalServing(t, issuer, servingDir(t, issuer)).Backend
+			c.Backend.External = &external{name: "vault", issuer: issuer,
+				istiod: &serve.FieldError{Field: "vault-istiod-role", Err: errors.New("needs a Vault role of its own")}}
 		}, field: "vault-istiod-role", msg: "needs a Vault role of its own"},
 		{name: "not namespace/name", mutate: func(c *serve.Config) { c.IstiodCert.Secret = "istiod-tls" },
 			field: "istiod-cert-secret", msg: `"istiod-tls": want namespace/name`},

@@ -2,8 +2,6 @@ package serve_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"testing"
 
@@ -16,9 +14,8 @@ import (
 func TestAssemblePodCertificateRefusals(t *testing.T) {
 	issuer := testca.NewRoot(t, "external signer's root", testca.Options{})
 	k8scsr := func(c *serve.Config) {
-		c.Backend = serve.Backend{TrustAnchors: []*x509.Certificate{issuer.Cert},
-			Serving:  &tls.Certificate{Certificate: [][]byte{issuer.Cert.Raw}, PrivateKey: issuer.Key},
-			External: &external{name: "k8scsr", issuer: issuer, pods: errors.New("the kubelet's stub CSR carries no name")}}
+		c.Backend = externalServing(t, issuer, servingDir(t, issuer)).Backend
+		c.Backend.External = &external{name: "k8scsr", issuer: issuer, pods: errors.New("the kubelet's stub CSR carries no name")}
 	}
 	tests := []struct {
 		name   string

@@ -38,6 +38,11 @@ import (
 //     the keeper refuses to write (istiodcert.RefusedError), shows on its
 //     ok line, naming the owner: workloads' certificates do not depend on
 //     it, and taking the replica out would only move the keeper.
+//   - serving-cert: the certificate new TLS handshakes on the gRPC port
+//     get has not expired. Ready still, it says when less than a sixth
+//     of its lifetime is left (servingExpiryWarning), and when the
+//     operator's files (--serving-cert-file) hold a pair that was
+//     refused, the last good one serving.
 
 const (
 	// warnEvery is how often a failing apiserver is logged at most.
@@ -334,8 +339,8 @@ func (h *backendHealth) Run(ctx context.Context) error {
 }
 
 // readiness lists the checks /readyz reports, in order: pod-cache,
-// ca-state (with a CA state), signer (with an external backend); Assemble
-// adds istiod-cert.
+// ca-state (with a CA state), signer (with an external backend),
+// serving-cert; Assemble adds istiod-cert.
 func readiness(cl *clusterParts, be *backend) ca.Readiness {
 	r := ca.Readiness{{Name: "pod-cache", Check: cl.watch.ready}}
 	if be.signing != nil {
@@ -343,6 +348,9 @@ func readiness(cl *clusterParts, be *backend) ca.Readiness {
 	}
 	if be.health != nil {
 		r = append(r, ca.ReadyCheck{Name: "signer", Check: be.health.ready})
+	}
+	if be.getCert != nil {
+		r = append(r, ca.ReadyCheck{Name: "serving-cert", Check: servingCheck(be, time.Now)})
 	}
 	return r
 }

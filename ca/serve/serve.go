@@ -22,6 +22,7 @@ import (
 	"github.com/meshca/meshca/ca/trust/bundleendpoint"
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/addrfile"
+	"github.com/meshca/meshca/keymgr/keymgrprom"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -127,6 +128,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	if err != nil {
 		return nil, err
 	}
+	keymgrprom.ObserveServing(reg, be.servingLeaf)
 	cl, err := newClusters(c.Clusters, c.TrustDomain, reg, c.Logger)
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -204,13 +203,7 @@ func (b *backendFlags) load(c *serve.Backend, log *slog.Logger) error {
 			return err
 		}
 	}
-	if b.servingCert != "" {
-		cert, err := tls.LoadX509KeyPair(b.servingCert, b.servingKey)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name("serving-cert-file"), err)
-		}
-		c.Serving = &cert
-	}
+	c.ServingCertFile, c.ServingKeyFile = b.servingCert, b.servingKey
 	return b.options(s).load(b, c, log)
 }
 
