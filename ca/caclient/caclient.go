@@ -49,6 +49,10 @@ type Config struct {
 	ClusterID string
 	// Certificate, when set, is presented as a client certificate (renewal).
 	Certificate *tls.Certificate
+	// VerifyConnection, when set, is called on every TLS handshake once
+	// the CA's serving certificate has verified (tls.Config's): a test
+	// sees which certificate each connection got.
+	VerifyConnection func(tls.ConnectionState) error
 }
 
 // Client talks to one CA.
@@ -60,7 +64,7 @@ type Client struct {
 
 // New returns a client; the connection is made lazily by the first call.
 func New(cfg Config) (*Client, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.Roots, ServerName: cfg.ServerName}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.Roots, ServerName: cfg.ServerName, VerifyConnection: cfg.VerifyConnection}
 	if cfg.Certificate != nil {
 		tc.Certificates = []tls.Certificate{*cfg.Certificate}
 	}
