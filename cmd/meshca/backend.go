@@ -142,8 +142,9 @@ func (b *backendFlags) registerSigner(fl *pflag.FlagSet) {
 
 // registerServing registers the serving certificate of external backends.
 func (b *backendFlags) registerServing(fl *pflag.FlagSet) {
-	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM) for external backends; must chain to --trust-anchors")
-	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key")
+	fl.StringVar(&b.servingCert, "serving-cert-file", "", "serving certificate chain (PEM, leaf first) for external backends; must chain to the trust bundle "+
+		"(--trust-anchors or the CA state's); followed: a renewed pair that verifies serves the next handshakes, any other is refused and logged")
+	fl.StringVar(&b.servingKey, "serving-key-file", "", "serving certificate key (PEM), followed with --serving-cert-file")
 }
 
 // groups are the help groups of the backends' own flags, each
