@@ -51,8 +51,12 @@ var issueMetrics = []string{
 	"meshca_rate_limited_total",
 }
 
-// vaultOnly tells the metrics only a meshca signing with Vault exports.
-func vaultOnly(name string) bool { return strings.HasPrefix(name, "meshca_vault_") }
+// vaultOnly tells the metrics only a meshca signing with Vault exports,
+// or with a serving certificate of the operator's (--serving-cert-file:
+// its reloads), which the Vault one is given.
+func vaultOnly(name string) bool {
+	return strings.HasPrefix(name, "meshca_vault_") || strings.HasPrefix(name, "meshca_serving_certificate_reload")
+}
 
 // istiodOnly tells the metrics only a meshca keeping istiod's
 // certificate exports.
@@ -196,6 +200,7 @@ func scrapeBuiltin(t *testing.T) *exposition {
 		{"meshca_trust_bundle_sequence", nil, 1, 1e9},
 		{"meshca_rotation_steps_total", map[string]string{"verb": "prepare"}, 0, 0},
 		{"citadel_server_root_cert_expiry_seconds", nil, 365 * 86400, 11 * 365 * 86400},
+		{"meshca_serving_certificate_expiry_timestamp_seconds", nil, float64(time.Now().Add(20 * 24 * time.Hour).Unix()), float64(time.Now().Add(31 * 24 * time.Hour).Unix())},
 	})
 	return e
 }
@@ -259,6 +264,9 @@ func scrapeVault(t *testing.T) *exposition {
 		{"meshca_sign_errors_total", map[string]string{"backend": "vault", "kind": "refused"}, 0, 0},
 		{"grpc_server_handled_total", map[string]string{"grpc_method": "CreateCertificate", "grpc_code": "OK"}, 1, 1},
 		{"grpc_server_handled_total", map[string]string{"grpc_method": "CreateCertificate", "grpc_code": "Unauthenticated"}, 1, 1},
+		{"meshca_serving_certificate_expiry_timestamp_seconds", nil, float64(serving.Leaf.NotAfter.Unix()), float64(serving.Leaf.NotAfter.Unix())},
+		{"meshca_serving_certificate_reloads_total", map[string]string{"result": "reloaded"}, 0, 0},
+		{"meshca_serving_certificate_reload_failing", nil, 0, 0},
 	})
 	return e
 }
