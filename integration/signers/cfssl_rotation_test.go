@@ -43,11 +43,11 @@ func TestCfsslRootRotation(t *testing.T) {
 	if out, code := meshcaRoot(t, append([]string{"prepare", "--cert", filepath.Join(dir, "root1.pem"), "--issued-ttl", "1m"}, st...)...); code != 0 {
 		t.Fatalf("first prepare: exit %d: %s", code, out)
 	}
-	serving := newServing(t, dir)
+	newServing(t, dir, root1)
 	m := harness.StartMeshca(t, bin, append([]string{"--kubeconfig", cluster.Kubeconfig, "--cfssl-url", srv.URL,
 		"--serving-cert-file", filepath.Join(dir, "serving.pem"), "--serving-key-file", filepath.Join(dir, "serving-key.pem"),
 		"--default-ttl", rotationLeafTTL.String(), "--max-ttl", "1m", "--rotation-margin", "1s"}, st...)...)
-	e := &extIssuer{m: m, serving: serving}
+	e := &extIssuer{m: m, servingRoot: root1.Cert}
 	e.mustIssue(t, root1.Cert, 1)
 
 	if out, code := meshcaRoot(t, append([]string{"prepare", "--cert", filepath.Join(dir, "root2.pem")}, st...)...); code != 0 {

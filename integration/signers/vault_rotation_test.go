@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"os"
 	"os/exec"
@@ -68,10 +69,12 @@ func rootUntilDone(t *testing.T, within time.Duration, args ...string) string {
 }
 
 // extIssuer gets SVIDs from a meshca with an external backend whose trust
-// bundle is its CA state; the client trusts serving's root for TLS only.
+// bundle is its CA state; the client verifies meshca's serving certificate
+// against servingRoot, the root of the state it was issued under (meshca
+// refuses one that does not chain to its bundle).
 type extIssuer struct {
-	m       *harness.Meshca
-	serving *testca.CA
+	m           *harness.Meshca
+	servingRoot *x509.Certificate
 }
 
 // issue asks for a fresh workload's SVID and checks it: the chain must
@@ -84,7 +87,7 @@ func (e *extIssuer) issue(t *testing.T) (*caclient.SVID, error) {
 	}
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "rot"), "app", "node-a")
 	id := spiffeid.RequireFromSegments(spiffeid.RequireTrustDomainFromString("cluster.local"), "ns", w.Namespace, "sa", w.ServiceAccount)
-	c, err := checked.NewClient(t, caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(e.serving.Cert),
+	c, err := checked.NewClient(t, caclient.Config{Addr: e.m.Addr, ServerName: "istiod.istio-system.svc", Roots: certs.Pool(e.servingRoot),
 		TokenFile: harness.WriteToken(t, w.Token)})
 	if err != nil {
 		t.Fatal(err)
@@ -128,17 +131,42 @@ func (e *extIssuer) mustIssue(t *testing.T, root *x509.Certificate, roots int) *
 	}
 }
 
-func newServing(t *testing.T, dir string) *testca.CA {
+// newServing writes serving.pem and serving-key.pem in dir: meshca's
+// serving certificate, issued by root (the CA state's first root, whose
+// key cfssl's test holds).
+func newServing(t *testing.T, dir string, root *testca.CA) {
 	t.Helper()
-	ca := testca.NewRoot(t, "serving root", testca.Options{})
-	serving, err := keymgr.IssueServing(ca.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
+	serving, err := keymgr.IssueServing(root.Authority(), keymgr.ServingOptions{Names: []string{"istiod.istio-system.svc"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	key, _ := pemutil.EncodePrivateKey(serving.PrivateKey.(crypto.Signer))
 	writeFile(t, filepath.Join(dir, "serving.pem"), pemutil.EncodeCertificates(serving.Leaf))
 	writeFile(t, filepath.Join(dir, "serving-key.pem"), key)
-	return ca
+}
+
+// newVaultServing writes serving.pem and serving-key.pem in dir: meshca's
+// serving certificate, signed by mount's default issuer through its
+// istiod role (harness.VaultIstiodRole), as cert-manager's Vault issuer
+// would sign it.
+func newVaultServing(t *testing.T, v *harness.Vault, mount, dir string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{DNSNames: []string{"istiod.istio-system.svc"}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := v.Client.Logical().WriteWithContext(context.Background(), mount+"/sign/"+harness.VaultIstiodRole, map[string]any{
+		"csr": string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), "alt_names": "istiod.istio-system.svc", "ttl": "1h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, _ := pemutil.EncodePrivateKey(key)
+	writeFile(t, filepath.Join(dir, "serving.pem"), []byte(s.Data["certificate"].(string)+"\n"))
+	writeFile(t, filepath.Join(dir, "serving-key.pem"), keyPEM)
 }
 
 func writeFile(t *testing.T, path string, data []byte) {
@@ -194,12 +222,12 @@ func TestVaultRootRotation(t *testing.T) {
 		t.Fatalf("the Vault authority holds a key in meshca's state (external %v)", first.External)
 	}
 
-	serving := newServing(t, dir)
+	newVaultServing(t, v, "pki", dir)
 	m := harness.StartMeshca(t, bin, append(append([]string{"--kubeconfig", cluster.Kubeconfig, "--vault-role", harness.VaultMainRole,
 		"--vault-rsa-role", harness.VaultRSARole, "--serving-cert-file", filepath.Join(dir, "serving.pem"),
 		"--serving-key-file", filepath.Join(dir, "serving-key.pem"), "--default-ttl", rotationLeafTTL.String(), "--max-ttl", "1m",
 		"--rotation-margin", "1s"}, st...), vaultArgs...)...)
-	e := &extIssuer{m: m, serving: serving}
+	e := &extIssuer{m: m, servingRoot: first.Root}
 	e.mustIssue(t, first.Root, 1)
 
 	// prepare: a second root issuer; Vault keeps signing with the first.
