@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 	"github.com/spf13/pflag"
 )
 
@@ -16,7 +16,7 @@ import (
 // re-login backoff.
 func TestKeyTypeSettingsValidate(t *testing.T) {
 	withVault := func(mutate func(*vaultFlags)) backendFlags {
-		v := vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", reloginBackoff: vault.DefaultReloginBackoff}
+		v := vaultFlags{addr: "http://v", mount: "pki", role: "mesh", tokenFile: "t", reloginBackoff: vaultauth.DefaultReloginBackoff}
 		if mutate != nil {
 			mutate(&v)
 		}
@@ -97,7 +97,7 @@ func TestKeyTypeSettingsReachBackends(t *testing.T) {
 		err   string
 	}{
 		{name: "defaults", flags: []string{"--vault-addr", "http://v", "--vault-role", "mesh", "--vault-token-file", token},
-			want: want{backoff: vault.DefaultReloginBackoff}},
+			want: want{backoff: vaultauth.DefaultReloginBackoff}},
 		{name: "flags", flags: []string{"--cfssl-url", "http://c", "--cfssl-key-encipherment-profile", "rsa", "--vault-addr", "http://v",
 			"--vault-role", "mesh", "--vault-rsa-role", "mesh-rsa", "--vault-relogin-backoff", "90s", "--vault-token-file", token},
 			want: want{keProfile: "rsa", rsaRole: "mesh-rsa", backoff: 90 * time.Second}},

@@ -16,8 +16,10 @@ import (
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/upstream/vaultpki"
 	"github.com/meshca/meshca/signer/vault"
-	"github.com/meshca/meshca/signer/vault/vaultprom"
+	"github.com/meshca/meshca/vaultauth"
+	"github.com/meshca/meshca/vaultauth/vaultauthprom"
 	"github.com/spf13/pflag"
 )
 
@@ -57,7 +59,7 @@ func (v *vaultFlags) register(fl *pflag.FlagSet) {
 	v.registerLogin(fl)
 	v.registerRoles(fl)
 	fl.StringVar(&v.istiodRole, "vault-istiod-role", "", "PKI role for istiod's DNS certificate (--istiod-cert-secret): allowed_domains its names, allow_bare_domains, key_usage=DigitalSignature (docs/signers/vault.md)")
-	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vault.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
+	fl.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", vaultauth.DefaultReloginBackoff, "least time between two logins forced by Vault refusing to sign (403); refusals in between fail without a login; 0 means the default")
 }
 
 // registerRoles registers the PKI roles workload certificates are
@@ -120,7 +122,7 @@ func (v *vaultExternal) Name() string { return signerVault }
 // Vault answers, and tells the health and the login metrics.
 func (v *vaultExternal) Open(_ context.Context, env serve.ExternalEnv) (*serve.Opened, error) {
 	c := v.c
-	c.Observer = vaultLogin{metrics: vaultprom.New(env.Registerer, nil), health: env.Health}
+	c.Observer = vaultLogin{metrics: vaultauthprom.New(env.Registerer, nil), health: env.Health}
 	report := c.OnLoginError
 	c.OnLoginError = func(err error) {
 		env.Health.Reason(err)
@@ -148,9 +150,9 @@ func (v *vaultExternal) IstiodCert() error {
 func (v *vaultExternal) PodCertificates() error { return nil }
 
 // vaultLogin tells the login metrics and the backend's health of the
-// Vault login (vault.Observer).
+// Vault login (vaultauth.Observer).
 type vaultLogin struct {
-	metrics vault.Observer
+	metrics vaultauth.Observer
 	health  serve.Health
 }
 
@@ -193,15 +195,15 @@ func (v *vaultFlags) auth() (api.AuthMethod, error) {
 	)
 	switch {
 	case v.tokenFile != "":
-		auth = vault.TokenFile{Path: v.tokenFile}
+		auth = vaultauth.TokenFile{Path: v.tokenFile}
 	case v.approleRoleID != "":
 		env := ""
 		if v.approleSecretIDFile == "" {
 			env = envVaultSecretID
 		}
-		auth, err = vault.AppRole(v.approleMount, v.approleRoleID, v.approleSecretIDFile, env)
+		auth, err = vaultauth.AppRole(v.approleMount, v.approleRoleID, v.approleSecretIDFile, env)
 	default:
-		auth, err = vault.Kubernetes(v.k8sMount, v.k8sRole, v.k8sTokenFile)
+		auth, err = vaultauth.Kubernetes(v.k8sMount, v.k8sRole, v.k8sTokenFile)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("vault login: %w", err)
@@ -268,17 +270,17 @@ func (r *vaultRootFlags) open(ctx context.Context, out io.Writer) (rootBackend, 
 	if err != nil {
 		return nil, err
 	}
-	is, err := vault.NewIssuers(ctx, vault.Config{Address: r.vault.addr, CACertFile: r.vault.caFile, Mount: r.vault.mount, Auth: auth})
+	client, err := vaultauth.Login(ctx, vaultauth.Config{Address: r.vault.addr, CACertFile: r.vault.caFile, Auth: auth})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("vault: %w", err)
 	}
-	return &vaultRoot{flags: r, issuers: is, out: out}, nil
+	return &vaultRoot{flags: r, issuers: vaultpki.NewIssuers(client, r.vault.mount), out: out}, nil
 }
 
 // vaultRoot drives the issuers of a Vault PKI mount.
 type vaultRoot struct {
 	flags   *vaultRootFlags
-	issuers *vault.Issuers
+	issuers *vaultpki.Issuers
 	out     io.Writer
 }
 
@@ -291,7 +293,7 @@ func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlag
 	// Vault refuses a name twice: the time, and a random tail for two
 	// prepares in one second.
 	stamp := now.Format("20060102T150405Z") + "-" + rand.Text()[:6]
-	root := vault.IssuerSpec{CommonName: "meshca root " + now.Format(time.RFC3339), Organization: org,
+	root := vaultpki.IssuerSpec{CommonName: "meshca root " + now.Format(time.RFC3339), Organization: org,
 		KeyType: certs.KeyType(f.keyType), TTL: f.lifetime, Name: "meshca-root-" + stamp}
 	if v.flags.issuerType == vaultIssuerRoot {
 		cert, err := v.issuers.CreateRoot(ctx, root)
@@ -300,7 +302,7 @@ func (v *vaultRoot) prepare(ctx context.Context, s *keymgr.State, f *prepareFlag
 		}
 		return &keymgr.AuthorityRecord{Root: cert, Cert: cert, External: true}, nil
 	}
-	inter := vault.IssuerSpec{CommonName: "meshca intermediate " + now.Format(time.RFC3339), Organization: org,
+	inter := vaultpki.IssuerSpec{CommonName: "meshca intermediate " + now.Format(time.RFC3339), Organization: org,
 		KeyType: certs.KeyType(f.keyType), TTL: f.lifetime - time.Hour, Name: "meshca-intermediate-" + stamp}
 	rootCert, cert, err := v.issuers.CreateIntermediate(ctx, v.flags.rootMount, root, inter)
 	if err != nil {

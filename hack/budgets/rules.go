@@ -57,7 +57,7 @@ var statusImporters = []string{"ca", "ca/caclient"}
 // "/..." pattern, a longer pattern beats a shorter one). A package that is
 // in no layer, or imports one that is in no layer, is a violation: place it
 // here. A part's Prometheus metrics live in its own <part>prom subpackage
-// (keymgr/keymgrprom, signer/vault/vaultprom, ca/trust/trustprom,
+// (keymgr/keymgrprom, vaultauth/vaultauthprom, ca/trust/trustprom,
 // ca/leader/leaderprom), in the part's layer; ca/serve and cmd wire them.
 type layer struct {
 	Name string
@@ -92,11 +92,20 @@ var layers = []layer{
 		Why: "keymgr owns key material and must not import signer, its backends, ca or cmd",
 	},
 	{
+		Name: "vaultauth", Pkgs: []string{"vaultauth/..."}, May: []string{"internal", "vaultauth"},
+		Why: "meshca's one login to Vault (session, renewal, re-login, failure kinds; vaultauthprom its gauges): the Vault signer and the Vault upstreams both log in through it, so it sits below signer and keymgr and imports neither",
+	},
+	{
+		Name: "vault upstream", Pkgs: []string{"keymgr/upstream/vaultpki", "keymgr/upstream/vaulttransit"},
+		May: []string{"internal", "csr", "keymgr/certs", "keymgr", "vaultauth"},
+		Why: "the Vault upstreams keep the root key in Vault (a PKI issuer, a Transit key); they are keymgr, log in with vaultauth as the Vault signer does, and must not import signer, ca or cmd",
+	},
+	{
 		Name: "signer", Pkgs: []string{"signer"}, May: []string{"internal", "csr"},
 		Why: "the Signer interface rests on csr alone; backends import it, never the reverse, and it must not import ca",
 	},
 	{
-		Name: "signer backend", Pkgs: []string{"signer/..."}, May: []string{"internal", "csr", "keymgr/certs", "signer"},
+		Name: "signer backend", Pkgs: []string{"signer/..."}, May: []string{"internal", "csr", "keymgr/certs", "signer", "vaultauth"},
 		Why: "a backend implements signer; it takes certificate primitives from keymgr/certs, never the CA lifecycle of keymgr, and must not import another backend, ca or cmd",
 	},
 	{
@@ -133,7 +142,7 @@ var layers = []layer{
 	},
 	{
 		Name: "cmd", Pkgs: []string{"cmd/..."},
-		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "signer", "signer backend", "signer/local", "limits", "leader", "ca part", "ca", "assembly"},
+		May: []string{"internal", "proto", "csr", "keymgr/certs", "keymgr", "vaultauth", "vault upstream", "signer", "signer backend", "signer/local", "limits", "leader", "ca part", "ca", "assembly"},
 		Why: "cmd turns flags into configurations and wires the parts; nothing imports cmd",
 	},
 	{

@@ -14,6 +14,7 @@ import (
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -53,7 +54,7 @@ func TestVaultLogins(t *testing.T) {
 	if err := os.WriteFile(saToken, []byte(cluster.Token(t, ns, "meshca", "", []string{"vault"}, time.Hour)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k8s, err := vault.Kubernetes("", "meshca", saToken)
+	k8s, err := vaultauth.Kubernetes("", "meshca", saToken)
 	if err != nil {
 		t.Fatal(err)
 	}

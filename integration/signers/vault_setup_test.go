@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/integration/harness"
-	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 )
 
 // meshcaPolicy is the Vault policy docs/signers/vault.md gives meshca:
@@ -48,7 +48,7 @@ func appRoleLogin(t *testing.T, v *harness.Vault, roleSettings map[string]any) a
 	if err := os.WriteFile(secretFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	auth, err := vault.AppRole("", rid.Data["role_id"].(string), secretFile, "")
+	auth, err := vaultauth.AppRole("", rid.Data["role_id"].(string), secretFile, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/signertest"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -43,7 +44,7 @@ func newVaultSigner(tb testing.TB, v *harness.Vault, a *keymgr.Authority, role h
 	}
 	s, err := vault.New(vault.Config{
 		Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, KeyEnciphermentRole: harness.VaultRSARole, DNSRole: harness.VaultIstiodRole,
-		Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second, ReloginBackoff: 2 * time.Second,
+		Auth: vaultauth.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second, ReloginBackoff: 2 * time.Second,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -107,7 +108,7 @@ func TestVaultRefusals(t *testing.T) {
 	})
 	t.Run("RSA key without an RSA role", func(t *testing.T) {
 		_, tokenFile, mount := newVaultSigner(t, v, root.Authority(), harness.VaultRole{}, harness.VaultRootToken)
-		s, err := vault.New(vault.Config{Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, Auth: vault.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second})
+		s, err := vault.New(vault.Config{Address: v.Addr, Mount: mount, Role: harness.VaultMainRole, Auth: vaultauth.TokenFile{Path: tokenFile}, Timeout: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

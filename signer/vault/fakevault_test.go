@@ -27,6 +27,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -263,7 +264,7 @@ func (f *fakeVault) newSigner(t *testing.T, c vault.Config) *vault.Signer {
 		if err := os.WriteFile(secretID, []byte("the-secret-id"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		auth, err := vault.AppRole("", "the-role-id", secretID, "")
+		auth, err := vaultauth.AppRole("", "the-role-id", secretID, "")
 		if err != nil {
 			t.Fatal(err)
 		}

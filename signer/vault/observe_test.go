@@ -11,9 +11,10 @@ import (
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 )
 
-// loginEvent is one call of a vault.Observer: in with the token's
+// loginEvent is one call of a vaultauth.Observer: in with the token's
 // expiry, or out.
 type loginEvent struct {
 	in      bool
@@ -75,7 +76,7 @@ func TestObserver(t *testing.T) {
 		want   []loginEvent
 	}{
 		{name: "renewed", tokens: fakeTokens{renewable: true, renewLease: 7200}, want: []loginEvent{at(3600), at(7200)}},
-		{name: "token file that never expires", tokens: fakeTokens{lease: -1}, auth: vault.TokenFile{Path: tokenFile},
+		{name: "token file that never expires", tokens: fakeTokens{lease: -1}, auth: vaultauth.TokenFile{Path: tokenFile},
 			want: []loginEvent{{in: true}}},
 		{name: "login fails", tokens: fakeTokens{failLogins: true}, want: []loginEvent{out}},
 		// Not renewable: Run gives the token up at two thirds of its

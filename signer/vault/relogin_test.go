@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshca/meshca/signer"
 	"github.com/meshca/meshca/signer/vault"
+	"github.com/meshca/meshca/vaultauth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -185,7 +186,7 @@ func TestRelogin403KeepsTokenFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("file-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := f.newSigner(t, vault.Config{Auth: vault.TokenFile{Path: path}, Now: newFakeClock().Now})
+	s := f.newSigner(t, vault.Config{Auth: vaultauth.TokenFile{Path: path}, Now: newFakeClock().Now})
 	for i := range 3 {
 		if _, err := s.Sign(context.Background(), newRequest(t, workload)); signer.KindOf(err) != signer.KindRefused {
 			t.Fatalf("request %d: got %v, want kind %s", i, err, signer.KindRefused)

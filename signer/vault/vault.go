@@ -18,8 +18,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -29,6 +27,7 @@ import (
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/signer"
+	"github.com/meshca/meshca/vaultauth"
 )
 
 const name = "vault"
@@ -66,28 +65,22 @@ type Config struct {
 	OnLoginError func(error)
 	// ReloginBackoff is the least time between two logins forced by Vault
 	// refusing to sign (403). Within it, a 403 fails as signer.KindRefused
-	// without a login. Zero means DefaultReloginBackoff.
+	// without a login. Zero means vaultauth.DefaultReloginBackoff.
 	ReloginBackoff time.Duration
 	// Now is the clock that ReloginBackoff, the token's expiry and the
 	// lifetime of issued certificates are measured on; nil means time.Now.
 	Now func() time.Time
 	// Observer hears whether the signer holds a token and when it
 	// expires; nil ignores it.
-	Observer Observer
+	Observer vaultauth.Observer
 }
 
-// maxIdleConns is the least number of idle connections to Vault kept.
-const maxIdleConns = 100
-
-// DefaultReloginBackoff is Config.ReloginBackoff when it is not set.
-const DefaultReloginBackoff = 30 * time.Second
-
 // Signer is the Vault backend: it signs with the roles of a PKI mount,
-// logged in by its session. Run keeps the login alive.
+// logged in by its session (vaultauth). Run keeps the login alive.
 type Signer struct {
 	c      Config
 	client *api.Client
-	sess   *session
+	sess   *vaultauth.Session
 	// chains are the CA chains of Vault's answers, parsed.
 	chains chainCache
 	// backdates are the roles' not_before_duration, for exact lifetimes.
@@ -110,56 +103,27 @@ func New(c Config) (*Signer, error) {
 		c.Mount = "pki"
 	}
 	if c.Timeout <= 0 {
-		c.Timeout = 10 * time.Second
+		c.Timeout = vaultauth.DefaultTimeout
 	}
 	if c.ReloginBackoff <= 0 {
-		c.ReloginBackoff = DefaultReloginBackoff
+		c.ReloginBackoff = vaultauth.DefaultReloginBackoff
 	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	client, err := newClient(c)
+	sess, err := vaultauth.NewSession(vaultauth.Config{
+		Address: c.Address, CACertFile: c.CACertFile, Auth: c.Auth, Timeout: c.Timeout,
+		OnLoginError: c.OnLoginError, ReloginBackoff: c.ReloginBackoff, Now: c.Now, Observer: c.Observer,
+	})
 	if err != nil {
 		return nil, err
 	}
-	s := &Signer{c: c, client: client}
-	s.sess = &session{c: &s.c, client: client, relogin: make(chan struct{}, 1)}
-	return s, nil
+	return &Signer{c: c, client: sess.Client(), sess: sess}, nil
 }
 
 // Run keeps the login alive until ctx ends: it renews the token while
 // Vault allows and logs in afresh when it no longer does.
 func (s *Signer) Run(ctx context.Context) error { return s.sess.Run(ctx) }
-
-// newClient is a Vault client for c, without a token and without hidden
-// retries.
-func newClient(c Config) (*api.Client, error) {
-	cfg := api.DefaultConfig()
-	cfg.Address = c.Address
-	cfg.Timeout = c.Timeout
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
-	}
-	cfg.MaxRetries = 0 // meshca's clients retry; a hidden retry would blow their deadline
-	// Keep a connection for every request in flight: the default pool keeps
-	// GOMAXPROCS+1 idle, so over HTTP/1.1 (a Vault without TLS, or one
-	// that does not speak HTTP/2) a busy CA closed and reopened one per
-	// request or so: a TCP (and TLS) handshake on both sides each time.
-	if t, ok := cfg.HttpClient.Transport.(*http.Transport); ok {
-		t.MaxIdleConnsPerHost = max(t.MaxIdleConns, maxIdleConns)
-	}
-	if c.CACertFile != "" {
-		if err := cfg.ConfigureTLS(&api.TLSConfig{CACert: c.CACertFile}); err != nil {
-			return nil, fmt.Errorf("vault: CA file: %w", err)
-		}
-	}
-	client, err := api.NewClient(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("vault: %w", err)
-	}
-	client.ClearToken()
-	return client, nil
-}
 
 // Sign implements signer.Signer with <mount>/sign/<role>, the role
 // being the one for req's key usages (roleFor). When Vault
@@ -169,9 +133,9 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
 	}
-	used, err := s.sess.current(ctx)
+	used, err := s.sess.Current(ctx)
 	if err != nil {
-		return nil, err
+		return nil, signerError(err)
 	}
 	role, err := s.roleFor(req)
 	if err != nil {
@@ -220,17 +184,17 @@ func (s *Signer) signOnce(ctx context.Context, used *api.Secret, req *signer.Req
 	path := s.c.Mount + "/sign/" + role
 	start := s.c.Now()
 	secret, err := s.client.Logical().WriteWithContext(ctx, path, data)
-	if isPermissionDenied(err) {
+	if vaultauth.IsPermissionDenied(err) {
 		// The token expired or was revoked, or the role's policy refuses:
 		// log in again (at most once per ReloginBackoff), then retry once.
-		if lerr := s.sess.reloginDenied(ctx, used, path, err); lerr != nil {
-			return nil, lerr
+		if lerr := s.sess.ReloginDenied(ctx, used, path, err); lerr != nil {
+			return nil, signerError(lerr)
 		}
 		start = s.c.Now()
 		secret, err = s.client.Logical().WriteWithContext(ctx, path, data)
 	}
 	if err != nil {
-		return nil, classify(err)
+		return nil, signerError(err)
 	}
 	return s.response(req, secret, role, start, ttl)
 }
@@ -347,35 +311,13 @@ func keyUsageParam(ku x509.KeyUsage) string {
 	return "DigitalSignature"
 }
 
-func isPermissionDenied(err error) bool {
-	var re *api.ResponseError
-	return errors.As(err, &re) && re.StatusCode == http.StatusForbidden
-}
-
-// classify maps a Vault failure to whether a retry can help.
-func classify(err error) error {
-	var (
-		re  *api.ResponseError
-		ue  *url.Error
-		ne  net.Error
-		out = &signer.Error{Backend: name, Kind: signer.KindRefused, Err: err}
-	)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		out.Kind = signer.KindUnavailable
-	case errors.As(err, &re):
-		// 5xx: down, sealed (503), standby; 429: rate limited.
-		if re.StatusCode >= 500 || re.StatusCode == http.StatusTooManyRequests {
-			out.Kind = signer.KindUnavailable
-		}
-	case errors.As(err, &ue), errors.As(err, &ne):
-		out.Kind = signer.KindUnavailable
+// signerError is a Vault failure as a *signer.Error of the kind
+// vaultauth gives it (refused or unavailable).
+func signerError(err error) error {
+	e := vaultauth.Classify(err)
+	kind := signer.KindRefused
+	if e.Kind == vaultauth.KindUnavailable {
+		kind = signer.KindUnavailable
 	}
-	return out
-}
-
-func classifyLogin(err error) error {
-	e := classify(err).(*signer.Error)
-	e.Err = fmt.Errorf("login: %w", err)
-	return e
+	return &signer.Error{Backend: name, Kind: kind, Err: e.Err}
 }

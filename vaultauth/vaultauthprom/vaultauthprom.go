@@ -1,7 +1,7 @@
-// Package vaultprom exports the Vault backend's login as Prometheus
-// metrics: it implements the Vault signer's Observer (signer/vault),
-// which cmd/meshca wires to the signer.
-package vaultprom
+// Package vaultauthprom exports meshca's Vault login as Prometheus
+// metrics: it implements vaultauth.Observer, which cmd/meshca wires to
+// the session of the Vault signer or of a Vault upstream.
+package vaultauthprom
 
 import (
 	"math"
@@ -11,9 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics show the Vault backend's login: whether meshca holds a token
+// Metrics show meshca's Vault login (the per-leaf signer's or a Vault
+// upstream's): whether meshca holds a token
 // (meshca_vault_logged_in) and how long that token has left
-// (meshca_vault_token_ttl_seconds). It implements vault.Observer.
+// (meshca_vault_token_ttl_seconds). It implements vaultauth.Observer.
 type Metrics struct {
 	now      func() time.Time
 	mu       sync.Mutex

@@ -1,17 +1,17 @@
-package vault
+package vaultpki
 
 import (
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/vaultauth"
 )
 
 // Issuers manages the issuers of a PKI mount, Vault's side of the
@@ -35,29 +35,13 @@ type IssuerSpec struct {
 	Name string
 }
 
-// NewIssuers logs in with c.Auth and returns the mount's Issuers. Role
-// and the signing settings of c are not used.
-func NewIssuers(ctx context.Context, c Config) (*Issuers, error) {
-	if c.Address == "" || c.Auth == nil {
-		return nil, errors.New("vault: address and a login method are required")
-	}
-	client, err := newClient(c)
-	if err != nil {
-		return nil, err
-	}
-	secret, err := c.Auth.Login(ctx, client)
-	switch {
-	case err != nil:
-		return nil, classifyLogin(err)
-	case secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "":
-		return nil, errors.New("vault: login returned no token")
-	}
-	client.SetToken(secret.Auth.ClientToken)
-	mount := c.Mount
+// NewIssuers returns the issuers of mount ("pki" when empty), managed
+// with client, which holds a token (vaultauth.Login).
+func NewIssuers(client *api.Client, mount string) *Issuers {
 	if mount == "" {
 		mount = "pki"
 	}
-	return &Issuers{client: client, mount: mount}, nil
+	return &Issuers{client: client, mount: mount}
 }
 
 // keyParams are Vault's key_type and key_bits for t.
@@ -289,11 +273,11 @@ func (i *Issuers) Delete(ctx context.Context, rootMount string, certs ...*x509.C
 			if !containsCert(certs, is.Cert) {
 				continue
 			}
-			if _, err := i.client.Logical().DeleteWithContext(ctx, mount+"/issuer/"+is.ID); err != nil && !notFound(err) {
+			if _, err := i.client.Logical().DeleteWithContext(ctx, mount+"/issuer/"+is.ID); err != nil && !vaultauth.IsNotFound(err) {
 				return deleted, fmt.Errorf("vault: deleting %s/issuer/%s: %w", mount, is.ID, err)
 			}
 			if is.KeyID != "" {
-				if _, err := i.client.Logical().DeleteWithContext(ctx, mount+"/key/"+is.KeyID); err != nil && !notFound(err) {
+				if _, err := i.client.Logical().DeleteWithContext(ctx, mount+"/key/"+is.KeyID); err != nil && !vaultauth.IsNotFound(err) {
 					return deleted, fmt.Errorf("vault: deleting %s/key/%s: %w", mount, is.KeyID, err)
 				}
 			}
@@ -310,11 +294,6 @@ func containsCert(certs []*x509.Certificate, c *x509.Certificate) bool {
 		}
 	}
 	return false
-}
-
-func notFound(err error) bool {
-	var re *api.ResponseError
-	return errors.As(err, &re) && re.StatusCode == http.StatusNotFound
 }
 
 func dataString(s *api.Secret, key string) (string, bool) {

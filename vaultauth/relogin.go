@@ -1,4 +1,4 @@
-package vault
+package vaultauth
 
 import (
 	"context"
@@ -6,12 +6,49 @@ import (
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"github.com/meshca/meshca/signer"
 )
 
-// reloginDenied answers Vault refusing (403) to sign at path with the
-// login used: nil when the caller should retry with a newer login, an
-// error when not.
+// Do calls call with the session's client, logged in; when Vault refuses
+// (403) it logs in again, as ReloginDenied allows, and calls once more.
+// path names the call in errors. A failure is an *Error.
+func (s *Session) Do(ctx context.Context, path string, call func(context.Context, *api.Logical) (*api.Secret, error)) (*api.Secret, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, &Error{Kind: KindUnavailable, Err: err}
+	}
+	used, err := s.Current(ctx)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := call(ctx, s.client.Logical())
+	if IsPermissionDenied(err) {
+		if lerr := s.ReloginDenied(ctx, used, path, err); lerr != nil {
+			return nil, lerr
+		}
+		secret, err = call(ctx, s.client.Logical())
+	}
+	if err != nil {
+		return nil, Classify(fmt.Errorf("%s: %w", path, err))
+	}
+	return secret, nil
+}
+
+// Write writes data to path through Do.
+func (s *Session) Write(ctx context.Context, path string, data map[string]any) (*api.Secret, error) {
+	return s.Do(ctx, path, func(ctx context.Context, l *api.Logical) (*api.Secret, error) {
+		return l.WriteWithContext(ctx, path, data)
+	})
+}
+
+// Read reads path through Do; a path Vault does not have reads as nil.
+func (s *Session) Read(ctx context.Context, path string) (*api.Secret, error) {
+	return s.Do(ctx, path, func(ctx context.Context, l *api.Logical) (*api.Secret, error) {
+		return l.ReadWithContext(ctx, path)
+	})
+}
+
+// ReloginDenied answers Vault refusing (403) the call to path made with
+// the login used: nil when the caller should retry with a newer login,
+// an *Error of KindRefused when not.
 //
 // A token that expired or was revoked is cured by a fresh login, but a
 // role or policy that refuses meshca is not, and logging in for every
@@ -19,7 +56,7 @@ import (
 // a 403 forces at most one login per ReloginBackoff; requests refused
 // meanwhile share that login while it is under way, retry with its token
 // once it is in place, and fail as refused after that.
-func (s *session) reloginDenied(ctx context.Context, used *api.Secret, path string, denied error) error {
+func (s *Session) ReloginDenied(ctx context.Context, used *api.Secret, path string, denied error) error {
 	s.mu.Lock()
 	now := s.c.Now()
 	var call *loginCall
@@ -35,7 +72,7 @@ func (s *session) reloginDenied(ctx context.Context, used *api.Secret, path stri
 	case !s.deniedAt.IsZero() && now.Sub(s.deniedAt) < s.c.ReloginBackoff:
 		last, next := now.Sub(s.deniedAt), s.deniedAt.Add(s.c.ReloginBackoff).Sub(now)
 		s.mu.Unlock()
-		return &signer.Error{Backend: name, Kind: signer.KindRefused, Err: fmt.Errorf(
+		return &Error{Kind: KindRefused, Err: fmt.Errorf(
 			"%s refused although meshca logged in again %s ago (check the role and the login's policies); next login in %s at the earliest: %w",
 			path, last.Round(timeRound), next.Round(timeRound), denied)}
 	default:
@@ -54,7 +91,7 @@ const timeRound = 100 * time.Millisecond
 // means old is already unusable, as expected after an expiry or a
 // revocation, and is not reported. A token read from a file belongs to
 // whoever wrote it and is never revoked.
-func (s *session) revoke(old, fresh *api.Secret) {
+func (s *Session) revoke(old, fresh *api.Secret) {
 	if old == nil || old.Auth == nil || old.Auth.ClientToken == "" ||
 		fresh == nil || fresh.Auth == nil || old.Auth.ClientToken == fresh.Auth.ClientToken {
 		return
@@ -73,7 +110,7 @@ func (s *session) revoke(old, fresh *api.Secret) {
 	c.SetToken(old.Auth.ClientToken)
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
 	defer cancel()
-	if err := c.Auth().Token().RevokeSelfWithContext(ctx, ""); err != nil && !isPermissionDenied(err) {
+	if err := c.Auth().Token().RevokeSelfWithContext(ctx, ""); err != nil && !IsPermissionDenied(err) {
 		s.report(fmt.Errorf("vault: revoking the replaced token: %w", err))
 	}
 }

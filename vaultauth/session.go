@@ -1,22 +1,22 @@
-package vault
+package vaultauth
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/vault/api"
-	"github.com/meshca/meshca/signer"
 )
 
-// session is the signer's login to Vault: it logs in, shares one login
+// Session is a login to Vault kept alive: it logs in, shares one login
 // among concurrent callers, renews the token while Vault allows, logs in
 // afresh when it no longer does or when a 403 condemns it (at most once
 // per Config.ReloginBackoff), revokes a token it replaced, and tells the
-// Observer. Signing and issuer management use its client and token.
-type session struct {
-	c      *Config
+// Observer. Callers use its Client, which carries the current token.
+type Session struct {
+	c      Config
 	client *api.Client
 	mu     sync.Mutex
 	login  *api.Secret
@@ -30,6 +30,25 @@ type session struct {
 	deniedAt time.Time
 }
 
+// NewSession returns a session over a client of its own; it does no I/O.
+// Run keeps the login alive; a call before Run, or while Run has no
+// token, logs in first.
+func NewSession(c Config) (*Session, error) {
+	if c.Auth == nil {
+		return nil, errors.New("vault: a login method is required")
+	}
+	c = c.withDefaults()
+	client, err := NewClient(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{c: c, client: client, relogin: make(chan struct{}, 1)}, nil
+}
+
+// Client is the session's Vault client. It sends the current token;
+// calls through Write, Read and List log in first when there is none.
+func (s *Session) Client() *api.Client { return s.client }
+
 // loginCall is one login under way, shared by every request waiting for
 // it.
 type loginCall struct {
@@ -40,15 +59,16 @@ type loginCall struct {
 	replaces *api.Secret
 }
 
-func (s *session) loggedIn() bool {
+func (s *Session) loggedIn() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.login != nil
 }
 
-// current returns the current login, logging in first if there is none.
-// The result may be nil if Run forgot the new login meanwhile.
-func (s *session) current(ctx context.Context) (*api.Secret, error) {
+// Current returns the current login, logging in first if there is none.
+// The result may be nil if Run forgot the new login meanwhile. Pass it to
+// ReloginDenied when Vault refuses a call made with it.
+func (s *Session) Current(ctx context.Context) (*api.Secret, error) {
 	s.mu.Lock()
 	cur := s.login
 	s.mu.Unlock()
@@ -65,7 +85,7 @@ func (s *session) current(ctx context.Context) (*api.Secret, error) {
 
 // doLogin logs in now. Concurrent callers share one login, and each stops
 // waiting when its own context ends.
-func (s *session) doLogin(ctx context.Context) error {
+func (s *Session) doLogin(ctx context.Context) error {
 	s.mu.Lock()
 	call := s.startLoginLocked(nil)
 	s.mu.Unlock()
@@ -74,7 +94,7 @@ func (s *session) doLogin(ctx context.Context) error {
 
 // startLoginLocked returns the login under way, starting one that replaces
 // the given login if none is. s.mu must be held.
-func (s *session) startLoginLocked(replaces *api.Secret) *loginCall {
+func (s *Session) startLoginLocked(replaces *api.Secret) *loginCall {
 	if s.inflight == nil {
 		s.inflight = &loginCall{done: make(chan struct{}), replaces: replaces}
 		go s.runLogin(s.inflight)
@@ -86,13 +106,13 @@ func (s *session) startLoginLocked(replaces *api.Secret) *loginCall {
 func waitLogin(ctx context.Context, call *loginCall) error {
 	select {
 	case <-ctx.Done():
-		return &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
+		return &Error{Kind: KindUnavailable, Err: fmt.Errorf("waiting for the Vault login: %w", ctx.Err())}
 	case <-call.done:
 		return call.err
 	}
 }
 
-func (s *session) runLogin(call *loginCall) {
+func (s *Session) runLogin(call *loginCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.c.Timeout)
 	defer cancel()
 	secret, err := s.c.Auth.Login(ctx, s.client)
@@ -100,7 +120,7 @@ func (s *session) runLogin(call *loginCall) {
 	case err != nil:
 		call.err = classifyLogin(err)
 	case secret == nil || secret.Auth == nil || secret.Auth.ClientToken == "":
-		call.err = signer.Errorf(name, signer.KindRefused, "login returned no token")
+		call.err = &Error{Kind: KindRefused, Err: errors.New("login returned no token")}
 	}
 	s.mu.Lock()
 	if call.err == nil {
@@ -125,7 +145,7 @@ func (s *session) runLogin(call *loginCall) {
 
 // Run keeps the login alive until ctx ends: it renews the token while
 // Vault allows and logs in afresh when it no longer does.
-func (s *session) Run(ctx context.Context) error {
+func (s *Session) Run(ctx context.Context) error {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		if !s.loggedIn() {
@@ -179,7 +199,7 @@ func (s *session) Run(ctx context.Context) error {
 // watch follows the renewals of login's token until the watcher gives
 // up (the login is forgotten), a new login is asked for, or ctx ends
 // (false).
-func (s *session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
+func (s *Session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
 	defer w.Stop()
 	for {
 		select {
@@ -198,14 +218,14 @@ func (s *session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.
 }
 
 // report passes a login failure to Config.OnLoginError.
-func (s *session) report(err error) {
+func (s *Session) report(err error) {
 	if s.c.OnLoginError != nil && err != nil {
 		s.c.OnLoginError(err)
 	}
 }
 
 // forget drops the login if it is still secret, so the next use logs in.
-func (s *session) forget(secret *api.Secret) {
+func (s *Session) forget(secret *api.Secret) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.login == secret {

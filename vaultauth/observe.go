@@ -1,4 +1,4 @@
-package vault
+package vaultauth
 
 import (
 	"time"
@@ -7,20 +7,20 @@ import (
 )
 
 // Observer hears of the login's state, for metrics. It is called with the
-// signer's lock held, in the order the state changed: it must be quick and
-// must not call the Signer.
+// session's lock held, in the order the state changed: it must be quick
+// and must not call the Session (nor whatever uses it).
 type Observer interface {
 	// LoggedIn: a login or a renewal succeeded; its token lives until
 	// expires (zero: it never expires).
 	LoggedIn(expires time.Time)
-	// LoggedOut: the signer holds no token (a login failed, or the token
+	// LoggedOut: the session holds no token (a login failed, or the token
 	// was given up to be replaced).
 	LoggedOut()
 }
 
 // observeLoginLocked tells the observer of the token secret, fresh from a
 // login or a renewal. s.mu must be held.
-func (s *session) observeLoginLocked(secret *api.Secret) {
+func (s *Session) observeLoginLocked(secret *api.Secret) {
 	if s.c.Observer == nil || secret == nil || secret.Auth == nil {
 		return
 	}
@@ -31,9 +31,9 @@ func (s *session) observeLoginLocked(secret *api.Secret) {
 	s.c.Observer.LoggedIn(expires)
 }
 
-// observeLogoutLocked tells the observer the signer holds no token. s.mu
+// observeLogoutLocked tells the observer the session holds no token. s.mu
 // must be held.
-func (s *session) observeLogoutLocked() {
+func (s *Session) observeLogoutLocked() {
 	if s.c.Observer != nil {
 		s.c.Observer.LoggedOut()
 	}
@@ -41,7 +41,7 @@ func (s *session) observeLogoutLocked() {
 
 // renewed records that Vault renewed the token of login: renewal carries
 // its new lease. A renewal of a login already replaced is ignored.
-func (s *session) renewed(login *api.Secret, renewal *api.RenewOutput) {
+func (s *Session) renewed(login *api.Secret, renewal *api.RenewOutput) {
 	if renewal == nil {
 		return
 	}
