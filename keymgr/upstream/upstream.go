@@ -17,9 +17,11 @@ import (
 	"crypto"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"time"
 
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // Upstream signs meshca's intermediate CA certificates.
@@ -38,6 +40,10 @@ type Request struct {
 	// upstream that cannot set it (a Vault PKI issuer takes the CSR's)
 	// gets it in the CSR too.
 	Subject pkix.Name
+	// TrustDomain is the mesh's: the intermediate's one URI SAN is its
+	// SPIFFE ID (spiffe://<trust domain>), as SPIRE gives its CAs, and
+	// the CSR carries it too.
+	TrustDomain spiffeid.TrustDomain
 	// Root is the root the intermediate must chain to, and Ref where its
 	// key is, as the CA state records them.
 	Root *x509.Certificate
@@ -131,3 +137,16 @@ func (e *Error) Error() string {
 	return "upstream " + e.Upstream + ": " + string(e.Kind) + ": " + e.Err.Error()
 }
 func (e *Error) Unwrap() error { return e.Err }
+
+// KindOf is err's Kind: an *Error's, KindUnavailable for a context that
+// ended, KindInternal otherwise.
+func KindOf(err error) Kind {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e.Kind
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return KindUnavailable
+	}
+	return KindInternal
+}
