@@ -210,6 +210,34 @@ func (v *Vault) MountPKI(tb testing.TB, mount string) {
 	}
 }
 
+// MountTransit mounts a Transit secrets engine at mount.
+func (v *Vault) MountTransit(tb testing.TB, mount string) {
+	tb.Helper()
+	if err := v.Client.Sys().MountWithContext(context.Background(), mount, &api.MountInput{Type: "transit"}); err != nil {
+		tb.Fatalf("mount %s: %v", mount, err)
+	}
+}
+
+// PolicyToken creates the ACL policy name from hcl and returns a token
+// that holds it (and Vault's default policy, for lookup-self), written to
+// a file of its own for a vaultauth.TokenFile login.
+func (v *Vault) PolicyToken(tb testing.TB, name, hcl string) (token, file string) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := v.Client.Sys().PutPolicyWithContext(ctx, name, hcl); err != nil {
+		tb.Fatalf("policy %s: %v", name, err)
+	}
+	s, err := v.Client.Auth().Token().CreateWithContext(ctx, &api.TokenCreateRequest{Policies: []string{name}, TTL: "2h"})
+	if err != nil {
+		tb.Fatalf("token for %s: %v", name, err)
+	}
+	file = filepath.Join(tb.TempDir(), name+".token")
+	if err := os.WriteFile(file, []byte(s.Auth.ClientToken), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return s.Auth.ClientToken, file
+}
+
 // ConfigureRoles creates the roles docs/signers/vault.md documents in
 // mount: VaultMainRole and VaultRSARole, signing with the default issuer.
 func (v *Vault) ConfigureRoles(tb testing.TB, mount string, r VaultRole) {

@@ -82,24 +82,27 @@ func (s IssuerSpec) params() (map[string]any, error) {
 // CreateRoot generates a root issuer in the mount, with a key that never
 // leaves Vault. It does not become the default issuer.
 func (i *Issuers) CreateRoot(ctx context.Context, spec IssuerSpec) (*x509.Certificate, error) {
-	return createRoot(ctx, i.client, i.mount, spec)
+	is, err := createRoot(ctx, i.client, i.mount, spec)
+	return is.Cert, err
 }
 
-func createRoot(ctx context.Context, client *api.Client, mount string, spec IssuerSpec) (*x509.Certificate, error) {
+// createRoot generates a root issuer in mount and returns it (its Cert
+// and ID; KeyID and Name are left empty).
+func createRoot(ctx context.Context, client *api.Client, mount string, spec IssuerSpec) (Issuer, error) {
 	p, err := spec.params()
 	if err != nil {
-		return nil, err
+		return Issuer{}, err
 	}
 	secret, err := client.Logical().WriteWithContext(ctx, mount+"/root/generate/internal", p)
 	if err != nil {
-		return nil, fmt.Errorf("vault: %s/root/generate/internal: %w", mount, err)
+		return Issuer{}, fmt.Errorf("vault: %s/root/generate/internal: %w", mount, err)
 	}
 	cert, err := certificateOf(secret, "certificate")
 	if err != nil {
-		return nil, fmt.Errorf("vault: %s/root/generate/internal: %w", mount, err)
+		return Issuer{}, fmt.Errorf("vault: %s/root/generate/internal: %w", mount, err)
 	}
 	id, _ := secret.Data["issuer_id"].(string)
-	return cert, truncateLeaves(ctx, client, mount, id)
+	return Issuer{ID: id, Cert: cert}, truncateLeaves(ctx, client, mount, id)
 }
 
 // CreateIntermediate generates a new root in rootMount and, in the mount,
@@ -109,10 +112,11 @@ func (i *Issuers) CreateIntermediate(ctx context.Context, rootMount string, root
 	if rootMount == "" || rootMount == i.mount {
 		return nil, nil, fmt.Errorf("vault: the root of an intermediate needs a mount of its own, not %q", rootMount)
 	}
-	rootCert, err := createRoot(ctx, i.client, rootMount, root)
+	rootIssuer, err := createRoot(ctx, i.client, rootMount, root)
 	if err != nil {
 		return nil, nil, err
 	}
+	rootCert := rootIssuer.Cert
 	p, err := inter.params()
 	if err != nil {
 		return nil, nil, err
