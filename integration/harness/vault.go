@@ -305,3 +305,59 @@ func (v *Vault) UnsealKey(tb testing.TB) string {
 	}
 	return m[len(m)-1][1]
 }
+
+// VaultAudit is a file audit device of a Vault: every request Vault
+// handled, by path, as Vault itself logged it.
+type VaultAudit struct {
+	file string
+}
+
+// EnableAudit enables a file audit device writing to a file of the test.
+func (v *Vault) EnableAudit(tb testing.TB) *VaultAudit {
+	tb.Helper()
+	file := filepath.Join(tb.TempDir(), "vault-audit.log")
+	if err := v.Client.Sys().EnableAuditWithOptionsWithContext(context.Background(), "file", &api.EnableAuditOptions{
+		Type: "file", Options: map[string]string{"file_path": file},
+	}); err != nil {
+		tb.Fatalf("vault audit device: %v", err)
+	}
+	return &VaultAudit{file: file}
+}
+
+// Mark is where the audit log ends now: Requests counts from there.
+func (a *VaultAudit) Mark() int64 {
+	st, err := os.Stat(a.file)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// Requests counts the requests Vault logged since mark, by path.
+func (a *VaultAudit) Requests(mark int64) (map[string]int, error) {
+	f, err := os.Open(a.file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(mark, 0); err != nil {
+		return nil, err
+	}
+	counts := map[string]int{}
+	dec := json.NewDecoder(f)
+	for {
+		var e struct {
+			Type    string `json:"type"`
+			Request struct {
+				Path string `json:"path"`
+			} `json:"request"`
+		}
+		if err := dec.Decode(&e); err != nil {
+			break // the end, or a line still being written
+		}
+		if e.Type == "request" {
+			counts[e.Request.Path]++
+		}
+	}
+	return counts, nil
+}
