@@ -2,18 +2,16 @@ package keymgr
 
 import (
 	"bytes"
-	"crypto"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"reflect"
-	"strings"
 	"time"
 
-	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // EntryState is the entry of an encoded CA state that holds the document:
@@ -32,10 +30,17 @@ const EntryState = "state.json"
 // writes version 1 while no two authorities share a root, so that a
 // meshca that reads only version 1 (a replica not yet upgraded, or a
 // rollback) still reads such a state; version 2 only once they do.
-const StateFormat = 2
+// Version 3 adds an authority's upstream and the entry of its root's key
+// (meshca serve --upstream); EncodeState writes it only once an
+// authority has one.
+const StateFormat = 3
 
-// stateFormatRootIDs is the format version whose ids are the roots'.
-const stateFormatRootIDs = 1
+// stateFormatRootIDs is the format version whose ids are the roots';
+// stateFormatShared, the first whose ids are the signing certificates'.
+const (
+	stateFormatRootIDs = 1
+	stateFormatShared  = 2
+)
 
 // keyEntryHexLen is how many hex digits of the fingerprint name a key entry.
 const keyEntryHexLen = 16
@@ -51,15 +56,6 @@ func (e *EntryError) Error() string {
 }
 
 func (e *EntryError) Unwrap() error { return e.Err }
-
-// KeyEntry is the name of the entry that holds the private key of the
-// certificate c (an authority's Cert, which is its Root unless an
-// intermediate signs): "key-" and the first 16 hex digits of c's
-// fingerprint, ".pem". Naming a key by its certificate means an entry's
-// content never changes once written.
-func KeyEntry(c *x509.Certificate) string {
-	return "key-" + Fingerprint(c)[:keyEntryHexLen] + ".pem"
-}
 
 // The state.json document.
 type stateDoc struct {
@@ -79,7 +75,13 @@ type authorityDoc struct {
 	Cert      string `json:"cert"`
 	Chain     string `json:"chain,omitempty"`
 	// Key names the key entry; empty for an authority without a key.
-	Key                string          `json:"key,omitempty"`
+	Key string `json:"key,omitempty"`
+	// Upstream names where the root's key is, for an authority meshca
+	// renews from an upstream; RootKey names the entry of the root's key
+	// when the state keeps it (self), shared by the authorities under
+	// that root. Format 3.
+	Upstream           *upstream.Ref   `json:"upstream,omitempty"`
+	RootKey            string          `json:"rootKey,omitempty"`
 	LatestLeafNotAfter string          `json:"latestLeafNotAfter,omitempty"`
 	LongestLeafTTL     string          `json:"longestLeafTTL,omitempty"`
 	History            []transitionDoc `json:"history"`
@@ -104,20 +106,11 @@ func EncodeState(s *State) (map[string][]byte, error) {
 	if s == nil {
 		return nil, errors.New("keymgr: encode CA state: no state")
 	}
-	doc := stateDoc{Format: stateFormatRootIDs, Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
-	roots := map[string]bool{}
-	for _, r := range s.Authorities {
-		if r != nil && r.Root != nil {
-			if roots[r.RootID()] {
-				doc.Format = StateFormat
-			}
-			roots[r.RootID()] = true
-		}
-	}
+	doc := stateDoc{Format: encodeFormat(s), Sequence: s.Sequence, Authorities: make([]authorityDoc, 0, len(s.Authorities))}
 	out := map[string][]byte{}
 	ids := map[string]int{}
 	for i, r := range s.Authorities {
-		ad, key, err := encodeAuthority(r)
+		ad, keys, err := encodeAuthority(r)
 		if err != nil {
 			return nil, fmt.Errorf("keymgr: encode CA state: authority %d: %w", i+1, err)
 		}
@@ -128,11 +121,13 @@ func EncodeState(s *State) (map[string][]byte, error) {
 			return nil, fmt.Errorf("keymgr: encode CA state: authorities %d and %d have the same signing certificate %.16s", j+1, i+1, r.ID())
 		}
 		ids[ad.ID] = i
-		if key != nil {
-			if _, dup := out[ad.Key]; dup {
-				return nil, fmt.Errorf("keymgr: encode CA state: authority %d: key entry %s is already taken", i+1, ad.Key)
+		for name, key := range keys {
+			// Authorities under one root share its key's entry; the
+			// entry of a root that signs itself is that key's too.
+			if old, dup := out[name]; dup && !bytes.Equal(old, key) {
+				return nil, fmt.Errorf("keymgr: encode CA state: authority %d: key entry %s is already taken", i+1, name)
 			}
-			out[ad.Key] = key
+			out[name] = key
 		}
 		doc.Authorities = append(doc.Authorities, ad)
 	}
@@ -144,7 +139,28 @@ func EncodeState(s *State) (map[string][]byte, error) {
 	return out, nil
 }
 
-func encodeAuthority(r *AuthorityRecord) (authorityDoc, []byte, error) {
+// encodeFormat is the oldest format that can hold s: 1 while no two
+// authorities share a root, 3 once one is renewed from an upstream.
+func encodeFormat(s *State) int {
+	format := stateFormatRootIDs
+	roots := map[string]bool{}
+	for _, r := range s.Authorities {
+		switch {
+		case r == nil || r.Root == nil:
+		case r.Renewed() || r.RootKey != nil:
+			return StateFormat
+		case roots[r.RootID()]:
+			format = stateFormatShared
+		}
+		if r != nil && r.Root != nil {
+			roots[r.RootID()] = true
+		}
+	}
+	return format
+}
+
+// encodeAuthority is r's document and its key entries.
+func encodeAuthority(r *AuthorityRecord) (authorityDoc, map[string][]byte, error) {
 	switch {
 	case r == nil:
 		return authorityDoc{}, nil, errors.New("no record")
@@ -182,18 +198,22 @@ func encodeAuthority(r *AuthorityRecord) (authorityDoc, []byte, error) {
 		}
 		ad.History = append(ad.History, transitionDoc{To: t.To, At: formatTime(t.At), Reason: t.Reason, Forced: t.Forced})
 	}
-	if r.Key == nil || r.Phase == PhaseRetired {
-		return ad, nil, nil
+	if r.Renewed() {
+		ref := r.Upstream
+		ad.Upstream = &ref
 	}
-	if !csr.SamePublicKey(r.Key.Public(), r.Cert.PublicKey) {
-		return authorityDoc{}, nil, errors.New("the private key does not match the signing certificate")
+	keys := map[string][]byte{}
+	if r.Phase == PhaseRetired {
+		return ad, keys, nil
 	}
-	key, err := pemutil.EncodePrivateKey(r.Key)
-	if err != nil {
-		return authorityDoc{}, nil, fmt.Errorf("encode key: %w", err)
+	var err error
+	if ad.Key, err = encodeKey(keys, r.Key, r.Cert); err != nil {
+		return authorityDoc{}, nil, fmt.Errorf("the private key: %w", err)
 	}
-	ad.Key = KeyEntry(r.Cert)
-	return ad, key, nil
+	if ad.RootKey, err = encodeKey(keys, r.RootKey, r.Root); err != nil {
+		return authorityDoc{}, nil, fmt.Errorf("root key: %w", err)
+	}
+	return ad, keys, nil
 }
 
 // DecodeState parses entries written by EncodeState. It is strict, since
@@ -210,7 +230,7 @@ func DecodeState(entries map[string][]byte) (*State, error) {
 		return nil, &EntryError{Entry: EntryState, Err: err}
 	}
 	s := &State{Sequence: doc.Sequence, Authorities: make([]*AuthorityRecord, 0, len(doc.Authorities))}
-	used := map[string]bool{EntryState: true}
+	keys := keyEntries{entries: entries, used: map[string]usedKey{EntryState: {}}}
 	ids := map[string]int{}
 	for i, ad := range doc.Authorities {
 		r, err := decodeAuthority(ad, doc.Format)
@@ -221,19 +241,16 @@ func DecodeState(entries map[string][]byte) (*State, error) {
 			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authorities %d and %d have the same %s %.16s", j+1, i+1, idNames(doc.Format), ad.ID)}
 		}
 		ids[ad.ID] = i
-		if ad.Key != "" {
-			if used[ad.Key] {
-				return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): key entry %s is already taken", i+1, ad.ID, ad.Key)}
-			}
-			used[ad.Key] = true
-			if r.Key, err = decodeKey(entries, ad.Key, r.Cert); err != nil {
-				return nil, &EntryError{Entry: ad.Key, Err: fmt.Errorf("authority %d (%.16s): %w", i+1, ad.ID, err)}
-			}
+		if r.Key, err = keys.decode(ad.Key, r.Cert); err != nil {
+			return nil, keys.entryError(ad.Key, i, ad.ID, err)
+		}
+		if r.RootKey, err = keys.decode(ad.RootKey, r.Root); err != nil {
+			return nil, keys.entryError(ad.RootKey, i, ad.ID, err)
 		}
 		s.Authorities = append(s.Authorities, r)
 	}
 	for name := range entries {
-		if !used[name] {
+		if _, used := keys.used[name]; !used {
 			return nil, &EntryError{Entry: name, Err: errors.New("no authority of the CA state refers to it")}
 		}
 	}
@@ -271,26 +288,6 @@ func idNames(format int) string {
 	return "signing certificate"
 }
 
-// StateKeyEntries lists the key entries a state.json document refers to,
-// so that a store can fetch exactly those.
-func StateKeyEntries(data []byte) ([]string, error) {
-	doc, err := parseStateDoc(data, true)
-	if err != nil {
-		return nil, &EntryError{Entry: EntryState, Err: err}
-	}
-	var names []string
-	for i, ad := range doc.Authorities {
-		if ad.Key == "" {
-			continue
-		}
-		if !IsKeyEntry(ad.Key) {
-			return nil, &EntryError{Entry: EntryState, Err: fmt.Errorf("authority %d (%.16s): %q is not a key entry name", i+1, ad.ID, ad.Key)}
-		}
-		names = append(names, ad.Key)
-	}
-	return names, nil
-}
-
 func decodeAuthority(ad authorityDoc, format int) (*AuthorityRecord, error) {
 	r := &AuthorityRecord{Phase: ad.Phase, External: ad.External, Generated: ad.Generated}
 	if !validPhase(ad.Phase) {
@@ -318,10 +315,18 @@ func decodeAuthority(ad authorityDoc, format int) (*AuthorityRecord, error) {
 		return nil, err
 	}
 	switch {
-	case ad.Key != "" && ad.Phase == PhaseRetired:
+	case (ad.Key != "" || ad.RootKey != "") && ad.Phase == PhaseRetired:
 		return nil, errors.New("a retired authority has a key entry: its key must be destroyed")
 	case ad.Key != "" && ad.Key != KeyEntry(r.Cert):
 		return nil, fmt.Errorf("key entry %q is not the one named for its signing certificate, %s", ad.Key, KeyEntry(r.Cert))
+	case ad.RootKey != "" && ad.RootKey != KeyEntry(r.Root):
+		return nil, fmt.Errorf("root key entry %q is not the one named for its root, %s", ad.RootKey, KeyEntry(r.Root))
+	case format < StateFormat && (ad.Upstream != nil || ad.RootKey != ""):
+		return nil, fmt.Errorf("upstream and rootKey are fields of format %d, not %d", StateFormat, format)
+	case ad.Upstream != nil && ad.Upstream.Type == "":
+		return nil, errors.New("upstream: the type is empty")
+	case ad.Upstream != nil:
+		r.Upstream = *ad.Upstream
 	}
 	if ad.LatestLeafNotAfter != "" {
 		if r.LatestLeafNotAfter, err = parseTime(ad.LatestLeafNotAfter); err != nil {
@@ -380,40 +385,6 @@ func decodeOneCert(field, s string) (*x509.Certificate, error) {
 		return nil, fmt.Errorf("%s: holds %d certificates, want 1", field, len(certs))
 	}
 	return certs[0], nil
-}
-
-func decodeKey(entries map[string][]byte, name string, cert *x509.Certificate) (crypto.Signer, error) {
-	data, ok := entries[name]
-	if !ok {
-		return nil, errors.New("missing: the state refers to this key, and an authority is never dropped for want of its key")
-	}
-	key, err := pemutil.ParsePrivateKey(data)
-	if err != nil {
-		return nil, err
-	}
-	if !csr.SamePublicKey(key.Public(), cert.PublicKey) {
-		return nil, fmt.Errorf("does not match the public key of the signing certificate %q", cert.Subject)
-	}
-	return key, nil
-}
-
-// IsKeyEntry reports whether name is the name KeyEntry gives a key, so
-// that a store can tell a key it holds from anything else.
-func IsKeyEntry(name string) bool {
-	hex, ok := strings.CutPrefix(name, "key-")
-	if !ok {
-		return false
-	}
-	hex, ok = strings.CutSuffix(hex, ".pem")
-	if !ok || len(hex) != keyEntryHexLen {
-		return false
-	}
-	for _, c := range hex {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 func validPhase(p Phase) bool {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/storetest"
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // FuzzDecodeState feeds DecodeState what an editor of the Secret or the
@@ -27,6 +28,23 @@ func FuzzDecodeState(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(entries[keymgr.EntryState], entries[keymgr.KeyEntry(inter.Cert)], keymgr.KeyEntry(inter.Cert))
+	// Format 3: an intermediate renewed from an upstream that keeps the
+	// root's key, and one from the self upstream, whose root key entry
+	// is shared.
+	renewed := storetest.NewRenewedRecords(f, time.Now(), upstream.Ref{Type: "vault-transit", Key: "root-1"}, keymgr.PhaseActive)[0]
+	entries, err = keymgr.EncodeState(&keymgr.State{Sequence: 3, Authorities: []*keymgr.AuthorityRecord{renewed}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(entries[keymgr.EntryState], entries[keymgr.KeyEntry(renewed.Cert)], keymgr.KeyEntry(renewed.Cert))
+	self := storetest.NewRenewedRecords(f, time.Now(), upstream.Ref{Type: "self"}, keymgr.PhaseActive)[0]
+	self.Key = nil
+	self.External = false
+	entries, err = keymgr.EncodeState(&keymgr.State{Sequence: 4, Authorities: []*keymgr.AuthorityRecord{self}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(entries[keymgr.EntryState], entries[keymgr.KeyEntry(self.Root)], keymgr.KeyEntry(self.Root))
 	f.Add([]byte(`{"format":1,"sequence":3,"authorities":[]}`), []byte(nil), "")
 	f.Add([]byte(`{"format":1,"authorities":[{"id":"x","phase":"active","root":"","cert":"","history":[]}]}`), []byte(nil), "key-0000000000000000.pem")
 	f.Fuzz(func(t *testing.T, doc, key []byte, name string) {

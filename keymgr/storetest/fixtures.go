@@ -11,6 +11,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // phaseOrder is the order an authority goes through its phases.
@@ -56,6 +57,30 @@ func NewIntermediateRecords(tb testing.TB, at time.Time, phases ...keymgr.Phase)
 			Phase: p, Root: root.Cert, Cert: leafCA.Cert, Chain: []*x509.Certificate{mid.Cert}, Key: leafCA.Key,
 			History: historyTo(p, at),
 		})
+	}
+	return out
+}
+
+// NewRenewedRecords returns an authority in each of phases, all under one
+// new root whose intermediates meshca renews from the upstream ref
+// names, each signed by the root directly. With the self upstream the
+// root's key is the CA state's: every authority that is not retired
+// holds it (RootKey). They are Generated, as meshca generates the
+// intermediates' keys and, for self, the root's.
+func NewRenewedRecords(tb testing.TB, at time.Time, ref upstream.Ref, phases ...keymgr.Phase) []*keymgr.AuthorityRecord {
+	tb.Helper()
+	root, err := keymgr.NewRoot(keymgr.RootOptions{Organization: "storetest.example", Now: at})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := make([]*keymgr.AuthorityRecord, 0, len(phases))
+	for i, p := range phases {
+		inter := issueCA(tb, root, fmt.Sprintf("storetest renewed intermediate %d", i+1), at)
+		r := &keymgr.AuthorityRecord{Phase: p, Root: root.Cert, Cert: inter.Cert, Key: inter.Key, Upstream: ref, Generated: true, History: historyTo(p, at)}
+		if ref.Type == "self" && p != keymgr.PhaseRetired {
+			r.RootKey = root.Key
+		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -145,6 +170,12 @@ func diffRecord(g, w *keymgr.AuthorityRecord) string {
 		return fmt.Sprintf("%d chain certificates, want %d", len(g.Chain), len(w.Chain))
 	case g.External != w.External || g.Generated != w.Generated:
 		return fmt.Sprintf("External, Generated = %v, %v, want %v, %v", g.External, g.Generated, w.External, w.Generated)
+	case g.Upstream != w.Upstream:
+		return fmt.Sprintf("Upstream = %+v, want %+v", g.Upstream, w.Upstream)
+	case (g.RootKey == nil) != (w.RootKey == nil || w.Phase == keymgr.PhaseRetired):
+		return fmt.Sprintf("RootKey present = %v, want %v", g.RootKey != nil, w.RootKey != nil && w.Phase != keymgr.PhaseRetired)
+	case g.RootKey != nil && !csr.SamePublicKey(g.RootKey.Public(), w.RootKey.Public()):
+		return "RootKey is not the saved one"
 	case wantKey && (g.Key == nil || !csr.SamePublicKey(g.Key.Public(), w.Key.Public())):
 		return "Key is missing or is not the saved one"
 	case !wantKey && g.Key != nil:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // concurrentSavers is how many writers race in the concurrency cases.
@@ -31,6 +32,8 @@ func Run(t *testing.T, newStore func(t *testing.T) keymgr.StateStore) {
 		{"RoundTrip", testRoundTrip},
 		{"MixedPhasesRoundTrip", testMixed},
 		{"SharedRootRoundTrip", testSharedRoot},
+		{"UpstreamRoundTrip", testUpstream},
+		{"RootKeyDestroyedWithItsLastAuthority", testRootKeyDestroyed},
 		{"RetiredKeyDestroyed", testRetiredKeyDestroyed},
 		{"StaleBaseConflicts", testStaleBase},
 		{"SecondCreateConflicts", testSecondCreate},
@@ -57,6 +60,12 @@ type fixtures struct {
 	// renewal is an intermediate renewal under one root: retired,
 	// previous and active authorities that share it.
 	renewal []*keymgr.AuthorityRecord
+	// upstream is a root that signed by itself, then had intermediates
+	// renewed from the self upstream under it (the state keeps the
+	// root's key): a previous root authority, a retired, a previous and
+	// an active renewal; beside it, a prepared renewal whose root key
+	// is in another upstream.
+	upstream []*keymgr.AuthorityRecord
 	// spare are single active roots for the racing writers.
 	spare []*keymgr.AuthorityRecord
 }
@@ -78,6 +87,7 @@ func newFixtures(t *testing.T) *fixtures {
 	f.mixed = []*keymgr.AuthorityRecord{retired, previous, active, prepared, external}
 	f.renewal = NewIntermediateRecords(t, at, keymgr.PhaseRetired, keymgr.PhasePrevious, keymgr.PhaseActive)
 	f.renewal[1].LatestLeafNotAfter, f.renewal[1].LongestLeafTTL = at.Add(12*time.Hour), 24*time.Hour
+	f.upstream = upstreamFixture(t, at)
 	for range concurrentSavers {
 		f.spare = append(f.spare, NewRecord(t, keymgr.PhaseActive, at))
 	}
@@ -113,6 +123,58 @@ func testSharedRoot(t *testing.T, st keymgr.StateStore, f *fixtures) {
 	want := state(4, f.renewal...)
 	v := save(t, st, want, "")
 	expect(t, st, want, v)
+}
+
+// upstreamFixture is fixtures.upstream.
+func upstreamFixture(t *testing.T, at time.Time) []*keymgr.AuthorityRecord {
+	self := upstream.Ref{Type: "self"}
+	renewed := NewRenewedRecords(t, at, self, keymgr.PhaseRetired, keymgr.PhasePrevious, keymgr.PhaseActive)
+	rootKey := renewed[2].RootKey
+	adopted := &keymgr.AuthorityRecord{Phase: keymgr.PhasePrevious, Root: renewed[0].Root, Cert: renewed[0].Root, Key: rootKey,
+		Generated: true, History: historyTo(keymgr.PhasePrevious, at.Add(-time.Hour))}
+	renewed[1].LatestLeafNotAfter, renewed[1].LongestLeafTTL = at.Add(12*time.Hour), 24*time.Hour
+	other := NewRenewedRecords(t, at, upstream.Ref{Type: "vault-transit", Key: "meshca-root-2"}, keymgr.PhasePrepared)[0]
+	return append([]*keymgr.AuthorityRecord{adopted}, append(renewed, other)...)
+}
+
+// testUpstream: authorities renewed from an upstream keep it, and share
+// their root's key, kept once for them all and for the authority that
+// signed with the root itself.
+func testUpstream(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(5, f.upstream...)
+	v := save(t, st, want, "")
+	got := expect(t, st, want, v)
+	if got.Authorities[0].Key == nil || got.Authorities[3].RootKey == nil {
+		t.Fatal("the root's key was not kept")
+	}
+}
+
+// testRootKeyDestroyed: once every authority under a root is retired,
+// its key is gone.
+func testRootKeyDestroyed(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	v1 := save(t, st, state(5, f.upstream...), "")
+	rs := make([]*keymgr.AuthorityRecord, len(f.upstream))
+	for i, a := range f.upstream {
+		r := *a
+		if i < 4 {
+			r.Key, r.RootKey = nil, nil
+			r.History = append(append([]keymgr.Transition(nil), a.History...), keymgr.Transition{To: keymgr.PhaseRetired, At: f.at.Add(time.Minute)})
+			if r.Phase == keymgr.PhaseRetired {
+				r.History = a.History
+			}
+			r.Phase = keymgr.PhaseRetired
+		}
+		rs[i] = &r
+	}
+	rs[4].Phase, rs[4].History = keymgr.PhaseActive, historyTo(keymgr.PhaseActive, f.at)
+	want := state(6, rs...)
+	v2 := save(t, st, want, v1)
+	got := expect(t, st, want, v2)
+	for i, a := range got.Authorities[:4] {
+		if a.Key != nil || a.RootKey != nil {
+			t.Fatalf("authority %d came back with a key after its root's last authority retired", i+1)
+		}
+	}
 }
 
 func testRetiredKeyDestroyed(t *testing.T, st keymgr.StateStore, f *fixtures) {
