@@ -141,6 +141,18 @@ func classify(err error) Outcome {
 
 func classifySigner(se *signer.Error, err error) Outcome {
 	o := Outcome{Detail: err.Error(), SignErr: signErrCertGen}
+	var ee *signer.ExpiringError
+	if errors.As(err, &ee) {
+		// The CA's own intermediate ends before a certificate worth
+		// issuing: the client retries, and the CA renews it meanwhile.
+		o.Code, o.Reason, o.SignErr = codes.Unavailable, "ca_expiring", signErrNotReady
+		o.Msg = fmt.Sprintf("the CA's signing certificate ends at %s, too soon to issue a certificate; it is renewed from its upstream, retry later",
+			ee.End.UTC().Format(time.RFC3339))
+		if ee.Why != "" {
+			o.Msg += " (" + ee.Why + ")"
+		}
+		return o
+	}
 	switch se.Kind {
 	case signer.KindUnavailable:
 		o.Code, o.Reason, o.Msg = codes.Unavailable, "signer_unavailable", "signing backend unavailable, retry later"

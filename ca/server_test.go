@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -351,6 +352,9 @@ func (s wrongSigner) Sign(ctx context.Context, r *signer.Request) (*signer.Respo
 func TestSignerFailures(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	mgr := keymgr.NewManager(td, root.Authority())
+	ending := root.NewIntermediate(t, "ending intermediate", testca.Options{NotAfter: time.Now().Add(30 * time.Second).Truncate(time.Second)})
+	endingSigner := local.New(local.Config{Authorities: keymgr.NewManager(td, ending.Authority()),
+		Renewal: func() (string, error) { return "upstream self failing since 10:00", errors.New("backend says no") }})
 	tests := []struct {
 		name   string
 		signer signer.Signer
@@ -362,6 +366,8 @@ func TestSignerFailures(t *testing.T) {
 		{"internal", failingSigner{signer.KindInternal}, codes.Internal, "signing failed"},
 		{"out of time", timeoutSigner{}, codes.Unavailable, "signing backend did not answer in time, retry later"},
 		{"wrong identity", wrongSigner{local.New(local.Config{Authorities: mgr})}, codes.Internal, ""},
+		{"intermediate ending", endingSigner, codes.Unavailable, "the CA's signing certificate ends at " + ending.Cert.NotAfter.UTC().Format(time.RFC3339) +
+			", too soon to issue a certificate; it is renewed from its upstream, retry later (upstream self failing since 10:00)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -141,3 +141,38 @@ func KindOf(err error) Kind {
 	}
 	return KindInternal
 }
+
+// ExpiringError is a refusal to sign because the signing path ends too
+// soon for a certificate worth issuing: an intermediate that expired, or
+// is about to, while its renewal fails. It comes as the Err of an
+// *Error of KindUnavailable: the client retries, and the CA's operator
+// is told by readiness, metrics and alerts.
+type ExpiringError struct {
+	// End is when the signing path ends.
+	End time.Time
+	// Why says, in words safe for a client, why it was not renewed in
+	// time (which upstream, failing since when); empty when not known.
+	Why string
+	// Err is the renewal's last failure, for the log; nil when not known.
+	Err error
+}
+
+func (e *ExpiringError) Error() string {
+	msg := "the signing certificate ends at " + e.End.UTC().Format(time.RFC3339) + ", too soon to issue a certificate"
+	if e.Why != "" {
+		msg += " (" + e.Why + ")"
+	}
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *ExpiringError) Unwrap() error { return e.Err }
+
+// MinLifetime is the shortest certificate worth issuing for a request of
+// ttl: half of it, and never more than a minute. A signing path that
+// ends sooner than that is refused with an ExpiringError rather than
+// issue a certificate cut shorter, which its workload would renew again
+// at once.
+func MinLifetime(ttl time.Duration) time.Duration { return min(time.Minute, ttl/2) }

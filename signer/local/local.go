@@ -34,6 +34,10 @@ type Config struct {
 	// skew; as in certs.WindowOptions, zero means certs.Backdate and
 	// certs.NoBackdate means none.
 	Backdate time.Duration
+	// Renewal, when set, says why the signing path was not renewed in
+	// time (signer.ExpiringError's Why and Err), when a request is
+	// refused because it ends too soon: the renewer's last failure.
+	Renewal func() (why string, err error)
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -43,6 +47,7 @@ type Signer struct {
 	src      AuthoritySource
 	record   func(ctx context.Context, issuer, leaf *x509.Certificate) error
 	backdate time.Duration
+	renewal  func() (string, error)
 	now      func() time.Time
 }
 
@@ -53,7 +58,7 @@ func New(c Config) *Signer {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Signer{src: c.Authorities, record: c.Record, backdate: c.Backdate, now: c.Now}
+	return &Signer{src: c.Authorities, record: c.Record, backdate: c.Backdate, renewal: c.Renewal, now: c.Now}
 }
 
 // Sign issues a certificate whose only SAN is req.ID (or whose SANs are
@@ -61,7 +66,10 @@ func New(c Config) *Signer {
 // workloads'), valid from the
 // configured backdate before now for req.TTL but never past the signing
 // path's expiry, with a random 128-bit serial and the key identifier of the
-// CSR's key.
+// CSR's key. When the signing path ends sooner than
+// signer.MinLifetime(req.TTL) from now (an intermediate expired, or about
+// to), it signs nothing and returns a signer.ExpiringError as an
+// unavailable backend.
 func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Response, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: err}
@@ -71,6 +79,13 @@ func (s *Signer) Sign(ctx context.Context, req *signer.Request) (*signer.Respons
 		return nil, signer.Errorf(name, signer.KindUnavailable, "no signing authority loaded")
 	}
 	now := s.now()
+	if end := a.NotAfter(); end.Sub(now) < signer.MinLifetime(req.TTL) {
+		e := &signer.ExpiringError{End: end}
+		if s.renewal != nil {
+			e.Why, e.Err = s.renewal()
+		}
+		return nil, &signer.Error{Backend: name, Kind: signer.KindUnavailable, Err: e}
+	}
 	serial, err := certs.NewSerial()
 	if err != nil {
 		return nil, &signer.Error{Backend: name, Kind: signer.KindInternal, Err: err}
