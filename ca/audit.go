@@ -20,6 +20,9 @@ const (
 	EventRotation = "rotation"
 	// EventConfig is the effective configuration of a starting server.
 	EventConfig = "config"
+	// EventIntermediate is one signing intermediate issued by an upstream
+	// (meshca serve --upstream), or a renewal that failed.
+	EventIntermediate = "intermediate"
 )
 
 // Decisions of audit events.
@@ -78,6 +81,11 @@ type AuditEvent struct {
 	Verb, Authority string
 	Forced          bool
 	Source          string
+
+	// Intermediates (and rotation steps that made one): the upstream
+	// that signed, and the authority the renewal replaced (Authority is
+	// the new one's id; NotAfter and Serial are the intermediate's).
+	Upstream, Replaced string
 
 	// Configuration: meshca's version, every setting, the MESHCA_*
 	// variables that name no setting, the --config file read, if any.
@@ -152,6 +160,10 @@ func (e *AuditEvent) message() string {
 		return "root rotation step"
 	case e.Event == EventConfig:
 		return "configuration loaded"
+	case e.Event == EventIntermediate && e.Decision == DecisionRefused:
+		return "intermediate renewal failed"
+	case e.Event == EventIntermediate:
+		return "intermediate issued"
 	}
 	return "audit"
 }
@@ -188,6 +200,8 @@ func (e *AuditEvent) attrs(host string) []slog.Attr {
 	}
 	str(logVerb, e.Verb)
 	str(logAuthority, e.Authority)
+	str(logUpstream, e.Upstream)
+	str(logReplaced, e.Replaced)
 	if e.Event == EventRotation {
 		a = append(a, slog.Bool(logForced, e.Forced))
 	}

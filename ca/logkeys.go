@@ -24,6 +24,8 @@ const (
 	logPeer       = "peer"
 	logVerb       = "verb"
 	logAuthority  = "authority"
+	logUpstream   = "upstream"
+	logReplaced   = "replaced"
 	logForced     = "forced"
 	logSource     = "source"
 	logVersion    = "version"

@@ -120,15 +120,21 @@ func (r *AutoRotator) now() time.Time {
 // NextRoot generates the root that follows active: a new, independent key
 // of the same type, the same organisation, the same lifetime.
 func NextRoot(active *AuthorityRecord) (*AuthorityRecord, error) {
-	o := RootOptions{KeyType: keyTypeOf(active.Root.PublicKey), TTL: active.Root.NotAfter.Sub(active.Root.NotBefore) - certs.Backdate}
-	if org := active.Root.Subject.Organization; len(org) > 0 {
-		o.Organization = org[0]
-	}
-	a, err := NewRoot(o)
+	a, err := NewRoot(NextRootOptions(active))
 	if err != nil {
 		return nil, err
 	}
 	return &AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
+}
+
+// NextRootOptions describe the root that follows active's: its key
+// type, organisation and lifetime.
+func NextRootOptions(active *AuthorityRecord) RootOptions {
+	o := RootOptions{KeyType: keyTypeOf(active.Root.PublicKey), TTL: active.Root.NotAfter.Sub(active.Root.NotBefore) - certs.Backdate}
+	if org := active.Root.Subject.Organization; len(org) > 0 {
+		o.Organization = org[0]
+	}
+	return o
 }
 
 // keyTypeOf is the KeyType of pub; certs.KeyECP256 for a key of a type meshca

@@ -40,6 +40,9 @@ type Backend struct {
 	StateSecret string
 	State       dirstore.StateOptions
 	CADir       string
+	// Upstream renews the signing intermediate of the CA state from an
+	// upstream; nil: none. Only with the built-in CA and a CA state.
+	Upstream *Upstream
 	// AutoRotate takes rotation steps for generated roots on its own
 	// (keymgr.AutoRotator), looking every AutoRotateInterval
 	// (keymgr.DefaultAutoRotateInterval when zero); Rotation holds the
@@ -93,6 +96,10 @@ type backend struct {
 	// health follows an external backend for readiness; nil for the
 	// in-process ones.
 	health *backendHealth
+	// renewer renews the built-in CA's intermediate from its upstream;
+	// nil without one. defaultTTL is the leaves' (Config.DefaultTTL).
+	renewer    *keymgr.Renewer
+	defaultTTL time.Duration
 	// version is the CA state in service's place in its history (nil
 	// without one; no Lineage for a plugged-in directory, whose sequence
 	// each process counts alone), stored after the state's bundle is
@@ -121,6 +128,9 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	leaders *leaderprom.Metrics, log *slog.Logger) (*backend, error) {
 	if c.External == nil {
 		return newLocal(ctx, c, td, names, newStore, reg, leaders, log)
+	}
+	if c.Upstream != nil {
+		return nil, &FieldError{Field: "upstream", Err: fmt.Errorf("renews the built-in CA's intermediate, which --signer %s does not sign with: choose one", c.External.Name())}
 	}
 	if len(c.TrustAnchors) > 0 == (c.StateDir != "" || c.StateSecret != "") {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs exactly one of the pinned trust bundle and a CA state")}
@@ -223,6 +233,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if sources != 1 {
 		return nil, &FieldError{Field: "state-dir", Err: errors.New("give exactly one of a state directory or Secret (self-signed CA) and a CA directory (plugged-in CA)")}
 	}
+	if c.CADir != "" && c.Upstream != nil {
+		return nil, &FieldError{Field: "upstream", Err: errors.New("renews an intermediate in a CA state (--state-dir, --state-secret); a plugged-in CA (--ca-dir) is renewed by its owner")}
+	}
 	if c.CADir != "" {
 		return newPlugged(ctx, c, td, names, reg, log)
 	}
@@ -230,28 +243,11 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if err != nil {
 		return nil, err
 	}
-	o := c.State
-	if o.Organization == "" {
-		o.Organization = td.Name()
-	}
-	if err := completeMigration(ctx, store, c.MaxTTL, log); err != nil {
-		return nil, &FieldError{Field: field, Err: err}
-	}
-	tidy(ctx, store, log)
-	st, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) {
-		a, err := keymgr.NewRoot(keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL})
-		if err != nil {
-			return nil, err
-		}
-		return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
-	}, time.Now())
+	ren, err := c.openRenewer(ctx, store, td, reg, log)
 	if err != nil {
-		return nil, &FieldError{Field: field, Err: err}
+		return nil, err
 	}
-	if err := st.Validate(); err != nil {
-		return nil, &FieldError{Field: field, Err: err}
-	}
-	a, err := keymgr.StateAuthority(st, time.Now())
+	st, a, err := loadState(ctx, c, store, ren, td, log)
 	if err != nil {
 		return nil, &FieldError{Field: field, Err: err}
 	}
@@ -260,8 +256,8 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		"not_after", active.Cert.NotAfter, "roots", len(a.Roots), "sequence", st.Sequence)
 	mgr := keymgr.NewManager(td, a)
 	issued := &keymgr.IssuanceLog{Store: store}
-	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate}),
-		bundles: mgr, expiry: mgr, signing: mgr.Signing}
+	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate, Renewal: renewalWhy(ren)}),
+		bundles: mgr, expiry: mgr, signing: mgr.Signing, renewer: ren}
 	rot, err := be.serving(mgr, names, c.Backdate, log)
 	if err != nil {
 		return nil, err
@@ -276,8 +272,13 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, &FieldError{Field: field, Err: err}
 	}
 	be.runners = append(be.runners, f.Run)
+	var elected []func(context.Context) error
+	if ren != nil {
+		elected = append(elected, be.renewing(ctx, c, ren, f, metrics, log))
+	}
 	if c.AutoRotate {
 		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt}, Interval: c.AutoRotateInterval,
+			Generate: nextAuthority(ren),
 			OnStep: func(s keymgr.Step) {
 				metrics.Step(s.Verb)
 				c.audit.Audit(ctx, &ca.AuditEvent{Event: ca.EventRotation, Decision: ca.DecisionTaken, Message: "automatic rotation step",
@@ -287,12 +288,63 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 				}
 			},
 			OnError: func(err error) { log.Error("automatic rotation failed", "error", err) }}
-		// The state's compare-and-swap keeps replicas from taking one step
-		// twice; the Lease keeps them from racing for it at all.
 		be.rotator = r
-		be.runners = append(be.runners, electedOn(store, r.Run, leaders, log))
+		elected = append(elected, r.Run)
+	}
+	if len(elected) > 0 {
+		// The state's compare-and-swap keeps replicas from taking one step
+		// or renewal twice; the Lease keeps them from racing for it (and
+		// calling the upstream) at all.
+		be.runners = append(be.runners, electedOn(store, all(elected), leaders, log))
 	}
 	return be, nil
+}
+
+// loadState loads the CA state in store, bootstrapping its first
+// authority when there is none (with an upstream, a root made there and
+// its first intermediate; else a root of its own), and returns it with
+// the authority it signs with. With an upstream whose intermediate is
+// due, one renewal is tried first: a replica that starts after the
+// intermediate expired renews it before it serves.
+func loadState(ctx context.Context, c Backend, store keymgr.StateStore, ren *keymgr.Renewer, td spiffeid.TrustDomain,
+	log *slog.Logger) (*keymgr.State, *keymgr.Authority, error) {
+	o := c.State
+	if o.Organization == "" {
+		o.Organization = td.Name()
+	}
+	if err := completeMigration(ctx, store, c.MaxTTL, log); err != nil {
+		return nil, nil, err
+	}
+	tidy(ctx, store, log)
+	st, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) {
+		ro := keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL}
+		if ren != nil {
+			return ren.NewAuthority(ctx, ro)
+		}
+		a, err := keymgr.NewRoot(ro)
+		if err != nil {
+			return nil, err
+		}
+		return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
+	}, time.Now())
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := st.Validate(); err != nil {
+		return nil, nil, err
+	}
+	a, err := keymgr.StateAuthority(st, time.Now())
+	if err != nil && ren != nil {
+		if _, renewed, rerr := ren.Tick(ctx); renewed {
+			st, _, err = store.Load(ctx)
+			if err == nil {
+				a, err = keymgr.StateAuthority(st, time.Now())
+			}
+		} else if rerr != nil {
+			err = fmt.Errorf("%w; and its renewal from upstream %s failed: %v", err, ren.Name, rerr)
+		}
+	}
+	return st, a, err
 }
 
 // follower keeps target on the state in store, and tells the metrics, the

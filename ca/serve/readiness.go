@@ -43,6 +43,11 @@ import (
 //     of its lifetime is left (servingExpiryWarning), and when the
 //     operator's files (--serving-cert-file) hold a pair that was
 //     refused, the last good one serving.
+//   - upstream: with --upstream, the intermediate in service and its
+//     renewals (upstreamCheck): it fails once the intermediate is too
+//     close to its end to issue a certificate worth having, and names,
+//     on its ok line, the upstream failing and the intermediate's end,
+//     or an end less than a quarter of its life away.
 
 const (
 	// warnEvery is how often a failing apiserver is logged at most.
@@ -340,7 +345,8 @@ func (h *backendHealth) Run(ctx context.Context) error {
 
 // readiness lists the checks /readyz reports, in order: pod-cache,
 // ca-state (with a CA state), signer (with an external backend),
-// serving-cert; Assemble adds istiod-cert.
+// serving-cert, upstream (with an upstream that renews the intermediate);
+// Assemble adds istiod-cert.
 func readiness(cl *clusterParts, be *backend) ca.Readiness {
 	r := ca.Readiness{{Name: "pod-cache", Check: cl.watch.ready}}
 	if be.signing != nil {
@@ -351,6 +357,9 @@ func readiness(cl *clusterParts, be *backend) ca.Readiness {
 	}
 	if be.getCert != nil {
 		r = append(r, ca.ReadyCheck{Name: "serving-cert", Check: servingCheck(be, time.Now)})
+	}
+	if be.renewer != nil {
+		r = append(r, ca.ReadyCheck{Name: "upstream", Check: upstreamCheck(be, time.Now)})
 	}
 	return r
 }

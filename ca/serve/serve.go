@@ -129,6 +129,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		return nil, err
 	}
 	keymgrprom.ObserveServing(reg, be.servingLeaf)
+	be.defaultTTL = cmp.Or(c.DefaultTTL, ca.DefaultTTL)
 	cl, err := newClusters(c.Clusters, c.TrustDomain, reg, c.Logger)
 	if err != nil {
 		return nil, err
@@ -210,6 +211,9 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	p.summary = []any{"grpc", a.GRPC, "admin", a.Admin, "trust_domain", c.TrustDomain.Name(),
 		"clusters", strings.Join(cl.set.IDs(), ","), "signer", be.name, "serving_names", strings.Join(c.ServingNames, ","), "istiod_cert_secret", c.IstiodCert.Secret,
 		"bundle_endpoint", a.BundleEndpoint}
+	if be.renewer != nil {
+		p.summary = append(p.summary, "upstream", be.renewer.Name)
+	}
 	return p, nil
 }
 

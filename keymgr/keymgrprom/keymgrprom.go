@@ -1,6 +1,7 @@
-// Package keymgrprom exports where the CA state's root rotation stands as
-// Prometheus metrics, fed by the state follower and the rotator, and the
-// serving certificate meshca presents (serving.go).
+// Package keymgrprom exports where the CA state's root rotation and its
+// intermediate's renewal stand as Prometheus metrics; the state
+// follower, the rotator and the renewer feed it; and the serving
+// certificate meshca presents (serving.go).
 package keymgrprom
 
 import (
@@ -17,6 +18,7 @@ type Metrics struct {
 	rootAfter *prometheus.GaugeVec
 	steps     *prometheus.CounterVec
 	unusable  prometheus.Counter
+	inter     intermediateMetrics
 }
 
 // New registers the collectors with reg.
@@ -45,6 +47,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.steps.WithLabelValues(v)
 	}
 	reg.MustRegister(m.sequence, m.phases, m.rootAfter, m.steps, m.unusable)
+	m.inter = newIntermediateMetrics(reg)
 	return m
 }
 
@@ -62,6 +65,7 @@ func (m *Metrics) Observe(s *keymgr.State) {
 	for p, n := range counts {
 		m.phases.WithLabelValues(string(p)).Set(float64(n))
 	}
+	m.inter.observe(s)
 }
 
 // Step counts an automatic rotation step.

@@ -14,10 +14,14 @@ import (
 // asked for: the upstream's clock, and the time the request took.
 const MaxSlack = 5 * time.Minute
 
+// MinSlack is the least slack: certificates hold times to the second,
+// and the request takes time.
+const MinSlack = 5 * time.Second
+
 // Slack is how far an intermediate of lifetime ttl may end from now+ttl:
-// a tenth of ttl, at most MaxSlack, so that a short test lifetime is
-// held as tightly as a long one.
-func Slack(ttl time.Duration) time.Duration { return min(MaxSlack, ttl/10) }
+// a tenth of ttl, between MinSlack and MaxSlack, so that a short
+// lifetime is held about as tightly as a long one.
+func Slack(ttl time.Duration) time.Duration { return min(MaxSlack, max(MinSlack, ttl/10)) }
 
 // CheckError is an upstream's answer that breaks a rule of Check.
 type CheckError struct {
