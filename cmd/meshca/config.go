@@ -25,12 +25,14 @@ import (
 // Secrets are never values here: only paths of files holding them (or
 // environment variables).
 
-// backendShared are the flags every signer backend shares: named in
-// errors with their config file key, as the backends' own flags are.
-var backendShared = map[string]bool{"signer": true, "trust-anchors": true, "serving-cert-file": true, "serving-key-file": true}
+// backendShared are the flags every signer backend shares, and those of
+// the upstream of the intermediate: named in errors with their config
+// file key, as the backends' and upstreams' own flags are.
+var backendShared = map[string]bool{"signer": true, "trust-anchors": true, "serving-cert-file": true, "serving-key-file": true,
+	"upstream": true, "intermediate-ttl": true, "intermediate-renew-at": true}
 
 // initialisms are written in capitals in config keys, as in Go names.
-var initialisms = map[string]string{"id": "ID", "ttl": "TTL", "dns": "DNS", "ca": "CA", "url": "URL", "tls": "TLS", "spiffe": "SPIFFE", "rsa": "RSA"}
+var initialisms = map[string]string{"id": "ID", "ttl": "TTL", "dns": "DNS", "ca": "CA", "url": "URL", "tls": "TLS", "spiffe": "SPIFFE", "rsa": "RSA", "pki": "PKI"}
 
 // compounds are words written as two in config keys.
 var compounds = map[string]string{"approle": "appRole"}
@@ -40,10 +42,20 @@ var compounds = map[string]string{"approle": "appRole"}
 // camelCase (--vault-approle-role-id is vault.appRoleRoleID); another
 // flag its name in camelCase.
 func configKey(flag string) string {
-	if section, rest, ok := signerSection(flag); ok {
+	if section, rest, ok := flagSection(flag); ok {
 		return section + "." + camel(rest)
 	}
 	return camel(flag)
+}
+
+// flagSection is the config file section of flag, an upstream's (one it
+// registers: --vault-transit-key is the vault-transit upstream's, not the
+// vault signer's) or a signer backend's, and the rest of its name.
+func flagSection(flag string) (section, rest string, ok bool) {
+	if section, rest, ok := upstreamSection(flag); ok {
+		return section, rest, true
+	}
+	return signerSection(flag)
 }
 
 // camel writes a flag's name in camelCase, initialisms in capitals.
@@ -67,7 +79,7 @@ func camel(flag string) string {
 
 // name renders a setting for an error: "--cfssl-url (cfssl.url)".
 func name(flag string) string {
-	if _, _, ok := signerSection(flag); ok || backendShared[flag] {
+	if _, _, ok := flagSection(flag); ok || backendShared[flag] {
 		return "--" + flag + " (" + configKey(flag) + ")"
 	}
 	return "--" + flag

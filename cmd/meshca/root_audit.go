@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/meshca/meshca/ca"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/spf13/cobra"
 )
 
@@ -42,6 +43,14 @@ func (s *stepAuditor) step(ctx context.Context, verb, authority string, forced b
 		e.Decision = ca.DecisionForced
 	}
 	s.sink.Audit(ctx, e)
+}
+
+// intermediate writes the event of an intermediate a step made in its
+// upstream (prepare --upstream).
+func (s *stepAuditor) intermediate(ctx context.Context, rec *keymgr.AuthorityRecord) {
+	s.sink.Audit(ctx, &ca.AuditEvent{Event: ca.EventIntermediate, Decision: ca.DecisionIssued, Source: ca.SourceCLI, RequestID: s.id,
+		Caller: operator(), Pod: podName(), Backend: s.backend, Upstream: rec.Upstream.Type, Authority: rec.ID(),
+		Serial: rec.Cert.SerialNumber.Text(16), NotAfter: rec.Cert.NotAfter})
 }
 
 // close closes the audit log file, if any.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"time"
 
@@ -30,6 +31,7 @@ type prepareFlags struct {
 	issuedTTL   time.Duration
 	reason      string
 	signer      rootSignerFlags
+	up          upstreamFlags
 	audit       auditFlags
 }
 
@@ -68,6 +70,7 @@ func (f *prepareFlags) register(cmd *cobra.Command) {
 		"a cfssl server): the guards assume leaves of up to this lifetime were issued under it; 0 when it never signed")
 	fl.StringVar(&f.reason, "reason", "", "why, for the history and the audit log")
 	f.signer.register(fl, "prepare")
+	f.registerUpstream(fl)
 	f.audit.register(fl, "standard error")
 }
 
@@ -101,6 +104,9 @@ func (f *prepareFlags) run(cmd *cobra.Command) error {
 		return rootError(err)
 	}
 	audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
+	if added.Renewed() {
+		audit.intermediate(ctx, added)
+	}
 	tell(cmd.ErrOrStderr(), notice)
 	rec, _ := st.View().Lookup(added.ID())
 	f.report(cmd.OutOrStdout(), st, rec)
@@ -145,6 +151,9 @@ func (f *prepareFlags) report(w io.Writer, st *keymgr.State, rec *keymgr.Authori
 		fmt.Fprintf(w, "signs with intermediate %s (%s, not after %s) under root %s\n",
 			rec.Cert.Subject, keyType(rec.Cert.PublicKey), rec.Cert.NotAfter.UTC().Format(time.RFC3339), short(rec.RootID()))
 	}
+	if rec.Renewed() {
+		fmt.Fprintf(w, "its root's key is in upstream %s; meshca serve --upstream %s renews the intermediate\n", upstreamRef(rec), rec.Upstream.Type)
+	}
 }
 
 // inBackend creates the authority in an external signer (a Vault issuer),
@@ -165,7 +174,10 @@ func (f *prepareFlags) inBackend(ctx context.Context, store keymgr.StateStore) (
 			return nil, err
 		}
 	}
-	rec, err := be.prepare(ctx, cur, f)
+	rec, err := f.inUpstream(ctx, cur, slog.New(slog.NewTextHandler(f.signer.out, nil)))
+	if rec == nil && err == nil {
+		rec, err = be.prepare(ctx, cur, f)
+	}
 	if err != nil {
 		return nil, &exitError{code: exitUsage, err: err}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/dirstore"
+	"github.com/meshca/meshca/keymgr/upstream"
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 )
@@ -39,6 +40,9 @@ type authorityView struct {
 	// Signing is the certificate that signs under the root, when it is
 	// an intermediate: its expiry, not the root's, ends the authority.
 	Signing *signingView `json:"signing,omitempty"`
+	// Upstream is where the root's key is, when meshca serve --upstream
+	// renews the intermediate.
+	Upstream *upstream.Ref `json:"upstream,omitempty"`
 }
 
 // signingView is an authority's intermediate signing certificate.
@@ -143,6 +147,10 @@ func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 			ID: shortID(a), Fingerprint: a.ID(), RootFingerprint: a.RootID(), Subject: a.Root.Subject.String(), KeyType: keyType(a.Root.PublicKey),
 			State: string(a.Phase), NotAfter: a.Root.NotAfter, Since: a.Since(), External: a.External, Generated: a.Generated,
 		}
+		if a.Renewed() {
+			ref := a.Upstream
+			av.Upstream = &ref
+		}
 		if !a.SignsWithRoot() {
 			av.Signing = &signingView{Subject: a.Cert.Subject.String(), NotAfter: a.Cert.NotAfter,
 				PathNotAfter: certs.PathExpiry(a.Cert, append(append([]*x509.Certificate(nil), a.Chain...), a.Root)...)}
@@ -165,10 +173,19 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 		return err
 	}
 	for _, a := range v.Authorities {
-		if a.Signing != nil {
-			fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s), under root %s\n", a.ID, a.Signing.Subject,
-				a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339), short(a.RootFingerprint))
+		if a.Signing == nil {
+			continue
 		}
+		from := ""
+		if a.Upstream != nil {
+			from = ", renewed from upstream " + a.Upstream.Type
+		}
+		left := "expired"
+		if a.Signing.PathNotAfter.After(now) {
+			left = "in " + a.Signing.PathNotAfter.Sub(now).Round(time.Second).String()
+		}
+		fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s, %s), under root %s%s\n", a.ID, a.Signing.Subject,
+			a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339), left, short(a.RootFingerprint), from)
 	}
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
 	if v.Istiod != nil {

@@ -77,6 +77,7 @@ type serveFlags struct {
 	rootLifetime   time.Duration
 	backdate       time.Duration
 	b              backendFlags
+	up             upstreamFlags
 	bundle         bundleEndpointFlags
 	audit          auditFlags
 	enablePprof    bool
@@ -127,6 +128,9 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	}
 	f.b.hasState = f.stateDir != "" || f.stateSecret != ""
 	if err := f.b.validate(); err != nil {
+		return serve.Config{}, err
+	}
+	if err := f.up.validate(f.b.signer, f.b.hasState); err != nil {
 		return serve.Config{}, err
 	}
 	if err := f.checkCA(); err != nil {
@@ -322,6 +326,9 @@ func (f *serveFlags) run(ctx context.Context, fl *pflag.FlagSet, stdout io.Write
 	}
 	c.Logger, c.Audit = log, audit
 	if err := f.b.load(&c.Backend, log); err != nil {
+		return f.settings.explain(err)
+	}
+	if c.Backend.Upstream, err = f.up.config(log); err != nil {
 		return f.settings.explain(err)
 	}
 	parts, err := serve.Assemble(ctx, c)

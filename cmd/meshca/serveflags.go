@@ -42,8 +42,10 @@ func (f *serveFlags) groups(cmd *cobra.Command) []flagGroup {
 			fl.BoolVar(&f.printConfig, "print-config", false, "print the settings serve would run with, as a config file that says where each came from (flag, config, env NAME, default), check them and exit without serving")
 		}},
 	}
-	// Each signer backend's flags, after the CA state's.
-	return slices.Concat(groups[:ca+1], f.b.groups(), groups[ca+1:])
+	// Each signer backend's flags after the CA state's, then the
+	// intermediate's upstream, and each upstream's own.
+	up := flagGroup{"Intermediate and upstream", []string{"upstream", "intermediate-ttl"}, f.up.register}
+	return slices.Concat(groups[:ca+1], f.b.groups(), []flagGroup{up}, f.up.groups(), groups[ca+1:])
 }
 
 func (f *serveFlags) registerListen(fl *pflag.FlagSet) {
