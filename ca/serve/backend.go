@@ -272,6 +272,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 		return nil, &FieldError{Field: field, Err: err}
 	}
 	be.runners = append(be.runners, f.Run)
+	if r, ok := upstreamRunner(ren); ok {
+		be.runners = append(be.runners, r)
+	}
 	var elected []func(context.Context) error
 	if ren != nil {
 		elected = append(elected, be.renewing(ctx, c, ren, f, metrics, log))

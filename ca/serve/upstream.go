@@ -40,8 +40,22 @@ type UpstreamOpener interface {
 	// Name is --upstream's value: the type of the Refs it renews.
 	Name() string
 	// Open builds the upstream; ctx bounds that work. It starts no
-	// goroutine.
+	// goroutine: an upstream with a Run(ctx) error method (a Vault
+	// upstream's login, renewed while it lasts) is run beside the server
+	// on every replica, so that a new leader finds it logged in.
 	Open(ctx context.Context, env UpstreamEnv) (upstream.Upstream, error)
+}
+
+// upstreamRunner is the Run of ren's upstream, when it has one.
+func upstreamRunner(ren *keymgr.Renewer) (func(context.Context) error, bool) {
+	if ren == nil {
+		return nil, false
+	}
+	r, ok := ren.Upstream.(interface{ Run(context.Context) error })
+	if !ok {
+		return nil, false
+	}
+	return r.Run, true
 }
 
 // UpstreamEnv is what the assembly lends an upstream it opens.

@@ -213,15 +213,59 @@ func (v *vaultFlags) auth() (api.AuthMethod, error) {
 
 // config is the Vault backend's configuration from the flags.
 func (v *vaultFlags) config(log *slog.Logger) (vault.Config, error) {
-	auth, err := v.auth()
+	login, err := v.loginConfig(log)
 	if err != nil {
 		return vault.Config{}, err
 	}
 	return vault.Config{
 		Address: v.addr, CACertFile: v.caFile, Mount: v.mount, Role: v.role, KeyEnciphermentRole: v.rsaRole, DNSRole: v.istiodRole,
-		Auth: auth, ReloginBackoff: v.reloginBackoff,
+		Auth: login.Auth, ReloginBackoff: v.reloginBackoff, OnLoginError: login.OnLoginError,
+	}, nil
+}
+
+// loginConfig is the Vault login the flags give: the signer's, and the
+// Vault upstreams'.
+func (v *vaultFlags) loginConfig(log *slog.Logger) (vaultauth.Config, error) {
+	auth, err := v.auth()
+	if err != nil {
+		return vaultauth.Config{}, err
+	}
+	return vaultauth.Config{
+		Address: v.addr, CACertFile: v.caFile, Auth: auth, ReloginBackoff: v.reloginBackoff,
 		OnLoginError: func(err error) { log.Warn("vault login or renewal failed", logError, err) },
 	}, nil
+}
+
+// vaultLoginOf reads the Vault flags (address, TLS roots, PKI mount,
+// login, re-login backoff) as fl holds them, whoever registered them
+// there: the Vault upstreams log in with the flags the Vault backend
+// registers, in serve and in the root steps alike, rather than flags of
+// their own that would mean the same.
+func vaultLoginOf(fl *pflag.FlagSet) (*vaultFlags, error) {
+	v := &vaultFlags{}
+	mine := pflag.NewFlagSet("vault", pflag.ContinueOnError)
+	v.registerLogin(mine)
+	mine.DurationVar(&v.reloginBackoff, "vault-relogin-backoff", 0, "")
+	var err error
+	mine.VisitAll(func(f *pflag.Flag) {
+		if src := fl.Lookup(f.Name); src != nil && err == nil {
+			if serr := f.Value.Set(src.Value.String()); serr != nil {
+				err = fmt.Errorf("%s: %w", name(f.Name), serr)
+			}
+		}
+	})
+	return v, err
+}
+
+// validateUpstream checks the flags a Vault upstream logs in with.
+func (v *vaultFlags) validateUpstream(upstream string) error {
+	switch {
+	case v.addr == "":
+		return fmt.Errorf("%s is required with --upstream %s", name("vault-addr"), upstream)
+	case v.reloginBackoff < 0:
+		return fmt.Errorf("%s must not be negative", name("vault-relogin-backoff"))
+	}
+	return v.validateLogin()
 }
 
 // Vault issuer kinds `meshca root prepare --signer vault` creates.

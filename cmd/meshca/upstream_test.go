@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -64,7 +65,7 @@ func (f *fakeOptions) opener(*slog.Logger) (serve.UpstreamOpener, error) {
 // TestUpstreamConfigKeys: an upstream's flags are keys of its own
 // section, even when its name starts like a signer's.
 func TestUpstreamConfigKeys(t *testing.T) {
-	saved := upstreamKinds
+	saved := slices.Clone(upstreamKinds)
 	t.Cleanup(func() { upstreamKinds = saved })
 	registerUpstream(&upstreamKind{name: "vault-fake", options: func() upstreamOptions { return &fakeOptions{} }})
 	for flag, want := range map[string]string{
