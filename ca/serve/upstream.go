@@ -117,7 +117,10 @@ func (be *backend) renewing(ctx context.Context, c Backend, ren *keymgr.Renewer,
 		log.Error("intermediate renewal failed; the one in service keeps signing", "upstream", ren.Name, "error", err,
 			"failures", st.Failures, "retry_at", st.Retry, "intermediate_not_after", be.expiry.ChainNotAfter())
 	}
-	return ren.Run
+	return func(ctx context.Context) error {
+		defer metrics.RenewerStopped(ren.Name)
+		return ren.Run(ctx)
+	}
 }
 
 // intermediateEvent is the audit event of a renewal.

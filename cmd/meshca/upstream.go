@@ -77,6 +77,9 @@ func upstreamNames() string {
 // Bounds of the intermediate's settings.
 const (
 	minIntermediateTTL = time.Minute
+	// minRenewAt is the fraction of life left at which the alert
+	// MeshcaIntermediateExpiringSoon fires: renewals are due before.
+	minRenewAt = 0.25
 )
 
 // upstreamFlags select the upstream of the signing intermediate, its
@@ -103,7 +106,7 @@ func (u *upstreamFlags) register(fl *pflag.FlagSet) {
 // renewal point.
 func (u *upstreamFlags) registerIntermediate(fl *pflag.FlagSet) {
 	u.registerTTL(fl)
-	fl.Float64Var(&u.renewAt, "intermediate-renew-at", keymgr.DefaultRenewAt, "fraction of the intermediate's lifetime left when it is renewed, in (0, 1); the new one signs at once")
+	fl.Float64Var(&u.renewAt, "intermediate-renew-at", keymgr.DefaultRenewAt, "fraction of the intermediate's lifetime left when it is renewed, above 0.25 and below 1; the new one signs at once")
 }
 
 // registerTTL registers the intermediate's lifetime.
@@ -172,8 +175,8 @@ func (u *upstreamFlags) validate(signer string, hasState bool) error {
 		return fmt.Errorf("--upstream %s keeps its intermediate in a CA state: give --state-dir or --state-secret (a plugged-in --ca-dir is renewed by its owner)", u.name)
 	case u.ttl < minIntermediateTTL:
 		return fmt.Errorf("--intermediate-ttl %v must be at least %v", u.ttl, minIntermediateTTL)
-	case u.renewAt <= 0 || u.renewAt >= 1:
-		return fmt.Errorf("--intermediate-renew-at %v must be in (0, 1)", u.renewAt)
+	case u.renewAt <= minRenewAt || u.renewAt >= 1:
+		return fmt.Errorf("--intermediate-renew-at %v must be above %v (MeshcaIntermediateExpiringSoon fires below it) and below 1", u.renewAt, minRenewAt)
 	case k.options == nil:
 		return nil
 	}

@@ -30,7 +30,8 @@ func TestUpstreamFlags(t *testing.T) {
 			"--upstream self renews the built-in CA's signing intermediate, and --signer cfssl signs elsewhere"},
 		{"plugged-in CA", []string{"--ca-dir=" + dir, "--upstream=self"}, "give --state-dir or --state-secret"},
 		{"short intermediate", []string{st, "--upstream=self", "--intermediate-ttl=30s"}, "--intermediate-ttl 30s must be at least 1m"},
-		{"renew at 1", []string{st, "--upstream=self", "--intermediate-renew-at=1"}, "--intermediate-renew-at 1 must be in (0, 1)"},
+		{"renew at 1", []string{st, "--upstream=self", "--intermediate-renew-at=1"}, "--intermediate-renew-at 1 must be above 0.25"},
+		{"renew at a fifth", []string{st, "--upstream=self", "--intermediate-renew-at=0.2"}, "must be above 0.25 (MeshcaIntermediateExpiringSoon fires below it)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

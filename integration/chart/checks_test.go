@@ -292,3 +292,11 @@ func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
 		}
 	}
 }
+
+// checkUpstream: upstream.type reaches serve's flags with the
+// intermediate's lifetime and renewal point, beside the CA state Secret
+// the replicas share.
+func checkUpstream(t *testing.T, ns string, objs []*unstructured.Unstructured) {
+	wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
+		[]string{"--state-secret=" + ns + "/meshca-ca-state", "--upstream=self", "--intermediate-ttl=48h", "--intermediate-renew-at=0.4"}, []string{"--signer"})
+}

@@ -55,6 +55,7 @@ var scenarios = []scenario{
 	{"monitoring", "monitoring-values.yaml"},
 	{"istio", "istio-values.yaml"},
 	{"serve-config", "serveconfig-values.yaml"},
+	{"upstream", "upstream-values.yaml"},
 }
 
 // render runs helm template for release meshca in namespace ns.

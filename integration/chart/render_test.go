@@ -58,6 +58,7 @@ func TestChartScenarios(t *testing.T) {
 		"monitoring":   checkMonitoring,
 		"istio":        checkIstio,
 		"serve-config": checkServeConfig,
+		"upstream":     checkUpstream,
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {

@@ -66,3 +66,8 @@ func (m *Metrics) Renewal(upstream, result string, failures int, now time.Time) 
 		m.inter.success.WithLabelValues(upstream).Set(float64(now.Unix()))
 	}
 }
+
+// RenewerStopped forgets this replica's count of failures in a row from
+// upstream: another replica renews now (leadership moved), and a stale
+// count would keep an alert firing.
+func (m *Metrics) RenewerStopped(upstream string) { m.inter.failures.DeleteLabelValues(upstream) }

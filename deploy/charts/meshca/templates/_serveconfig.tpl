@@ -35,6 +35,9 @@ istio.namespace; meshca denies its own account itself. */}}
 {{- with include "meshca.signerArgs" (dict "ctx" . "root" false) | trim }}
 {{- . | nindent 0 }}
 {{- end }}
+{{- with include "meshca.upstreamArgs" . | trim }}
+{{- . | nindent 0 }}
+{{- end }}
 {{- if include "meshca.istiodCert" . }}
 {{- $ic := .Values.istio.istiodCertificate }}
 - --istiod-cert-secret={{ include "meshca.istiodCertSecret" . }}

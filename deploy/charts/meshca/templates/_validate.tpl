@@ -58,6 +58,11 @@ across two keys. Each message names the keys and what to do.
 {{- fail (printf "istio.istiodDeployment.restart needs Kubernetes 1.30 or later (this is %s): its ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) keeps meshca's patch of istiod's Deployment to the restart annotation; set it false and restart istiod yourself after a rotation's prepare" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- end -}}
+{{- with $v.upstream -}}
+{{- if and .type (lt (include "meshca.seconds" .intermediateTTL | float64) 60.0) -}}
+{{- fail (printf "upstream.intermediateTTL (%s) must be at least 1m" .intermediateTTL) -}}
+{{- end -}}
+{{- end -}}
 {{- include "meshca.validateBudget" . -}}
 {{- include "meshca.validateExtras" . -}}
 {{- end -}}
