@@ -259,10 +259,11 @@ func (r *Renewer) due(s *State, now time.Time) (*AuthorityRecord, error) {
 const upstreamSelf = "self"
 
 // dueAt reports whether a's intermediate is due at now: RenewAt of its
-// life left, unless it ends with its root already and a renewal could
+// life left (counted from when it was issued, not from its backdated
+// NotBefore), unless it ends with its root already and a renewal could
 // not end later.
 func (r *Renewer) dueAt(a *AuthorityRecord, now time.Time) bool {
-	life := a.Cert.NotAfter.Sub(a.Cert.NotBefore)
+	life := a.Cert.NotAfter.Sub(a.Issued())
 	at := a.Cert.NotAfter.Add(-time.Duration(r.renewAt() * float64(life)))
 	return !now.Before(at) && a.Cert.NotAfter.Before(a.Root.NotAfter.Add(-time.Second))
 }

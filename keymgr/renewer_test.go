@@ -368,3 +368,26 @@ func TestRenewerClampsToRoot(t *testing.T) {
 		t.Fatal("renewed an intermediate that already ends with its root")
 	}
 }
+
+// TestRenewerCountsFromIssue: an intermediate's backdated NotBefore does
+// not move its renewal earlier: a short one is renewed at RenewAt of the
+// life it was issued for.
+func TestRenewerCountsFromIssue(t *testing.T) {
+	r, _, clock, store := renewFixture(t)
+	r.TTL = 80 * time.Second
+	r.RenewAt = 0.75
+	clock.advance(keymgr.DefaultIntermediateTTL) // the first one expired: renew it now
+	rw, renewed := tick(t, r)
+	if !renewed || rw.New.Cert.NotBefore.After(clock.Now().Add(-time.Minute)) {
+		t.Fatalf("renewal %+v: want one, backdated", rw)
+	}
+	clock.advance(19 * time.Second)
+	if _, renewed := tick(t, r); renewed {
+		t.Fatal("renewed 19 s into 80: its backdate counted as life")
+	}
+	clock.advance(2 * time.Second)
+	if _, renewed := tick(t, r); !renewed {
+		t.Fatal("not renewed 21 s into 80, with less than three quarters left")
+	}
+	_ = store
+}

@@ -109,6 +109,17 @@ func (r *AuthorityRecord) Renewed() bool { return r.Upstream.Type != "" }
 // intermediate).
 func (r *AuthorityRecord) SignsWithRoot() bool { return r.Cert.Equal(r.Root) }
 
+// Issued is when the authority's signing certificate began its life:
+// its NotBefore, or, when that was backdated to tolerate clocks that
+// disagree, when the authority entered the state, if later. A renewal's
+// point in its life counts from it.
+func (r *AuthorityRecord) Issued() time.Time {
+	if len(r.History) > 0 && r.History[0].At.After(r.Cert.NotBefore) {
+		return r.History[0].At
+	}
+	return r.Cert.NotBefore
+}
+
 // Since is when the authority entered its current phase.
 func (r *AuthorityRecord) Since() time.Time {
 	if len(r.History) == 0 {
