@@ -300,3 +300,36 @@ func checkUpstream(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
 		[]string{"--state-secret=" + ns + "/meshca-ca-state", "--upstream=self", "--intermediate-ttl=48h", "--intermediate-renew-at=0.4"}, []string{"--signer"})
 }
+
+// checkVaultPKIUpstream: the vault-pki upstream logs in with the Vault
+// flags the signer uses, from Secrets mounted as files, and names its
+// mount and issuer; no Vault signer.
+func checkVaultPKIUpstream(t *testing.T, _ string, objs []*unstructured.Unstructured) {
+	d := deployment(t, objs)
+	wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--upstream=vault-pki", "--intermediate-ttl=24h",
+		"--vault-addr=https://vault.vault.svc:8200", "--vault-ca-file=/etc/meshca/vault-tls-ca/ca.crt",
+		"--vault-token-file=/etc/meshca/vault-token/token", "--vault-pki-mount=pki-mesh", "--vault-pki-issuer=mesh-intermediate"},
+		[]string{"--signer", "--vault-role", "--vault-transit"})
+	wantSecretVolumes(t, "serve", d.Spec.Template.Spec.Volumes, map[string]string{"vault-tls-ca": "vault-ca", "vault-token": "meshca-vault-token"})
+}
+
+// checkVaultTransitUpstream: the vault-transit upstream logs in with
+// Vault's Kubernetes auth method and a token projected for Vault's
+// audience.
+func checkVaultTransitUpstream(t *testing.T, _ string, objs []*unstructured.Unstructured) {
+	d := deployment(t, objs)
+	wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--upstream=vault-transit",
+		"--vault-addr=https://vault.vault.svc:8200", "--vault-kubernetes-role=meshca",
+		"--vault-kubernetes-token-file=/var/run/secrets/vault/token", "--vault-transit-mount=transit"},
+		[]string{"--signer", "--vault-transit-key", "--vault-pki-issuer", "--vault-token-file"})
+	var projected bool
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "vault-sa-token" && v.Projected != nil && len(v.Projected.Sources) == 1 &&
+			v.Projected.Sources[0].ServiceAccountToken != nil && v.Projected.Sources[0].ServiceAccountToken.Audience == "vault" {
+			projected = true
+		}
+	}
+	if !projected {
+		t.Error("no service-account token projected for audience vault")
+	}
+}

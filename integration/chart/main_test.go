@@ -56,6 +56,8 @@ var scenarios = []scenario{
 	{"istio", "istio-values.yaml"},
 	{"serve-config", "serveconfig-values.yaml"},
 	{"upstream", "upstream-values.yaml"},
+	{"vault-pki-upstream", "vault-pki-upstream-values.yaml"},
+	{"vault-transit-upstream", "vault-transit-upstream-values.yaml"},
 }
 
 // render runs helm template for release meshca in namespace ns.

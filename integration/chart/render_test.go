@@ -49,16 +49,18 @@ func TestChartScenarios(t *testing.T) {
 	// run of their Role needs to exist.
 	remoteNS := cluster.Namespace(t, "chart-remote-secrets")
 	checks := map[string]func(*testing.T, string, []*unstructured.Unstructured){
-		"defaults":     checkDefaults,
-		"ha":           checkHA,
-		"vault":        checkVault,
-		"cfssl":        checkCfssl,
-		"k8scsr":       checkK8sCSR,
-		"scheduling":   checkScheduling,
-		"monitoring":   checkMonitoring,
-		"istio":        checkIstio,
-		"serve-config": checkServeConfig,
-		"upstream":     checkUpstream,
+		"defaults":               checkDefaults,
+		"ha":                     checkHA,
+		"vault":                  checkVault,
+		"cfssl":                  checkCfssl,
+		"k8scsr":                 checkK8sCSR,
+		"scheduling":             checkScheduling,
+		"monitoring":             checkMonitoring,
+		"istio":                  checkIstio,
+		"serve-config":           checkServeConfig,
+		"upstream":               checkUpstream,
+		"vault-pki-upstream":     checkVaultPKIUpstream,
+		"vault-transit-upstream": checkVaultTransitUpstream,
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {

@@ -45,7 +45,6 @@ has no k8scsr side: its steps are then the CA state's alone (its default
 {{- end }}
 {{- else if eq $s.type "vault" }}
 {{- $vt := $s.vault }}
-- --vault-addr={{ $vt.addr }}
 - --vault-pki-mount={{ $vt.pkiMount }}
 - --vault-role={{ $vt.role }}
 {{- with $vt.rsaRole }}
@@ -54,27 +53,7 @@ has no k8scsr side: its steps are then the CA state's alone (its default
 {{- if and (not .root) (include "meshca.istiodCert" .ctx) }}
 - --vault-istiod-role={{ $vt.istiodRole }}
 {{- end }}
-{{- if $vt.tlsCA.secretName }}
-- --vault-ca-file=/etc/meshca/vault-tls-ca/{{ $vt.tlsCA.key }}
-{{- end }}
-{{- $a := $vt.auth }}
-{{- if eq $a.method "kubernetes" }}
-- --vault-kubernetes-role={{ $a.kubernetes.role }}
-{{- with $a.kubernetes.mount }}
-- --vault-kubernetes-mount={{ . }}
-{{- end }}
-{{- if $a.kubernetes.audience }}
-- --vault-kubernetes-token-file=/var/run/secrets/vault/token
-{{- end }}
-{{- else if eq $a.method "token" }}
-- --vault-token-file=/etc/meshca/vault-token/{{ $a.token.key }}
-{{- else if eq $a.method "approle" }}
-- --vault-approle-role-id={{ $a.approle.roleID }}
-- --vault-approle-secret-id-file=/etc/meshca/vault-approle/{{ $a.approle.secretID.key }}
-{{- with $a.approle.mount }}
-- --vault-approle-mount={{ . }}
-{{- end }}
-{{- end }}
+{{- include "meshca.vaultLoginArgs" $vt }}
 {{- else if and (eq $s.type "k8scsr") (not .root) }}
 - --k8scsr-signer-name={{ $s.k8scsr.signerName }}
 {{- if $s.k8scsr.kubeconfig.secretName }}
@@ -95,10 +74,7 @@ has no k8scsr side: its steps are then the CA state's alone (its default
 {{- if $s.cfssl.tlsCA.secretName -}}{{- $_ := set $m "cfssl-tls-ca" $s.cfssl.tlsCA.secretName -}}{{- end -}}
 {{- if and (not .root) $s.cfssl.authKey.secretName -}}{{- $_ := set $m "cfssl-auth" $s.cfssl.authKey.secretName -}}{{- end -}}
 {{- else if eq $s.type "vault" -}}
-{{- $a := $s.vault.auth -}}
-{{- if $s.vault.tlsCA.secretName -}}{{- $_ := set $m "vault-tls-ca" $s.vault.tlsCA.secretName -}}{{- end -}}
-{{- if eq $a.method "token" -}}{{- $_ := set $m "vault-token" $a.token.secretName -}}{{- end -}}
-{{- if eq $a.method "approle" -}}{{- $_ := set $m "vault-approle" $a.approle.secretID.secretName -}}{{- end -}}
+{{- $m = merge $m (include "meshca.vaultLoginSecrets" $s.vault | fromJson) -}}
 {{- else if eq $s.type "k8scsr" -}}
 {{- if and (not .root) $s.k8scsr.kubeconfig.secretName -}}{{- $_ := set $m "k8scsr-kubeconfig" $s.k8scsr.kubeconfig.secretName -}}{{- end -}}
 {{- end -}}
@@ -112,15 +88,8 @@ has no k8scsr side: its steps are then the CA state's alone (its default
     secretName: {{ $secret }}
     defaultMode: 288 # 0440: readable by the Pod's fsGroup
 {{- end }}
-{{- $v := .ctx.Values.signer.vault }}
-{{- if and (eq .ctx.Values.signer.type "vault") (eq $v.auth.method "kubernetes") $v.auth.kubernetes.audience }}
-- name: vault-sa-token
-  projected:
-    sources:
-    - serviceAccountToken:
-        audience: {{ $v.auth.kubernetes.audience }}
-        expirationSeconds: 3600
-        path: token
+{{- if eq .ctx.Values.signer.type "vault" }}
+{{- include "meshca.vaultTokenVolume" .ctx.Values.signer.vault }}
 {{- end }}
 {{- end -}}
 
@@ -130,10 +99,7 @@ has no k8scsr side: its steps are then the CA state's alone (its default
   mountPath: /etc/meshca/{{ $name }}
   readOnly: true
 {{- end }}
-{{- $v := .ctx.Values.signer.vault }}
-{{- if and (eq .ctx.Values.signer.type "vault") (eq $v.auth.method "kubernetes") $v.auth.kubernetes.audience }}
-- name: vault-sa-token
-  mountPath: /var/run/secrets/vault
-  readOnly: true
+{{- if eq .ctx.Values.signer.type "vault" }}
+{{- include "meshca.vaultTokenMount" .ctx.Values.signer.vault }}
 {{- end }}
 {{- end -}}

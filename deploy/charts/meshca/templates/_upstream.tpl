@@ -12,11 +12,32 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
 - --intermediate-ttl={{ $u.intermediateTTL }}
 - --intermediate-renew-at={{ $u.renewAt }}
 {{- end }}
+{{- if eq $u.type "vault-pki" }}
+{{- include "meshca.vaultLoginArgs" $u.vault }}
+- --vault-pki-mount={{ $u.vaultPKI.mount }}
+{{- with $u.vaultPKI.issuer }}
+- --vault-pki-issuer={{ . }}
+{{- end }}
+{{- else if eq $u.type "vault-transit" }}
+{{- include "meshca.vaultLoginArgs" $u.vault }}
+- --vault-transit-mount={{ $u.vaultTransit.mount }}
+{{- with $u.vaultTransit.key }}
+- --vault-transit-key={{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* meshca.vaultUpstream: "true" when upstream.type is a Vault upstream. */}}
+{{- define "meshca.vaultUpstream" -}}
+{{- if has .Values.upstream.type (list "vault-pki" "vault-transit") }}true{{ end -}}
 {{- end -}}
 
 {{/* meshca.upstreamSecrets: name → Secret of every Secret the upstream reads. */}}
 {{- define "meshca.upstreamSecrets" -}}
 {{- $m := dict -}}
+{{- if include "meshca.vaultUpstream" . -}}
+{{- $m = merge $m (include "meshca.vaultLoginSecrets" .Values.upstream.vault | fromJson) -}}
+{{- end -}}
 {{- toJson $m -}}
 {{- end -}}
 
@@ -27,6 +48,9 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
     secretName: {{ $secret }}
     defaultMode: 288 # 0440: readable by the Pod's fsGroup
 {{- end }}
+{{- if include "meshca.vaultUpstream" . }}
+{{- include "meshca.vaultTokenVolume" .Values.upstream.vault }}
+{{- end }}
 {{- end -}}
 
 {{- define "meshca.upstreamMounts" -}}
@@ -34,5 +58,8 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
 - name: {{ $name }}
   mountPath: /etc/meshca/{{ $name }}
   readOnly: true
+{{- end }}
+{{- if include "meshca.vaultUpstream" . }}
+{{- include "meshca.vaultTokenMount" .Values.upstream.vault }}
 {{- end }}
 {{- end -}}
