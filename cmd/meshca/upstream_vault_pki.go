@@ -19,7 +19,7 @@ import (
 // the login, --vault-pki-mount) and adds the issuer a new lineage takes.
 func init() {
 	registerUpstream(&upstreamKind{
-		name: vaultpki.Name, usage: vaultpki.Name + " (a Vault PKI issuer signs it; the bundle is the mount's roots)",
+		name: vaultpki.Name, usage: vaultpki.Name + " (a Vault PKI issuer signs it; its root is Vault's)",
 		helpGroup: "Vault PKI upstream (logs in with the Vault backend's flags)", keyFlags: []string{"vault-pki-issuer"},
 		options: func() upstreamOptions { return &vaultPKIFlags{} },
 	})

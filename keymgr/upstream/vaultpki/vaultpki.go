@@ -1,10 +1,11 @@
 // Package vaultpki is the vault-pki upstream: a Vault PKI issuer signs
 // meshca's intermediate (<mount>/issuer/<id>/sign-intermediate), its key
-// never leaving Vault, and the trust bundle is the mount's self-signed
-// issuers. NewRoot makes a new root issuer for `meshca root prepare`, or
-// adopts an existing one (Config.Issuer), so that a rotation moves
-// between Vault issuers under meshca's guards; Issuers manages a mount's
-// issuers for those steps and for the per-leaf Vault signer's.
+// never leaving Vault, and the roots are Vault's (Roots: the mount's
+// self-signed issuers). NewRoot makes a new root issuer for `meshca root
+// prepare`, or adopts an existing one (Config.Issuer), so that a
+// rotation moves between Vault issuers under meshca's guards; Issuers
+// manages a mount's issuers for those steps and for the per-leaf Vault
+// signer's.
 //
 // What it needs of Vault's policy: update on
 // <mount>/issuer/<id>/sign-intermediate, nothing else (listing the
