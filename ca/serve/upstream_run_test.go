@@ -28,7 +28,9 @@ type runningOpener struct{ u *running }
 
 func (o runningOpener) Name() string { return self.Name }
 
-func (o runningOpener) Open(context.Context, serve.UpstreamEnv) (upstream.Upstream, error) { return o.u, nil }
+func (o runningOpener) Open(context.Context, serve.UpstreamEnv) (upstream.Upstream, error) {
+	return o.u, nil
+}
 
 // TestAssembleUpstreamRun: an upstream's Run, when it has one, runs
 // beside the server and stops with it.
