@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/vault/api"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/keymgr/certs"
@@ -181,7 +183,10 @@ func TestVaultTransitKeyStaysInVault(t *testing.T) {
 		if err == nil && strings.Contains(fmt.Sprint(s.Data), "PRIVATE") {
 			t.Fatalf("%s gave a private key", path)
 		}
-		t.Logf("%s: %v", path, err)
+		var re *api.ResponseError
+		if errors.As(err, &re) {
+			t.Logf("%s: %d %v", path, re.StatusCode, re.Errors)
+		}
 	}
 
 	// A rotation of the Transit key: the root keeps signing with version 1.

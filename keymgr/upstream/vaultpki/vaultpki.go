@@ -90,12 +90,42 @@ func (u *Upstream) SignIntermediate(ctx context.Context, req *upstream.Request) 
 	if err := checkRequest(req, u.c.Now()); err != nil {
 		return nil, err
 	}
+	issuer, err := u.issuer(ctx, req.Ref.Key)
+	if err != nil {
+		return nil, err
+	}
 	path := u.c.Mount + "/issuer/" + req.Ref.Key + "/sign-intermediate"
-	secret, err := u.sess.Write(ctx, path, signParams(req))
+	secret, err := u.sess.Write(ctx, path, signParams(req, backdate(u.c.Now(), issuer)))
 	if err != nil {
 		return nil, upstreamError(err)
 	}
 	return signed(secret, path, req.Root)
+}
+
+// issuer is the certificate of the mount's issuer id (read without a
+// policy).
+func (u *Upstream) issuer(ctx context.Context, id string) (*x509.Certificate, error) {
+	path := u.c.Mount + "/issuer/" + id + "/json"
+	s, err := u.sess.Read(ctx, path)
+	switch {
+	case err != nil:
+		return nil, upstreamError(err)
+	case s == nil:
+		return nil, errorf(upstream.KindRefused, "%s: no such issuer in Vault", path)
+	}
+	cert, err := certificateOf(s, "certificate")
+	if err != nil {
+		return nil, errorf(upstream.KindInternal, "%s: %v", path, err)
+	}
+	return cert, nil
+}
+
+// backdate is how far before now the intermediate starts: certs.Backdate,
+// but never before its issuer, which Vault refuses ("notBefore before
+// signer's notBefore"): a root made a minute ago backdates its first
+// intermediate by less. A second is kept for Vault's clock.
+func backdate(now time.Time, issuer *x509.Certificate) time.Duration {
+	return max(0, min(certs.Backdate, now.Sub(issuer.NotBefore)-time.Second)).Truncate(time.Second)
 }
 
 // checkRequest refuses what Vault should not be asked, at now: an
@@ -119,14 +149,15 @@ func checkRequest(req *upstream.Request, now time.Time) error {
 	return nil
 }
 
-// signParams are sign-intermediate's parameters for req: nothing is
+// signParams are sign-intermediate's parameters for req, starting
+// backdate before now: nothing is
 // taken from the CSR but its key (use_csr_values=false); the one URI SAN
 // is the trust domain's SPIFFE ID.
-func signParams(req *upstream.Request) map[string]any {
+func signParams(req *upstream.Request, backdate time.Duration) map[string]any {
 	p := map[string]any{
 		"csr":                  string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: req.CSR.Raw})),
 		"ttl":                  fmt.Sprintf("%ds", int64(req.TTL/time.Second)),
-		"not_before_duration":  fmt.Sprintf("%ds", int64(certs.Backdate/time.Second)),
+		"not_before_duration":  fmt.Sprintf("%ds", int64(backdate/time.Second)),
 		"max_path_length":      0,
 		"key_usage":            []string{"CertSign", "CRLSign", "DigitalSignature"},
 		"use_csr_values":       false,
@@ -195,10 +226,26 @@ func chainOf(secret *api.Secret) ([]*x509.Certificate, error) {
 // vaultauth gives it.
 func upstreamError(err error) error {
 	kind := upstream.KindRefused
-	if vaultauth.KindOf(err) == vaultauth.KindUnavailable {
+	if vaultauth.KindOf(err) == vaultauth.KindUnavailable && !missingIssuer(err) {
 		kind = upstream.KindUnavailable
 	}
 	return &upstream.Error{Upstream: Name, Kind: kind, Err: err}
+}
+
+// missingIssuer: Vault has no issuer of the reference meshca sent. Vault
+// answers that with a 500, which would otherwise say "retry"; an issuer
+// deleted, or a reference of another mount, needs an operator.
+func missingIssuer(err error) bool {
+	var re *api.ResponseError
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, e := range re.Errors {
+		if strings.Contains(e, "unable to find PKI issuer for reference") {
+			return true
+		}
+	}
+	return false
 }
 
 func errorf(kind upstream.Kind, format string, args ...any) error {
