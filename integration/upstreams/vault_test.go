@@ -268,6 +268,10 @@ func TestVaultTransitPolicies(t *testing.T) {
 	_, serveFile := v.PolicyToken(t, "meshca-transit", docPolicy(t, "meshca-transit"))
 	admin := newTransit(t, v, "transit", adminFile, "")
 	r := newRoot(t, admin, certs.KeyECP256)
+	// prepare signs the new lineage's first intermediate too.
+	if err := sign(t, admin, r); err != nil {
+		t.Fatalf("the admin policy: %v", err)
+	}
 	serve := newTransit(t, v, "transit", serveFile, "")
 	if err := sign(t, serve, r); err != nil {
 		t.Fatalf("serve's policy: %v", err)
@@ -284,8 +288,8 @@ func TestVaultTransitPolicies(t *testing.T) {
 // TestVaultPKIPolicies: with the policy docs/upstream.md gives meshca
 // serve (sign-intermediate on one issuer), the upstream signs and reads
 // the mount's roots, and cannot sign with another issuer nor make one;
-// the admin policy of `meshca root prepare|retire` makes and deletes
-// issuers.
+// the admin policy of `meshca root prepare|retire` makes issuers, has
+// them sign a lineage's first intermediate, and deletes them.
 func TestVaultPKIPolicies(t *testing.T) {
 	v := harness.StartVault(t, vaultBin)
 	v.MountPKI(t, "pki-mesh")
@@ -294,6 +298,10 @@ func TestVaultPKIPolicies(t *testing.T) {
 	admin := newPKI(t, v, "pki-mesh", adminFile)
 	r := newRoot(t, admin, certs.KeyECP256)
 	other := newRoot(t, admin, certs.KeyECP256)
+	// prepare signs the new lineage's first intermediate too.
+	if err := sign(t, admin, r); err != nil {
+		t.Fatalf("the admin policy: %v", err)
+	}
 	_, serveFile := v.PolicyToken(t, "meshca-pki", docPolicy(t, "meshca-pki", "pki/", "pki-mesh/", "ISSUER_ID", r.Ref.Key))
 	serve := newPKI(t, v, "pki-mesh", serveFile)
 	if err := sign(t, serve, r); err != nil {
