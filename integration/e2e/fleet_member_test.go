@@ -106,7 +106,9 @@ func (m *member) fetch(ctx context.Context, f *fleet) (*caclient.SVID, error) {
 }
 
 func (m *member) store(svid *caclient.SVID, f *fleet) {
-	if svid.Chain[0].CheckSignatureFrom(f.oldRoot) == nil {
+	// The root signed the leaf, or the top of the intermediates it came
+	// with (--upstream: an intermediate under the root).
+	if svid.Chain[len(svid.Chain)-1].CheckSignatureFrom(f.oldRoot) == nil {
 		f.oldLeaves.Add(1)
 	} else {
 		f.newLeaves.Add(1)

@@ -50,10 +50,14 @@ func (r fleetRun) run(t *testing.T) *keymgr.State {
 	t.Helper()
 	began := time.Now()
 	ca := r.start(t)
-	roots := loadState(t, ca.store).Bundle()
+	first := loadState(t, ca.store)
+	roots := first.Bundle()
 	if len(roots) != 1 {
 		t.Fatalf("%d roots before the rotation, want 1", len(roots))
 	}
+	// The authority rotated away from: its root's, or an intermediate's
+	// under it (--upstream).
+	oldID := first.Active().ID()
 	f := newFleet(t, ca.addrs, roots[0], r.fleetShape)
 	t.Logf("fleet of %d workloads on %d server(s) ready after %v", len(f.members), len(ca.addrs), time.Since(began).Round(time.Millisecond))
 
@@ -84,7 +88,6 @@ func (r fleetRun) run(t *testing.T) *keymgr.State {
 	stop()
 
 	final := loadState(t, ca.store)
-	oldID := keymgr.Fingerprint(f.oldRoot)
 	prepared, activated, retired := stepTimes(final, oldID)
 	since := func(at time.Time) time.Duration { return at.Sub(rotationBegan).Round(time.Millisecond) }
 	t.Logf("rotation (from the fleet's first handshakes): prepared after %v, activated after %v, retired after %v, old root gone from every bundle after %v",
