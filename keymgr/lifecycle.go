@@ -188,7 +188,8 @@ func supersededReason(by *AuthorityRecord, reason string) string {
 
 // Retire drops the previous authority id (or a unique prefix of it) from
 // the trust bundle and destroys its key (Key becomes nil). Its root stays
-// in the bundle while another authority that is not retired shares it.
+// in the bundle while another authority that is not retired shares it;
+// the bundle's sequence grows only when the root leaves.
 //
 // The guard: it is refused while a leaf issued under it can still be
 // valid, until its LatestLeafNotAfter, plus g.Margin for a clock (the
@@ -208,9 +209,14 @@ func (s *State) Retire(id string, now time.Time, g Guards, force bool, reason st
 	if d, why := g.dependentsHold(s, VerbRetire, rec, now); !force && d != nil {
 		return dependentError(VerbRetire, rec, d, why, now)
 	}
+	kept := s.View().rootKeptBy(rec)
 	rec.enter(PhaseRetired, now, reason, force)
 	rec.Key, rec.RootKey = nil, nil
-	s.Sequence++
+	if !kept {
+		// Its root leaves the bundle. An intermediate retired under a
+		// root another authority keeps changes no bundle.
+		s.Sequence++
+	}
 	return nil
 }
 

@@ -202,3 +202,31 @@ func TestDueRenewedRoot(t *testing.T) {
 		t.Fatalf("due %+v, %v at 61 of the root's 90 days; want to prepare the next root", st, due)
 	}
 }
+
+// TestRetireRenewalKeepsSequence: retiring an intermediate whose root
+// another authority keeps changes no bundle, nor its sequence; retiring
+// the last authority of a root does.
+func TestRetireRenewalKeepsSequence(t *testing.T) {
+	h := func(d time.Duration) time.Time { return lcT0.Add(d) }
+	s, a, b := lcRotated(t)
+	// b signs with its root: take it over, as self does, then retire
+	// what it replaced.
+	over := lcRenewal(t, &testca.CA{Cert: b.Root, Key: b.Key}, "takeover", h(15*time.Hour))
+	over.RootKey = b.Key
+	if err := s.Renew(b.ID(), over, h(15*time.Hour), ""); err != nil {
+		t.Fatal(err)
+	}
+	seq := s.Sequence
+	if err := s.Retire(b.ID(), h(16*time.Hour), keymgr.Guards{}, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if s.Sequence != seq {
+		t.Fatalf("sequence %d after retiring an authority whose root stays, want %d", s.Sequence, seq)
+	}
+	if err := s.Retire(a.ID(), h(25*time.Hour), keymgr.Guards{}, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	if s.Sequence != seq+1 {
+		t.Fatalf("sequence %d after a root left the bundle, want %d", s.Sequence, seq+1)
+	}
+}

@@ -37,7 +37,7 @@ func (f *prepareFlags) inUpstream(ctx context.Context, s *keymgr.State, log *slo
 		return nil, fmt.Errorf("--upstream %s makes a new root where it keeps keys: give no --cert, --ca-dir or --external", k.name)
 	}
 	f.up.renewAt = keymgr.DefaultRenewAt
-	if err := f.up.validate(signerLocal, true); err != nil {
+	if err := f.up.validate(signerLocal, true, 0); err != nil {
 		return nil, err
 	}
 	td, err := spiffeid.TrustDomainFromString(f.organization(s))

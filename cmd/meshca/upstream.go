@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
+	"github.com/meshca/meshca/signer"
 	"github.com/spf13/pflag"
 )
 
@@ -163,20 +164,26 @@ func (u *upstreamFlags) selected() (*upstreamKind, error) {
 }
 
 // validate checks the selection without I/O: an upstream renews the
-// built-in CA's intermediate in a CA state.
-func (u *upstreamFlags) validate(signer string, hasState bool) error {
+// built-in CA's intermediate in a CA state, with enough of its life left
+// at the renewal for a leaf of --default-ttl worth issuing (twice
+// signer.MinLifetime: below it, requests and /readyz fail).
+func (u *upstreamFlags) validate(signerName string, hasState bool, defaultTTL time.Duration) error {
 	k, err := u.selected()
 	switch {
 	case err != nil || k == nil:
 		return err
-	case signer != signerLocal:
-		return fmt.Errorf("--upstream %s renews the built-in CA's signing intermediate, and --signer %s signs elsewhere: give one of them (docs/backends.md says which)", u.name, signer)
+	case signerName != signerLocal:
+		return fmt.Errorf("--upstream %s renews the built-in CA's signing intermediate, and --signer %s signs elsewhere: give one of them (docs/backends.md says which)", u.name, signerName)
 	case !hasState:
 		return fmt.Errorf("--upstream %s keeps its intermediate in a CA state: give --state-dir or --state-secret (a plugged-in --ca-dir is renewed by its owner)", u.name)
 	case u.ttl < minIntermediateTTL:
 		return fmt.Errorf("--intermediate-ttl %v must be at least %v", u.ttl, minIntermediateTTL)
 	case u.renewAt <= minRenewAt || u.renewAt >= 1:
 		return fmt.Errorf("--intermediate-renew-at %v must be above %v (MeshcaIntermediateExpiringSoon fires below it) and below 1", u.renewAt, minRenewAt)
+	case time.Duration(float64(u.ttl)*u.renewAt) < 2*signer.MinLifetime(defaultTTL):
+		return fmt.Errorf("--intermediate-ttl %v × --intermediate-renew-at %v leaves %v at a renewal; it must leave at least %v for leaves of --default-ttl %v "+
+			"(a leaf worth issuing has half its lifetime, at most a minute, and the renewal may take that long again)",
+			u.ttl, u.renewAt, time.Duration(float64(u.ttl)*u.renewAt), 2*signer.MinLifetime(defaultTTL), defaultTTL)
 	case k.options == nil:
 		return nil
 	}

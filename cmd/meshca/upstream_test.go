@@ -31,6 +31,9 @@ func TestUpstreamFlags(t *testing.T) {
 		{"plugged-in CA", []string{"--ca-dir=" + dir, "--upstream=self"}, "give --state-dir or --state-secret"},
 		{"short intermediate", []string{st, "--upstream=self", "--intermediate-ttl=30s"}, "--intermediate-ttl 30s must be at least 1m"},
 		{"renew at 1", []string{st, "--upstream=self", "--intermediate-renew-at=1"}, "--intermediate-renew-at 1 must be above 0.25"},
+		{"a renewal too late for a day's leaves", []string{st, "--upstream=self", "--intermediate-ttl=1m"},
+			"--intermediate-ttl 1m0s × --intermediate-renew-at 0.5 leaves 30s at a renewal; it must leave at least 2m0s for leaves of --default-ttl 24h0m0s"},
+		{"short intermediates for short leaves", []string{st, "--upstream=self", "--intermediate-ttl=1m", "--default-ttl=20s", "--max-ttl=20s"}, ""},
 		{"renew at a fifth", []string{st, "--upstream=self", "--intermediate-renew-at=0.2"}, "must be above 0.25 (MeshcaIntermediateExpiringSoon fires below it)"},
 	}
 	for _, tt := range tests {

@@ -94,6 +94,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{schema, "at '/upstream/vaultTransit/key'"}},
 		{"vault upstream with the vault signer", "upstream: {type: vault-pki, vault: {addr: \"https://vault:8200\", auth: {kubernetes: {role: m}}}}\nsigner: {type: vault}",
 			[]string{schema, "at '/signer/type': value must be 'local'"}},
+		{"upstream intermediate renewed too late for a day's leaves", `upstream: {type: self, intermediateTTL: 2m}`,
+			[]string{"upstream.intermediateTTL (2m) × upstream.renewAt (0.5) must leave at least twice a leaf worth issuing"}},
 		{"vault without a serving certificate", `signer: {type: vault}`,
 			[]string{"signer.servingCertificate.secretName is required with signer.type vault"}},
 		{"vault without an address", `signer: {type: vault, servingCertificate: {secretName: s}}`,

@@ -59,8 +59,12 @@ across two keys. Each message names the keys and what to do.
 {{- end -}}
 {{- end -}}
 {{- with $v.upstream -}}
-{{- if and .type (lt (include "meshca.seconds" .intermediateTTL | float64) 60.0) -}}
+{{- $ttl := include "meshca.seconds" .intermediateTTL | float64 -}}
+{{- if and .type (lt $ttl 60.0) -}}
 {{- fail (printf "upstream.intermediateTTL (%s) must be at least 1m" .intermediateTTL) -}}
+{{- end -}}
+{{- if and .type (lt (mulf $ttl .renewAt) (mulf 2.0 (minf 60.0 (divf $default 2.0)))) -}}
+{{- fail (printf "upstream.intermediateTTL (%s) × upstream.renewAt (%v) must leave at least twice a leaf worth issuing (half of ca.defaultTTL, at most a minute) at a renewal" .intermediateTTL .renewAt) -}}
 {{- end -}}
 {{- end -}}
 {{- include "meshca.validateBudget" . -}}
