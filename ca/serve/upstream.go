@@ -118,6 +118,7 @@ func (be *backend) renewing(ctx context.Context, c Backend, ren *keymgr.Renewer,
 			"failures", st.Failures, "retry_at", st.Retry, "intermediate_not_after", be.expiry.ChainNotAfter())
 	}
 	return func(ctx context.Context) error {
+		metrics.RenewerStarted(ren.Name)
 		defer metrics.RenewerStopped(ren.Name)
 		return ren.Run(ctx)
 	}

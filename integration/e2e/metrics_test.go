@@ -62,6 +62,10 @@ func vaultOnly(name string) bool {
 // certificate exports.
 func istiodOnly(name string) bool { return strings.HasPrefix(name, "meshca_istiod_") }
 
+// upstreamOnly: the metrics of an intermediate renewed from an upstream,
+// which a server exports with --upstream.
+func upstreamOnly(name string) bool { return strings.HasPrefix(name, "meshca_intermediate_") }
+
 // wantSample is a sample a scrape must hold, with a value in [min, max].
 type wantSample struct {
 	name     string
@@ -86,11 +90,12 @@ func checkSamples(t *testing.T, e *exposition, want []wantSample) {
 // export every metric issue 10 names and every metric that the Grafana
 // dashboard's queries and the alerts' expressions use.
 func TestMetrics(t *testing.T) {
-	var builtin, withVault, withIstiod *exposition
+	var builtin, withVault, withIstiod, withUpstream *exposition
 	t.Run("built-in", func(t *testing.T) { builtin = scrapeBuiltin(t) })
 	t.Run("vault", func(t *testing.T) { withVault = scrapeVault(t) })
 	t.Run("istiod", func(t *testing.T) { withIstiod = scrapeIstiod(t) })
-	if builtin == nil || withVault == nil || withIstiod == nil {
+	t.Run("upstream", func(t *testing.T) { withUpstream = scrapeUpstream(t) })
+	if builtin == nil || withVault == nil || withIstiod == nil || withUpstream == nil {
 		t.Fatal("no scrape to check")
 	}
 	exporter := func(name string) *exposition {
@@ -99,6 +104,8 @@ func TestMetrics(t *testing.T) {
 			return withVault
 		case istiodOnly(name):
 			return withIstiod
+		case upstreamOnly(name):
+			return withUpstream
 		}
 		return builtin
 	}
@@ -201,6 +208,28 @@ func scrapeBuiltin(t *testing.T) *exposition {
 		{"meshca_rotation_steps_total", map[string]string{"verb": "prepare"}, 0, 0},
 		{"citadel_server_root_cert_expiry_seconds", nil, 365 * 86400, 11 * 365 * 86400},
 		{"meshca_serving_certificate_expiry_timestamp_seconds", nil, float64(time.Now().Add(20 * 24 * time.Hour).Unix()), float64(time.Now().Add(31 * 24 * time.Hour).Unix())},
+	})
+	return e
+}
+
+// scrapeUpstream scrapes a server renewing its intermediate from the
+// self upstream, after one issued and one refused request.
+func scrapeUpstream(t *testing.T) *exposition {
+	s := startServer(t, "--upstream", "self")
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "metrics-upstream"), "frontend", "node-a")
+	request(t, func(token string) error {
+		_, err := s.client(t, token).Fetch(context.Background(), workloadID(w), caclient.Options{})
+		return err
+	}, w)
+	e := scrapeMetrics(t, s.AdminAddr)
+	now := float64(time.Now().Unix())
+	self := map[string]string{"upstream": "self"}
+	checkSamples(t, e, []wantSample{
+		{"meshca_intermediate_expiry_timestamp", self, now + 71*3600, now + 73*3600},
+		{"meshca_intermediate_start_timestamp", self, now - 600, now},
+		{"meshca_intermediate_renewal_failures", self, 0, 0},
+		{"meshca_intermediate_renewals_total", map[string]string{"upstream": "self", "result": "ok"}, 0, 0},
+		{"citadel_server_cert_chain_expiry_seconds", nil, 71 * 3600, 73 * 3600},
 	})
 	return e
 }

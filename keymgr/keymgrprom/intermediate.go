@@ -67,6 +67,14 @@ func (m *Metrics) Renewal(upstream, result string, failures int, now time.Time) 
 	}
 }
 
+// RenewerStarted shows that this replica renews from upstream, with no
+// failure yet: the series the alerts read exist before the first
+// renewal.
+func (m *Metrics) RenewerStarted(upstream string) {
+	m.inter.failures.WithLabelValues(upstream).Set(0)
+	m.inter.renewals.WithLabelValues(upstream, RenewOK)
+}
+
 // RenewerStopped forgets this replica's count of failures in a row from
 // upstream: another replica renews now (leadership moved), and a stale
 // count would keep an alert firing.
