@@ -288,8 +288,8 @@ func TestVaultTransitPolicies(t *testing.T) {
 // TestVaultPKIPolicies: with the policy docs/upstream.md gives meshca
 // serve (sign-intermediate on one issuer), the upstream signs and reads
 // the mount's roots, and cannot sign with another issuer nor make one;
-// the admin policy of `meshca root prepare|retire` makes issuers, has
-// them sign a lineage's first intermediate, and deletes them.
+// the admin policy of `meshca root prepare` makes issuers and has them
+// sign a lineage's first intermediate.
 func TestVaultPKIPolicies(t *testing.T) {
 	v := harness.StartVault(t, vaultBin)
 	v.MountPKI(t, "pki-mesh")
@@ -314,14 +314,6 @@ func TestVaultPKIPolicies(t *testing.T) {
 	wantKind(t, "serve's policy signing with another issuer", sign(t, serve, other), upstream.KindRefused, "permission denied")
 	_, err = serve.NewRoot(ctx, &upstream.RootRequest{KeyType: certs.KeyECP256, Subject: pkix.Name{CommonName: "x"}, TTL: time.Hour})
 	wantKind(t, "serve's policy making a root", err, upstream.KindRefused, "permission denied")
-	is, err := admin.Issuers(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleted, err := is.Delete(ctx, "", other.Cert)
-	if err != nil || len(deleted) != 1 {
-		t.Fatalf("the admin policy deleting an issuer: %v %v", deleted, err)
-	}
 }
 
 // TestVaultPKIAdoptsIssuer: an issuer the organisation made (here an

@@ -112,15 +112,5 @@ func (u *Upstream) adopt(ctx context.Context) (*upstream.Root, error) {
 	return nil, errorf(upstream.KindRefused, "%s does not chain to a root in %s: import its root into the mount (%s/issuers/import/cert) so that meshca can publish it", path, u.c.Mount, u.c.Mount)
 }
 
-// Issuers are the mount's issuers, managed with the upstream's login
-// (logged in first), for the steps of `meshca root` that move between
-// issuers: retire deletes one.
-func (u *Upstream) Issuers(ctx context.Context) (*Issuers, error) {
-	if _, err := u.sess.Current(ctx); err != nil {
-		return nil, upstreamError(err)
-	}
-	return NewIssuers(u.sess.Client(), u.c.Mount), nil
-}
-
 // String names the upstream and its mount, for logs.
 func (u *Upstream) String() string { return fmt.Sprintf("%s (%s)", Name, u.c.Mount) }
