@@ -105,8 +105,8 @@ var layers = []layer{
 	},
 	{
 		Name: "vault upstream", Pkgs: []string{"keymgr/upstream/vaultpki", "keymgr/upstream/vaulttransit"},
-		May: []string{"internal", "csr", "keymgr/certs", "keymgr", "vaultauth"},
-		Why: "the Vault upstreams keep the root key in Vault (a PKI issuer, a Transit key); they are keymgr, log in with vaultauth as the Vault signer does, and must not import signer, ca or cmd",
+		May: []string{"internal", "csr", "keymgr/certs", "upstream", "vaultauth"},
+		Why: "the Vault upstreams keep the root key in Vault (a PKI issuer, a Transit key); they are upstreams, and log in with vaultauth as the Vault signer does",
 	},
 	{
 		Name: "signer", Pkgs: []string{"signer"}, May: []string{"internal", "csr"},
