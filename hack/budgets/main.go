@@ -3,7 +3,9 @@
 // module of the repository; no function over its folder's limit (cmd/: 60
 // lines); only allowed direct requires (each with its reason) in the product
 // go.mod; google.golang.org/grpc/status imported only by ca and ca/caclient;
-// no import against the package layering. The rules are data, in rules.go.
+// no import against the package layering, in the default build nor in
+// the HSM build's files (build tag pkcs11). The rules are data, in
+// rules.go.
 //
 // Run it from the repository root, as make check does:
 //
@@ -147,14 +149,61 @@ func readGoMod(root string) (string, []string, error) {
 	return m.Module.Path, direct, nil
 }
 
-// listPackages lists the product module's packages with go list and reads
-// the imports of each of their files.
+// listPackages lists the product module's packages with go list, once
+// for each of buildTags, and reads the imports of each of their files:
+// a file of any build is checked.
 func listPackages(root, module string) ([]pkg, error) {
-	out, err := goCmd(root, "list", "-e", "-json=ImportPath,Dir,GoFiles,CgoFiles,TestGoFiles,XTestGoFiles", "./...")
+	var pkgs []pkg
+	index := map[string]int{} // package path → index in pkgs
+	seen := map[string]bool{} // files already read
+	for _, tags := range buildTags {
+		listed, err := listBuild(root, module, tags)
+		if err != nil {
+			return nil, err
+		}
+		for _, lp := range listed {
+			i, ok := index[lp.ImportPath]
+			if !ok {
+				i = len(pkgs)
+				index[lp.ImportPath] = i
+				pkgs = append(pkgs, pkg{Path: lp.ImportPath})
+			}
+			for _, f := range lp.files {
+				path := filepath.Join(lp.Dir, f.name)
+				if seen[path] {
+					continue
+				}
+				seen[path] = true
+				gf, err := readGoFile(root, path, f.test)
+				if err != nil {
+					return nil, err
+				}
+				pkgs[i].Files = append(pkgs[i].Files, gf)
+			}
+		}
+	}
+	return pkgs, nil
+}
+
+// A listedPkg is one package of the product module as go list sees it
+// in one build.
+type listedPkg struct {
+	ImportPath, Dir string
+	files           []listedFile
+}
+
+type listedFile struct {
+	name string
+	test bool
+}
+
+// listBuild lists the product module's packages in the build of tags.
+func listBuild(root, module, tags string) ([]listedPkg, error) {
+	out, err := goCmd(root, "list", "-e", "-tags="+tags, "-json=ImportPath,Dir,GoFiles,CgoFiles,TestGoFiles,XTestGoFiles", "./...")
 	if err != nil {
 		return nil, err
 	}
-	var pkgs []pkg
+	var pkgs []listedPkg
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {
 		var lp struct {
@@ -169,17 +218,13 @@ func listPackages(root, module string) ([]pkg, error) {
 		if _, ours := relPath(module, lp.ImportPath); !ours {
 			continue
 		}
-		p := pkg{Path: lp.ImportPath}
+		p := listedPkg{ImportPath: lp.ImportPath, Dir: lp.Dir}
 		for _, set := range []struct {
 			names []string
 			test  bool
 		}{{lp.GoFiles, false}, {lp.CgoFiles, false}, {lp.TestGoFiles, true}, {lp.XTestGoFiles, true}} {
 			for _, name := range set.names {
-				f, err := readGoFile(root, filepath.Join(lp.Dir, name), set.test)
-				if err != nil {
-					return nil, err
-				}
-				p.Files = append(p.Files, f)
+				p.files = append(p.files, listedFile{name, set.test})
 			}
 		}
 		pkgs = append(pkgs, p)
