@@ -21,8 +21,10 @@ import (
 // Name is the upstream's name: --upstream's value and Ref.Type.
 const Name = "pkcs11"
 
-// DefaultKeyLabel is the label prefix of the root keys NewRoot makes.
-const DefaultKeyLabel = "meshca-root"
+// DefaultKeyLabel labels a root key made for a root without a common
+// name, with the time; NewRoot labels the others with the root's common
+// name.
+const DefaultKeyLabel = "meshca root"
 
 // NotBuilt is what a meshca built without the tag pkcs11 answers.
 const NotBuilt = "this meshca was built without PKCS#11 support; use the meshca-hsm build or image"
@@ -39,9 +41,6 @@ type Config struct {
 	// PIN is the user PIN. It is kept in memory to log in again after
 	// the token drops the login, and never logged.
 	PIN string
-	// KeyLabel prefixes the labels of the root keys NewRoot generates:
-	// "<KeyLabel>-<UTC time>". Empty means DefaultKeyLabel.
-	KeyLabel string
 	// MaxSessions bounds the sessions meshca opens on the token, which
 	// other applications may share: 0 means 4, enough for a renewal, a
 	// root prepare and a status at once.
@@ -65,8 +64,6 @@ func (c *Config) validate() error {
 		return errors.New("pkcs11: the user PIN is required")
 	case c.MaxSessions == 1 || c.MaxSessions < 0:
 		return fmt.Errorf("pkcs11: at least 2 sessions are needed, not %d", c.MaxSessions)
-	case strings.ContainsAny(c.KeyLabel, "\x00"):
-		return errors.New("pkcs11: the key label holds a NUL")
 	}
 	return nil
 }
@@ -86,7 +83,7 @@ type keyRef struct {
 }
 
 // String is the key's Ref.Key: an RFC 7512 PKCS#11 URI naming the object
-// by label and ID, "pkcs11:object=meshca-root-20261206T194200Z;id=%3a%7f...",
+// by label and ID, "pkcs11:object=meshca%20root%202026-12-06T19%3A42%3A00Z;id=%3a%7f...",
 // as pkcs11-tool and p11tool name it (without the token, which the
 // configuration selects).
 func (k keyRef) String() string {

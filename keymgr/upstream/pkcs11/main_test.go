@@ -7,10 +7,8 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
-	"net/url"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -19,6 +17,7 @@ import (
 	"github.com/meshca/meshca/internal/softhsm"
 	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/upstream"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
 // hsm is this test binary's SoftHSM2 configuration: SoftHSM2 reads
@@ -78,13 +77,13 @@ func newUpstream(t *testing.T, cfg Config) *Upstream {
 	return u
 }
 
-var td = &url.URL{Scheme: "spiffe", Host: "cluster.local"}
+var td = spiffeid.RequireTrustDomainFromString("cluster.local")
 
 // newRoot makes a root of type kt in u's token.
 func newRoot(t *testing.T, u *Upstream, kt certs.KeyType) *upstream.Root {
 	t.Helper()
 	root, err := u.NewRoot(context.Background(), &upstream.RootRequest{
-		KeyType: kt, Subject: pkix.Name{Organization: []string{"cluster.local"}, CommonName: "pkcs11 test root"},
+		KeyType: kt, Subject: pkix.Name{Organization: []string{td.Name()}, CommonName: "pkcs11 test root " + string(kt)},
 		TTL: 24 * time.Hour, Now: time.Now(),
 	})
 	if err != nil {
@@ -100,14 +99,10 @@ func request(t *testing.T, root *upstream.Root) *upstream.Request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject := pkix.Name{Organization: []string{"cluster.local"}, CommonName: "pkcs11 test intermediate"}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: subject, URIs: []*url.URL{td}}, key)
+	subject := pkix.Name{Organization: []string{td.Name()}, CommonName: "pkcs11 test intermediate"}
+	csr, err := upstream.NewCSR(key, subject, td)
 	if err != nil {
 		t.Fatal(err)
 	}
-	csr, err := x509.ParseCertificateRequest(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &upstream.Request{CSR: csr, Subject: subject, Root: root.Cert, Ref: root.Ref, TTL: time.Hour}
+	return &upstream.Request{CSR: csr, Subject: subject, TrustDomain: td, Root: root.Cert, Ref: root.Ref, TTL: time.Hour}
 }

@@ -4,13 +4,14 @@ package pkcs11
 
 import (
 	"context"
+	"crypto"
 	"crypto/rand"
-	"crypto/x509"
-	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/ThalesGroup/crypto11"
+	"github.com/meshca/meshca/keymgr/certs"
 	"github.com/meshca/meshca/keymgr/upstream"
 )
 
@@ -18,9 +19,11 @@ import (
 // (the build tag pkcs11).
 const Supported = true
 
-// Upstream signs intermediates with a root key in a PKCS#11 token. It is
-// safe for concurrent use; Close ends its session with the token.
+// Upstream signs intermediates with a root key in a PKCS#11 token: the
+// certificates are upstream.KeySigned's, the token signs them. It is safe
+// for concurrent use; Close ends its session with the token.
 type Upstream struct {
+	ks  upstream.KeySigned
 	cfg Config
 	tok *token
 }
@@ -36,83 +39,114 @@ func New(cfg Config) (*Upstream, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.KeyLabel == "" {
-		cfg.KeyLabel = DefaultKeyLabel
-	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Upstream{cfg: cfg, tok: &token{cfg: cfg, open: crypto11.Configure}}, nil
+	u := &Upstream{cfg: cfg, tok: &token{cfg: cfg, open: crypto11.Configure}}
+	u.ks = upstream.KeySigned{Name: Name, Key: u.key, NewKey: u.newKey, Now: cfg.Now}
+	return u, nil
 }
 
 // SignIntermediate signs req.CSR's key as an intermediate under req.Root
 // with the root's key in the token, which req.Ref names and whose public
 // half must be req.Root's.
 func (u *Upstream) SignIntermediate(ctx context.Context, req *upstream.Request) (*upstream.Response, error) {
+	return u.ks.SignIntermediate(ctx, req)
+}
+
+// NewRoot generates a new root key in the token, labelled with the root's
+// common name and a random 16-byte ID, and self-signs the root with it.
+func (u *Upstream) NewRoot(ctx context.Context, req *upstream.RootRequest) (*upstream.Root, error) {
+	return u.ks.NewRoot(ctx, req)
+}
+
+// Close logs out of the token and closes its sessions.
+func (u *Upstream) Close() error { return u.tok.close() }
+
+// key finds the root key req.Ref names, checked to be req.Root's.
+func (u *Upstream) key(ctx context.Context, req *upstream.Request) (crypto.Signer, error) {
 	if req.Ref.Type != Name {
-		return nil, u.refuse(fmt.Errorf("the root's key is in the %q upstream, not in a PKCS#11 token", req.Ref.Type))
+		return nil, u.refuse(fmt.Errorf("root %q is kept by upstream %q, not in a PKCS#11 token", req.Root.Subject, req.Ref.Type))
 	}
 	k, err := parseKeyRef(req.Ref.Key)
 	if err != nil {
 		return nil, u.refuse(err)
 	}
-	var cert *x509.Certificate
+	var pub crypto.PublicKey
 	err = u.tok.do(ctx, func(c *crypto11.Context) error {
 		key, err := find(c, k, req.Root.PublicKey)
-		if err != nil {
-			return err
+		if err == nil {
+			pub = key.Public()
 		}
-		cert, err = buildIntermediate(req, key, u.cfg.Now())
 		return err
 	})
 	if err != nil {
-		return nil, u.classify("sign an intermediate with "+k.String(), err)
+		return nil, u.classify("find the root key "+k.String(), err)
 	}
-	return &upstream.Response{Cert: cert}, nil
+	return &tokenKey{u: u, ctx: ctx, ref: k, pub: pub}, nil
 }
 
-// NewRoot generates a new root key in the token, labelled
-// "<KeyLabel>-<UTC time>" with a random 16-byte ID, and self-signs the
-// root with it. A key whose root could not be made is deleted again.
-func (u *Upstream) NewRoot(ctx context.Context, req *upstream.RootRequest) (*upstream.Root, error) {
-	r := *req
-	if r.Now.IsZero() {
-		r.Now = u.cfg.Now()
+// newKey generates a key pair of type kt in the token, labelled label
+// (DefaultKeyLabel and the time when empty) with a random 16-byte ID.
+func (u *Upstream) newKey(ctx context.Context, kt certs.KeyType, label string) (crypto.Signer, upstream.Ref, error) {
+	if label == "" {
+		label = DefaultKeyLabel + " " + u.cfg.Now().UTC().Format(time.RFC3339)
 	}
-	if r.TTL <= 0 {
-		return nil, u.refuse(fmt.Errorf("a root's lifetime must be positive, not %v", r.TTL))
-	}
-	var root *upstream.Root
-	label := u.cfg.KeyLabel + "-" + r.Now.UTC().Format("20060102T150405Z")
+	var k keyRef
+	var pub crypto.PublicKey
 	err := u.tok.do(ctx, func(c *crypto11.Context) error {
 		// A new ID at each attempt: a key made before a lost login is
-		// never confused with this one.
-		k := keyRef{Label: label, ID: make([]byte, 16)}
-		if _, err := rand.Read(k.ID); err != nil {
+		// never taken for this one.
+		id := make([]byte, 16)
+		if _, err := rand.Read(id); err != nil {
 			return err
 		}
-		key, err := generate(c, r.KeyType, k)
+		key, err := generate(c, kt, keyRef{Label: label, ID: id})
 		if err != nil {
 			return err
 		}
-		cert, err := buildRoot(&r, key)
-		if err == nil && ctx.Err() != nil {
-			err = ctx.Err() // nobody will record this key: do not leave it
-		}
-		if err != nil {
-			return errors.Join(err, key.Delete())
-		}
-		root = &upstream.Root{Cert: cert, Ref: upstream.Ref{Type: Name, Key: k.String()}}
+		k, pub = keyRef{Label: label, ID: id}, key.Public()
 		return nil
 	})
 	if err != nil {
-		return nil, u.classify("make a root key "+label, err)
+		return nil, upstream.Ref{}, u.classify("make a root key labelled "+label, err)
 	}
-	return root, nil
+	return &tokenKey{u: u, ctx: ctx, ref: k, pub: pub}, upstream.Ref{Type: Name, Key: k.String()}, nil
 }
 
-// Close logs out of the token and closes its sessions.
-func (u *Upstream) Close() error { return u.tok.close() }
+// A tokenKey is a root key in the token as a crypto.Signer, bound to the
+// context of the renewal or root step that uses it. Each signature finds
+// the key anew through the shared connection, so that one made after the
+// token dropped the login logs in again rather than fail on a stale
+// handle.
+type tokenKey struct {
+	u   *Upstream
+	ctx context.Context
+	ref keyRef
+	pub crypto.PublicKey
+}
+
+func (k *tokenKey) Public() crypto.PublicKey { return k.pub }
+
+// Sign has the token sign digest; rand is unused (the token draws its own).
+func (k *tokenKey) Sign(_ io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	var sig []byte
+	err := k.u.tok.do(k.ctx, func(c *crypto11.Context) error {
+		key, err := find(c, k.ref, k.pub)
+		if err != nil {
+			return err
+		}
+		s, err := key.Sign(rand.Reader, digest, opts)
+		if err == nil {
+			sig = s
+		}
+		return err
+	})
+	if err != nil {
+		return nil, k.u.classify("sign with "+k.ref.String(), err)
+	}
+	return sig, nil
+}
 
 // refuse is a request the upstream cannot serve whatever the token says.
 func (u *Upstream) refuse(err error) error {
