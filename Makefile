@@ -6,12 +6,25 @@ GOTEST_FLAGS ?= -race -count=1
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: all build test test-unit test-integration test-istio tools k8s istio manifests proto proto-check bench demo check lint clean
+.PHONY: all build build-hsm test test-unit test-hsm test-integration test-istio tools k8s istio manifests proto proto-check bench demo check lint clean
 
 all: build
 
+# BIN_DIR is where build and build-hsm write meshca.
+BIN_DIR ?= bin
+
+## build: bin/meshca, static (CGO_ENABLED=0): no libc, runs from scratch.
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/meshca ./cmd/meshca
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN_DIR)/meshca ./cmd/meshca
+
+## build-hsm: bin/meshca-hsm, the HSM variant: the pkcs11 upstream (build
+## tag pkcs11) needs cgo, so it links to libc dynamically and dlopens the
+## vendor's PKCS#11 module at run time; the resolver and user lookups stay
+## pure Go (netgo, osusergo), so libc is all it needs besides the module.
+HSM_TAGS := pkcs11,netgo,osusergo
+build-hsm:
+	hack/deps.sh
+	CGO_ENABLED=1 $(GO) build -tags $(HSM_TAGS) -ldflags "-X main.version=$(VERSION)" -o $(BIN_DIR)/meshca-hsm ./cmd/meshca
 
 ## image: the container image without a container daemon (hack/image, its
 ## own module, with go-containerregistry): a static -trimpath build of
@@ -20,19 +33,39 @@ build:
 ## Every time in it is SOURCE_DATE_EPOCH (default: HEAD's commit time), so
 ## the same tree and Go give the same digest. The Dockerfile makes the same
 ## files with a daemon.
-.PHONY: image test-image
+.PHONY: image image-hsm test-image
 IMAGE_TAR ?= _out/meshca-image.tar
 IMAGE_REPOSITORY ?= ghcr.io/meshca/meshca
 image:
 	cd hack/image && $(GO) run . -root $(CURDIR) -version $(VERSION) \
 	  -repository $(IMAGE_REPOSITORY) -out $(abspath $(IMAGE_TAR))
 
+## image-hsm: the HSM variant's image (meshca-hsm): the build-hsm binary,
+## and the dynamic loader and libc it links to, taken from this machine's
+## Debian libc6 (its version is a label); the operator mounts the vendor's
+## PKCS#11 module (docs/upstream.md).
+HSM_IMAGE_TAR ?= _out/meshca-hsm-image.tar
+HSM_IMAGE_REPOSITORY ?= ghcr.io/meshca/meshca-hsm
+image-hsm:
+	hack/deps.sh
+	cd hack/image && $(GO) run . -variant hsm -root $(CURDIR) -version $(VERSION) \
+	  -repository $(HSM_IMAGE_REPOSITORY) -out $(abspath $(HSM_IMAGE_TAR))
+
 ## test: everything — unit tests, then the integration tests against a real
 ## etcd + kube-apiserver and an unmodified Istio client.
 test: proto-check check test-unit fuzz-smoke test-image test-alerts test-integration test-istio
 
-test-unit:
+test-unit: test-hsm
 	$(GO) test $(GOTEST_FLAGS) ./...
+
+## test-hsm: the HSM build's packages with the build tag pkcs11, against
+## the real SoftHSM2 (Debian's softhsm2; its objects read back with
+## opensc's pkcs11-tool), which hack/deps.sh installs. The default build's
+## pkcs11 stub is tested by test-unit's go test ./... .
+HSM_PKGS := ./keymgr/upstream/pkcs11/... ./internal/softhsm/...
+test-hsm:
+	hack/deps.sh
+	CGO_ENABLED=1 $(GO) test $(GOTEST_FLAGS) -tags $(HSM_TAGS) $(HSM_PKGS)
 
 ## fuzz-smoke: mutate each fuzz target for FUZZTIME, one after the other
 ## (test-unit already runs their seeds: f.Add and testdata/fuzz). A crash
@@ -86,10 +119,12 @@ fuzz-smoke:
 test-alerts:
 	hack/promtool/test.sh
 
-# Builds meshca once, packs it twice (same bytes) and reads the image back.
+# Builds meshca once, packs it twice (same bytes) and reads the image back;
+# the same for the HSM variant, whose binary runs on the image's own libc.
 # A packer, not concurrent code: no -race, which slows its gzip tenfold.
 test-image:
-	cd hack/image && $(GO) test -count=1 -timeout 10m ./...
+	hack/deps.sh
+	cd hack/image && $(GO) test -count=1 -timeout 20m ./...
 
 # Build (cached) the real etcd and kube-apiserver (k8s), and cfssl, Vault,
 # helm and Istio (tools), before go test starts, so that the first, long builds
@@ -190,6 +225,7 @@ check:
 	hack/commitlint.sh
 	$(GO) run ./hack/budgets
 	$(GO) vet ./...
+	CGO_ENABLED=1 $(GO) vet -tags $(HSM_TAGS) $(HSM_PKGS)
 	cd integration && $(GO) vet ./...
 	$(GO) mod tidy -diff && cd integration && $(GO) mod tidy -diff && cd istioclient && $(GO) mod tidy -diff
 	cd hack/image && $(GO) vet ./... && $(GO) mod tidy -diff

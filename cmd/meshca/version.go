@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"github.com/meshca/meshca/keymgr/upstream/pkcs11"
 	"github.com/spf13/cobra"
 )
 
@@ -78,13 +79,22 @@ func (b buildStamp) String() string {
 	return fmt.Sprintf("%s (%s)", b.Version, strings.Join(about, ", "))
 }
 
+// features names what this build has beyond the default one: " pkcs11"
+// for the HSM variant (make build-hsm), whose pkcs11 upstream needs cgo.
+func features() string {
+	if pkcs11.Supported {
+		return " pkcs11"
+	}
+	return ""
+}
+
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version, the VCS revision it was built from, and Go's version and platform",
+		Short: "Print the version, the VCS revision it was built from, Go's version and platform, and pkcs11 for the HSM build",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(cmd.OutOrStdout(), "meshca %s %s %s/%s\n", build, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprintf(cmd.OutOrStdout(), "meshca %s %s %s/%s%s\n", build, runtime.Version(), runtime.GOOS, runtime.GOARCH, features())
 			return nil
 		},
 	}

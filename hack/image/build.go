@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ type meta struct {
 	Created  time.Time // UTC, whole seconds
 	Arch     string
 	Ref      name.Tag // Repository:Version, the version made a valid tag
+	Variant  variant
 }
 
 // versionChars are the characters a version may have: git describe's, and
@@ -37,6 +39,10 @@ func resolve(ctx context.Context, o options) (meta, error) {
 		return meta{}, err
 	}
 	m := meta{Root: root, Version: o.Version, Revision: o.Revision, Source: o.Source, Arch: o.Arch}
+	var ok bool
+	if m.Variant, ok = variants[o.Variant]; !ok {
+		return meta{}, fmt.Errorf("variant %q: want \"\" (the default image) or hsm", o.Variant)
+	}
 	if m.Version == "" {
 		if m.Version, err = git(ctx, root, "describe", "--tags", "--always", "--dirty"); err != nil {
 			m.Version = "dev"
@@ -59,6 +65,14 @@ func resolve(ctx context.Context, o options) (meta, error) {
 	}
 	if m.Arch == "" {
 		return meta{}, fmt.Errorf("no GOARCH given")
+	}
+	if m.Variant.Cgo && m.Arch != runtime.GOARCH {
+		return meta{}, fmt.Errorf("the %s variant links to this machine's libc: build it on a %s machine, not %s", m.Variant.Name, m.Arch, runtime.GOARCH)
+	}
+	if m.Variant.Cgo {
+		if m.Variant.Libc6, err = dpkgVersion(ctx, "libc6"); err != nil {
+			return meta{}, err
+		}
 	}
 	if m.Ref, err = name.NewTag(o.Repository+":"+tagOf(m.Version), name.StrictValidation); err != nil {
 		return meta{}, fmt.Errorf("image name: %w", err)
@@ -92,14 +106,23 @@ func ldflags(version string) string {
 	return "-s -w -X main.version=" + version
 }
 
-// buildBinary builds ./cmd/meshca of root into out, static and without
-// the paths of this machine: CGO_ENABLED=0 for GOOS=linux, -trimpath, no
-// VCS stamp (the revision is the image's label).
-func buildBinary(ctx context.Context, root, out, version, arch string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false",
-		"-ldflags", ldflags(version), "-o", out, "./cmd/meshca")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+// buildBinary builds ./cmd/meshca of m.Root into out, without the paths
+// of this machine: -trimpath, no VCS stamp (the revision is the image's
+// label). The default variant is static: CGO_ENABLED=0 for GOOS=linux.
+// The hsm variant builds with cgo and its build tags (the pkcs11
+// upstream), linked to this machine's libc.
+func buildBinary(ctx context.Context, m meta, out string) error {
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags(m.Version)}
+	if m.Variant.Tags != "" {
+		args = append(args, "-tags", m.Variant.Tags)
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "-o", out, "./cmd/meshca")...)
+	cmd.Dir = m.Root
+	cgo := "CGO_ENABLED=0"
+	if m.Variant.Cgo {
+		cgo = "CGO_ENABLED=1"
+	}
+	cmd.Env = append(os.Environ(), cgo, "GOOS=linux", "GOARCH="+m.Arch)
 	var stderr bytes.Buffer
 	cmd.Stdout = &stderr
 	cmd.Stderr = &stderr

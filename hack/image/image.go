@@ -18,15 +18,19 @@ const (
 	labelRevision = "org.opencontainers.image.revision"
 	labelSource   = "org.opencontainers.image.source"
 	labelCreated  = "org.opencontainers.image.created"
+	// labelLibc6 is the Debian libc6 version whose loader and libc the
+	// hsm variant holds.
+	labelLibc6 = "io.meshca.libc6"
 )
 
 // The ports meshca listens on by default: gRPC, and /metrics with the probes.
 var exposedPorts = []string{"15012/tcp", "15014/tcp"}
 
-// newImage makes meshca's image from its binary: OCI media types, one
-// gzip layer (rootfs), and a config that runs /meshca serve as 65532.
-func newImage(binary []byte, m meta) (v1.Image, error) {
-	raw, err := layerTar(rootfs(binary), m.Created)
+// newImage makes meshca's image from its binary and the libraries it
+// needs (none for the default variant): OCI media types, one gzip layer
+// (rootfs), and a config that runs /meshca serve as 65532.
+func newImage(binary []byte, libs []file, m meta) (v1.Image, error) {
+	raw, err := layerTar(rootfs(binary, libs...), m.Created)
 	if err != nil {
 		return nil, err
 	}
@@ -43,8 +47,8 @@ func newImage(binary []byte, m meta) (v1.Image, error) {
 		MediaType: types.OCILayer,
 		History: v1.History{
 			Created:   v1.Time{Time: m.Created},
-			CreatedBy: "hack/image: go build -trimpath ./cmd/meshca " + m.Version,
-			Comment:   "/meshca, /etc/passwd, /etc/group, /tmp",
+			CreatedBy: "hack/image: go build -trimpath " + m.Variant.buildFlags() + "./cmd/meshca " + m.Version,
+			Comment:   "/meshca, /etc/passwd, /etc/group, /tmp" + m.Variant.comment(),
 		},
 	})
 	if err != nil {
@@ -71,6 +75,9 @@ func config(m meta) v1.Config {
 	}
 	if m.Revision != "" {
 		labels[labelRevision] = m.Revision
+	}
+	if m.Variant.Libc6 != "" {
+		labels[labelLibc6] = m.Variant.Libc6
 	}
 	ports := map[string]struct{}{}
 	for _, p := range exposedPorts {

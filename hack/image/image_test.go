@@ -80,7 +80,7 @@ func buildFixture(ctx context.Context) error {
 	}
 	built.meta = m
 	bin := filepath.Join(testDir, "build", "meshca")
-	if err := buildBinary(ctx, m.Root, bin, m.Version, m.Arch); err != nil {
+	if err := buildBinary(ctx, m, bin); err != nil {
 		return err
 	}
 	for i := range built.tars {

@@ -16,6 +16,12 @@
 // the layer's files') is SOURCE_DATE_EPOCH, by default the commit time of
 // HEAD, so the same tree and toolchain give the same digest.
 //
+// With -variant hsm it makes the HSM variant (make image-hsm): meshca
+// built with cgo and the build tag pkcs11, and beside it the dynamic
+// loader and libc.so.6 it links to, taken from this machine's Debian
+// libc6 (its version is the label io.meshca.libc6); the operator mounts
+// the vendor's PKCS#11 module.
+//
 // It prints the manifest digest (what a registry will call the image once
 // pushed with skopeo or crane from the layout) and the config digest (what
 // docker load prints as the image ID).
@@ -42,6 +48,7 @@ type options struct {
 	Arch       string // GOARCH of the binary and the image
 	Repository string // the image's name, tagged with Version
 	Source     string // the source label
+	Variant    string // "" for the default image, hsm for the HSM variant
 }
 
 func main() {
@@ -54,6 +61,7 @@ func main() {
 		"seconds since 1970 for every time in the image (default: $SOURCE_DATE_EPOCH, else HEAD's commit time)")
 	flag.StringVar(&o.Arch, "arch", runtime.GOARCH, "GOARCH of the binary and the image")
 	flag.StringVar(&o.Repository, "repository", "ghcr.io/meshca/meshca", "the image's name, tagged with the version")
+	flag.StringVar(&o.Variant, "variant", "", "the image: empty for the default one (static, from scratch), hsm for the HSM variant (the pkcs11 upstream, with the dynamic loader and libc)")
 	flag.StringVar(&o.Source, "source", "https://github.com/meshca/meshca", "the source label")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -76,7 +84,7 @@ func run(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "meshca")
-	if err := buildBinary(ctx, m.Root, bin, m.Version, m.Arch); err != nil {
+	if err := buildBinary(ctx, m, bin); err != nil {
 		return err
 	}
 	res, err := pack(bin, m, o.Out)
@@ -96,7 +104,13 @@ func pack(bin string, m meta, out string) (written, error) {
 	if err != nil {
 		return written{}, err
 	}
-	img, err := newImage(content, m)
+	var libs []file
+	if m.Variant.Cgo {
+		if libs, err = hostLibs(bin, m.Arch); err != nil {
+			return written{}, err
+		}
+	}
+	img, err := newImage(content, libs, m)
 	if err != nil {
 		return written{}, err
 	}

@@ -3,6 +3,9 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"path"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,14 +29,28 @@ type file struct {
 // rootfs lists the layer's entries in the order they are written: every
 // name sorted, each directory before what it holds. Everything is owned
 // by 0:0; meshca runs as 65532 and writes only to /tmp (and to volumes).
-func rootfs(binary []byte) []file {
-	return []file{
+// extra are more regular files (the hsm variant's loader and libc), their
+// directories (0755) added.
+func rootfs(binary []byte, extra ...file) []file {
+	files := []file{
 		{Name: "etc/", Mode: 0o755},
 		{Name: "etc/group", Mode: 0o644, Content: []byte(groupLines)},
 		{Name: "etc/passwd", Mode: 0o644, Content: []byte(passwdLines)},
 		{Name: binaryPath, Mode: 0o755, Content: binary},
 		{Name: "tmp/", Mode: 0o1777},
 	}
+	dirs := map[string]bool{"etc/": true, "tmp/": true}
+	for _, f := range extra {
+		for d := path.Dir(f.Name); d != "."; d = path.Dir(d) {
+			if !dirs[d+"/"] {
+				dirs[d+"/"] = true
+				files = append(files, file{Name: d + "/", Mode: 0o755})
+			}
+		}
+		files = append(files, f)
+	}
+	slices.SortFunc(files, func(a, b file) int { return strings.Compare(a.Name, b.Name) })
+	return files
 }
 
 // layerTar writes files as an uncompressed tar in the ustar format, every

@@ -34,6 +34,20 @@ func BuildMeshca(dir string) (string, error) {
 	return bin, nil
 }
 
+// BuildMeshcaHSM builds the HSM variant of meshca, with the pkcs11
+// upstream, as make build-hsm does (cgo, the Makefile's HSM_TAGS), into
+// dir and returns its path.
+func BuildMeshcaHSM(dir string) (string, error) {
+	bin := filepath.Join(dir, "meshca-hsm")
+	cmd := exec.Command("go", "build", "-tags", "pkcs11,netgo,osusergo", "-o", bin, "./cmd/meshca")
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("harness: build meshca-hsm: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
 // Meshca is a running `meshca serve` process.
 type Meshca struct {
 	Addr      string // gRPC host:port
