@@ -60,12 +60,14 @@ test-unit: test-hsm
 
 ## test-hsm: the HSM build's packages with the build tag pkcs11, against
 ## the real SoftHSM2 (Debian's softhsm2; its objects read back with
-## opensc's pkcs11-tool), which hack/deps.sh installs. The default build's
-## pkcs11 stub is tested by test-unit's go test ./... .
+## opensc's pkcs11-tool), which hack/deps.sh installs, and cmd/meshca's
+## PKCS#11 flags in that build. The default build's pkcs11 stub is tested
+## by test-unit's go test ./... .
 HSM_PKGS := ./keymgr/upstream/pkcs11/... ./internal/softhsm/...
 test-hsm:
 	hack/deps.sh
 	CGO_ENABLED=1 $(GO) test $(GOTEST_FLAGS) -tags $(HSM_TAGS) $(HSM_PKGS)
+	CGO_ENABLED=1 $(GO) test $(GOTEST_FLAGS) -tags $(HSM_TAGS) -run PKCS11 ./cmd/meshca
 
 ## fuzz-smoke: mutate each fuzz target for FUZZTIME, one after the other
 ## (test-unit already runs their seeds: f.Add and testdata/fuzz). A crash

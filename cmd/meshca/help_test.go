@@ -111,7 +111,8 @@ func TestRootStepFlags(t *testing.T) {
 		"activate": append(slices.Concat(common, step), "cfssl-label", "cfssl-profile", "cfssl-tls-ca-file", "cfssl-url", "vault-role", "vault-rsa-role"),
 		"retire":   append(slices.Concat(common, step), "vault-keep-issuer", "vault-root-mount"),
 		"prepare": append(slices.Clone(common), "ca-dir", "cert", "chain", "external", "issued-ttl", "key", "key-type", "lifetime",
-			"root", "trust-domain", "vault-issuer-type", "vault-root-mount", "upstream", "intermediate-ttl", "vault-pki-issuer", "vault-transit-key", "vault-transit-mount"),
+			"root", "trust-domain", "vault-issuer-type", "vault-root-mount", "upstream", "intermediate-ttl", "vault-pki-issuer", "vault-transit-key", "vault-transit-mount",
+			"pkcs11-module", "pkcs11-pin-file", "pkcs11-slot", "pkcs11-token-label"),
 	}
 	root, _, err := newRootCommand().Find([]string{"root"})
 	if err != nil {

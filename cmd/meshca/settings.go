@@ -58,7 +58,7 @@ var istioAliases = []istioAlias{
 // Kubernetes sets for a Service named meshca (MESHCA_SERVICE_HOST,
 // MESHCA_PORT_15012_TCP, ...).
 var (
-	notSettings       = []string{envCfsslAuthKey, envVaultSecretID, "MESHCA_CACHE"}
+	notSettings       = []string{envCfsslAuthKey, envVaultSecretID, envPKCS11PIN, "MESHCA_CACHE"}
 	notSettingsPrefix = []string{"MESHCA_SERVICE_", "MESHCA_PORT"}
 )
 

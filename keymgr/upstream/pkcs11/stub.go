@@ -31,5 +31,8 @@ func (*Upstream) NewRoot(context.Context, *upstream.RootRequest) (*upstream.Root
 	return nil, errNotBuilt
 }
 
+// Login fails: this build has no PKCS#11 support.
+func (*Upstream) Login(context.Context) error { return errNotBuilt }
+
 // Close does nothing.
 func (*Upstream) Close() error { return nil }

@@ -60,6 +60,13 @@ func (u *Upstream) NewRoot(ctx context.Context, req *upstream.RootRequest) (*ups
 	return u.ks.NewRoot(ctx, req)
 }
 
+// Login loads the module and logs in to the token now, rather than at
+// the first renewal, so that a wrong module, token or PIN shows at start.
+func (u *Upstream) Login(ctx context.Context) error {
+	_, _, err := u.tok.conn(ctx)
+	return u.classify("log in", err)
+}
+
 // Close logs out of the token and closes its sessions.
 func (u *Upstream) Close() error { return u.tok.close() }
 
