@@ -70,10 +70,19 @@ func buildHSMFixture(ctx context.Context) error {
 		return err
 	}
 	hsmBuilt.root = filepath.Join(testDir, "hsm-rootfs")
-	for _, e := range hsmBuilt.files {
-		name := filepath.Join(hsmBuilt.root, filepath.FromSlash(e.Header.Name))
+	return extract(hsmBuilt.files, hsmBuilt.root)
+}
+
+// extract writes a layer's directories and regular files under dir, with
+// their modes.
+func extract(files []entry, dir string) error {
+	for _, e := range files {
+		name := filepath.Join(dir, filepath.FromSlash(e.Header.Name))
+		var err error
 		if e.Header.Typeflag == tar.TypeDir {
-			err = os.MkdirAll(name, 0o755)
+			if err = os.MkdirAll(name, 0o755); err == nil {
+				err = os.Chmod(name, os.FileMode(e.Header.Mode&0o777)|sticky(e.Header.Mode))
+			}
 		} else {
 			err = os.WriteFile(name, e.Content, os.FileMode(e.Header.Mode))
 		}
@@ -82,6 +91,13 @@ func buildHSMFixture(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func sticky(mode int64) os.FileMode {
+	if mode&0o1000 != 0 {
+		return os.ModeSticky
+	}
+	return 0
 }
 
 // TestHSMImageFiles: the default image's files, and the dynamic loader
@@ -224,5 +240,103 @@ func TestMakefileHSMTags(t *testing.T) {
 		if !strings.Contains(mk, want) {
 			t.Errorf("the Makefile lacks %q", want)
 		}
+	}
+}
+
+// TestHSMImageLoadsMountedModule does what docs/upstream.md tells an
+// operator: the vendor's module, and the libraries it needs that the
+// image lacks, in a directory of their own named by LD_LIBRARY_PATH.
+// meshca, chrooted into the image's files as its user 65532, makes a
+// root key in a SoftHSM2 token through that module.
+func TestHSMImageLoadsMountedModule(t *testing.T) {
+	hsmFixture(t)
+	if os.Geteuid() != 0 {
+		t.Skip("chroot needs root")
+	}
+	const module = "/usr/lib/softhsm/libsofthsm2.so"
+	if _, err := exec.LookPath("softhsm2-util"); err != nil {
+		t.Fatalf("SoftHSM2 is required (hack/deps.sh installs it): %v", err)
+	}
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if err := extract(hsmBuilt.files, root); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(root, "opt", "hsm", "lib")
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The module and what it needs beyond the image's libc and loader,
+	// as ldd lists them.
+	triplet := triplets[runtime.GOARCH]
+	dirs := []string{"/lib/" + triplet, "/usr/lib/" + triplet, "/lib64", "/usr/lib64", "/lib", "/usr/lib"}
+	copied := map[string]bool{"libc.so.6": true}
+	queue := []string{module}
+	for len(queue) > 0 {
+		src := queue[0]
+		queue = queue[1:]
+		content, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lib, filepath.Base(src)), content, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		interp, needed, err := dynamic(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied[filepath.Base(src)], copied[filepath.Base(interp)] = true, true
+		for _, n := range needed {
+			if !copied[n] {
+				copied[n] = true
+				p, err := find(n, dirs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				queue = append(queue, p)
+			}
+		}
+	}
+	tokens := filepath.Join(root, "var", "softhsm", "tokens")
+	if err := os.MkdirAll(tokens, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(name, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := "objectstore.backend = file\nlog.level = ERROR\nslots.removable = false\ndirectories.tokendir = "
+	hostConf := filepath.Join(t.TempDir(), "softhsm2.conf")
+	write(hostConf, conf+tokens+"\n")
+	write(filepath.Join(root, "etc", "softhsm2.conf"), conf+"/var/softhsm/tokens\n")
+	write(filepath.Join(root, "etc", "pin"), "1234\n")
+	initToken := exec.Command("softhsm2-util", "--init-token", "--free", "--label", "image", "--pin", "1234", "--so-pin", "5678")
+	initToken.Env = append(os.Environ(), "SOFTHSM2_CONF="+hostConf)
+	if out, err := initToken.CombinedOutput(); err != nil {
+		t.Fatalf("softhsm2-util: %v: %s", err, out)
+	}
+	for _, p := range []string{filepath.Join(root, "var"), filepath.Join(root, "etc", "softhsm2.conf"), filepath.Join(root, "etc", "pin")} {
+		if err := filepath.Walk(p, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, 65532, 65532)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("/"+binaryPath, "root", "prepare", "--state-dir", "/tmp/state", "--upstream", "pkcs11",
+		"--pkcs11-module", "/opt/hsm/lib/libsofthsm2.so", "--pkcs11-token-label", "image", "--pkcs11-pin-file", "/etc/pin")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root, Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
+	cmd.Dir = "/"
+	cmd.Env = []string{"LD_LIBRARY_PATH=/opt/hsm/lib", "SOFTHSM2_CONF=/etc/softhsm2.conf"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("meshca root prepare --upstream pkcs11 in the image: %v: %s", err, out)
+	}
+	if !strings.Contains(string(out), `"event":"intermediate","decision":"issued"`) || !strings.Contains(string(out), `"upstream":"pkcs11"`) {
+		t.Fatalf("root prepare in the image issued no intermediate from the token:\n%s", out)
 	}
 }
