@@ -93,7 +93,8 @@ var unavailableCodes = map[pkcs11.Error]bool{
 }
 
 // classify wraps err, from an operation on what the upstream calls
-// what, as an *upstream.Error of the kind the renewer retries by.
+// what, as an *upstream.Error of the kind the renewer retries by, naming
+// the token and module, and what an operator can do.
 func (u *Upstream) classify(what string, err error) error {
 	if err == nil {
 		return nil
@@ -102,14 +103,16 @@ func (u *Upstream) classify(what string, err error) error {
 	if errors.As(err, &ue) {
 		return err
 	}
-	kind := upstream.KindInternal
+	kind, hint := upstream.KindInternal, ""
 	var code pkcs11.Error
 	var ke *keyError
 	var oe *openError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		kind = upstream.KindUnavailable
-	case pinError(err), errors.As(err, &code) && refusedCodes[code]:
+	case pinError(err):
+		kind, hint = upstream.KindRefused, "the token refused the PIN; meshca will not try it again until it restarts with another"
+	case errors.As(err, &code) && refusedCodes[code]:
 		kind = upstream.KindRefused
 	case errors.As(err, &code) && unavailableCodes[code]:
 		kind = upstream.KindUnavailable
@@ -117,13 +120,18 @@ func (u *Upstream) classify(what string, err error) error {
 		kind = upstream.KindRefused
 	case errors.As(err, &oe) && strings.Contains(err.Error(), "failed to open module"):
 		// dlopen failed: the module's path or its libraries are wrong.
-		kind = upstream.KindRefused
+		kind, hint = upstream.KindRefused, "the module, or a library it needs (ldd lists them), is missing or not for this machine"
+	case errors.As(err, &oe) && strings.Contains(err.Error(), "could not find PKCS#11 token"):
+		// A network HSM away, a token not yet inserted, or a wrong label.
+		kind, hint = upstream.KindUnavailable, "no slot of the module holds it (pkcs11-tool --module <module> --list-slots)"
 	case errors.As(err, &oe):
-		// The module did not initialize or the token is not there:
-		// a network HSM away, a token not yet inserted.
 		kind = upstream.KindUnavailable
 	case strings.Contains(err.Error(), "pool"), strings.Contains(err.Error(), "context is closed"):
 		kind = upstream.KindUnavailable
 	}
-	return &upstream.Error{Upstream: Name, Kind: kind, Err: fmt.Errorf("%s in %s of module %s: %w", what, u.cfg.token(), u.cfg.Module, err)}
+	err = fmt.Errorf("%s of module %s: %s: %w", u.cfg.token(), u.cfg.Module, what, err)
+	if hint != "" {
+		err = fmt.Errorf("%w (%s)", err, hint)
+	}
+	return &upstream.Error{Upstream: Name, Kind: kind, Err: err}
 }

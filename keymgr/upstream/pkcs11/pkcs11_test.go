@@ -193,9 +193,12 @@ func TestOpenRefusals(t *testing.T) {
 		kind upstream.Kind
 		msg  string
 	}{
-		{"wrong PIN", func(c *Config) { c.PIN = "not-the-pin" }, upstream.KindRefused, "CKR_PIN_INCORRECT"},
-		{"no such module", func(c *Config) { c.Module = "/nonexistent/libpkcs11.so" }, upstream.KindRefused, "failed to open module"},
-		{"no such token", func(c *Config) { c.TokenLabel = "absent" }, upstream.KindUnavailable, `token "absent"`},
+		{"wrong PIN", func(c *Config) { c.PIN = "not-the-pin" }, upstream.KindRefused,
+			"CKR_PIN_INCORRECT (the token refused the PIN; meshca will not try it again until it restarts with another)"},
+		{"no such module", func(c *Config) { c.Module = "/nonexistent/libpkcs11.so" }, upstream.KindRefused,
+			"failed to open module (the module, or a library it needs (ldd lists them), is missing or not for this machine)"},
+		{"no such token", func(c *Config) { c.TokenLabel = "absent" }, upstream.KindUnavailable,
+			`could not find PKCS#11 token (no slot of the module holds it (pkcs11-tool --module <module> --list-slots))`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
