@@ -90,5 +90,6 @@ func config(m meta) v1.Config {
 		WorkingDir:   "/",
 		Labels:       labels,
 		ExposedPorts: ports,
+		Env:          m.Variant.Env,
 	}
 }

@@ -24,7 +24,15 @@ type variant struct {
 	// Libc6 is the version of the Debian libc6 package whose files the
 	// image holds; set by resolve for a Cgo variant.
 	Libc6 string
+	// Env is the image's environment.
+	Env []string
 }
+
+// HSMLibDir is where the operator puts the vendor's PKCS#11 module and
+// the libraries it needs beyond libc, in an image built FROM the hsm one
+// or on a volume: the hsm image's LD_LIBRARY_PATH, so that dlopen finds
+// what the module needs without a setting of the operator's.
+const HSMLibDir = "/opt/hsm/lib"
 
 // variants are the images hack/image makes, by -variant. hsm's tags are
 // the Makefile's HSM_TAGS (build-hsm): the pkcs11 upstream, and Go's own
@@ -32,7 +40,7 @@ type variant struct {
 // nsswitch.conf, no NSS modules) besides the vendor's PKCS#11 module.
 var variants = map[string]variant{
 	"":    {},
-	"hsm": {Name: "hsm", Tags: "pkcs11,netgo,osusergo", Cgo: true},
+	"hsm": {Name: "hsm", Tags: "pkcs11,netgo,osusergo", Cgo: true, Env: []string{"LD_LIBRARY_PATH=" + HSMLibDir}},
 }
 
 // buildFlags are the go build flags that make v's binary, as the image's

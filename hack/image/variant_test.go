@@ -183,6 +183,7 @@ func TestHSMImageConfig(t *testing.T) {
 		{"user", cf.Config.User, imageUser},
 		{"entrypoint", fmt.Sprintf("%q", cf.Config.Entrypoint), `["/meshca"]`},
 		{"label libc6", cf.Config.Labels[labelLibc6], libc6},
+		{"env", fmt.Sprintf("%q", cf.Config.Env), `["LD_LIBRARY_PATH=/opt/hsm/lib"]`},
 		{"history", cf.History[0].CreatedBy, "hack/image: go build -trimpath -tags pkcs11,netgo,osusergo ./cmd/meshca " + testVersion},
 		{"comment", cf.History[0].Comment, "/meshca, /etc/passwd, /etc/group, /tmp, the dynamic loader and libc (Debian libc6 " + libc6 + ")"},
 	}
@@ -245,9 +246,10 @@ func TestMakefileHSMTags(t *testing.T) {
 
 // TestHSMImageLoadsMountedModule does what docs/upstream.md tells an
 // operator: the vendor's module, and the libraries it needs that the
-// image lacks, in a directory of their own named by LD_LIBRARY_PATH.
-// meshca, chrooted into the image's files as its user 65532, makes a
-// root key in a SoftHSM2 token through that module.
+// image lacks, in /opt/hsm/lib, which the image's own environment names
+// in LD_LIBRARY_PATH. meshca, chrooted into the image's files as its user
+// 65532 with the image's environment, makes a root key in a SoftHSM2
+// token through that module.
 func TestHSMImageLoadsMountedModule(t *testing.T) {
 	hsmFixture(t)
 	if os.Geteuid() != 0 {
@@ -261,7 +263,7 @@ func TestHSMImageLoadsMountedModule(t *testing.T) {
 	if err := extract(hsmBuilt.files, root); err != nil {
 		t.Fatal(err)
 	}
-	lib := filepath.Join(root, "opt", "hsm", "lib")
+	lib := filepath.Join(root, filepath.FromSlash(HSMLibDir))
 	if err := os.MkdirAll(lib, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -328,10 +330,18 @@ func TestHSMImageLoadsMountedModule(t *testing.T) {
 		}
 	}
 	cmd := exec.Command("/"+binaryPath, "root", "prepare", "--state-dir", "/tmp/state", "--upstream", "pkcs11",
-		"--pkcs11-module", "/opt/hsm/lib/libsofthsm2.so", "--pkcs11-token-label", "image", "--pkcs11-pin-file", "/etc/pin")
+		"--pkcs11-module", HSMLibDir+"/libsofthsm2.so", "--pkcs11-token-label", "image", "--pkcs11-pin-file", "/etc/pin")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root, Credential: &syscall.Credential{Uid: 65532, Gid: 65532}}
 	cmd.Dir = "/"
-	cmd.Env = []string{"LD_LIBRARY_PATH=/opt/hsm/lib", "SOFTHSM2_CONF=/etc/softhsm2.conf"}
+	img, err := tarball.ImageFromPath(hsmBuilt.tar, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(slices.Clone(cf.Config.Env), "SOFTHSM2_CONF=/etc/softhsm2.conf")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("meshca root prepare --upstream pkcs11 in the image: %v: %s", err, out)
