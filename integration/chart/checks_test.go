@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -331,5 +332,37 @@ func checkVaultTransitUpstream(t *testing.T, _ string, objs []*unstructured.Unst
 	}
 	if !projected {
 		t.Error("no service-account token projected for audience vault")
+	}
+}
+
+// checkPKCS11: upstream.type pkcs11 runs the HSM build, in the server and
+// the rotation Jobs alike, with the module, the token and the PIN's file
+// from its Secret; never the PIN in an environment variable.
+func checkPKCS11(t *testing.T, ns string, objs []*unstructured.Unstructured) {
+	d := deployment(t, objs)
+	c := d.Spec.Template.Spec.Containers[0]
+	wantArgs(t, "serve", c.Args, []string{"--upstream=pkcs11", "--pkcs11-module=/opt/hsm/lib/libvendor-pkcs11.so",
+		"--pkcs11-token-label=meshca", "--pkcs11-pin-file=/etc/meshca/pkcs11-pin/user-pin", "--state-secret=" + ns + "/meshca-ca-state"},
+		[]string{"--pkcs11-slot", "--signer"})
+	vols := map[string]corev1.Volume{}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		vols[v.Name] = v
+	}
+	if v := vols["pkcs11-pin"]; v.Secret == nil || v.Secret.SecretName != "meshca-hsm-pin" || len(vols) != 2 || vols["hsm-client"].HostPath == nil {
+		t.Errorf("volumes %v: want the PIN's Secret meshca-hsm-pin and the module's hsm-client alone", slices.Collect(maps.Keys(vols)))
+	}
+	for _, e := range c.Env {
+		if strings.Contains(e.Name, "PIN") {
+			t.Errorf("serve's environment has %s: the PIN is a file", e.Name)
+		}
+	}
+	want := "ghcr.io/meshca/meshca-hsm:"
+	if !strings.HasPrefix(c.Image, want) {
+		t.Errorf("serve runs %s, want the HSM build %s...", c.Image, want)
+	}
+	for _, step := range []string{"activate", "retire"} {
+		if img := cronJob(t, objs, step).Spec.JobTemplate.Spec.Template.Spec.Containers[0].Image; img != c.Image {
+			t.Errorf("root %s runs %s, not serve's %s", step, img, c.Image)
+		}
 	}
 }

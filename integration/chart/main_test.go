@@ -58,6 +58,7 @@ var scenarios = []scenario{
 	{"upstream", "upstream-values.yaml"},
 	{"vault-pki-upstream", "vault-pki-upstream-values.yaml"},
 	{"vault-transit-upstream", "vault-transit-upstream-values.yaml"},
+	{"pkcs11", "pkcs11-values.yaml"},
 }
 
 // render runs helm template for release meshca in namespace ns.

@@ -61,6 +61,7 @@ func TestChartScenarios(t *testing.T) {
 		"upstream":               checkUpstream,
 		"vault-pki-upstream":     checkVaultPKIUpstream,
 		"vault-transit-upstream": checkVaultTransitUpstream,
+		"pkcs11":                 checkPKCS11,
 	}
 	for _, s := range scenarios {
 		t.Run(s.name, func(t *testing.T) {

@@ -77,12 +77,19 @@ app.kubernetes.io/component: root-rotation
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The image: the HSM build's (upstream.pkcs11.image) for upstream.type pkcs11. */}}
 {{- define "meshca.image" -}}
 {{- $i := .Values.image -}}
-{{- if $i.digest -}}
-{{- printf "%s@%s" $i.repository $i.digest -}}
+{{- $repo := $i.repository -}}
+{{- $digest := $i.digest -}}
+{{- if eq .Values.upstream.type "pkcs11" -}}
+{{- $repo = .Values.upstream.pkcs11.image.repository -}}
+{{- $digest = .Values.upstream.pkcs11.image.digest -}}
+{{- end -}}
+{{- if $digest -}}
+{{- printf "%s@%s" $repo $digest -}}
 {{- else -}}
-{{- printf "%s:%s" $i.repository (default .Chart.AppVersion $i.tag) -}}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion $i.tag) -}}
 {{- end -}}
 {{- end -}}
 

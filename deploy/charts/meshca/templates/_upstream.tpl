@@ -24,6 +24,15 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
 {{- with $u.vaultTransit.key }}
 - --vault-transit-key={{ . }}
 {{- end }}
+{{- else if eq $u.type "pkcs11" }}
+{{- $p := $u.pkcs11 }}
+- --pkcs11-module={{ $p.module }}
+{{- if $p.tokenLabel }}
+- --pkcs11-token-label={{ $p.tokenLabel }}
+{{- else }}
+- --pkcs11-slot={{ $p.slot }}
+{{- end }}
+- --pkcs11-pin-file=/etc/meshca/pkcs11-pin/{{ $p.pinSecret.key }}
 {{- end }}
 {{- end -}}
 
@@ -37,6 +46,8 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
 {{- $m := dict -}}
 {{- if include "meshca.vaultUpstream" . -}}
 {{- $m = merge $m (include "meshca.vaultLoginSecrets" .Values.upstream.vault | fromJson) -}}
+{{- else if eq .Values.upstream.type "pkcs11" -}}
+{{- $_ := set $m "pkcs11-pin" .Values.upstream.pkcs11.pinSecret.name -}}
 {{- end -}}
 {{- toJson $m -}}
 {{- end -}}
