@@ -68,7 +68,7 @@ func TestPKCS11Upstream(t *testing.T) {
 	secret := ns + "/meshca-ca"
 	state := []string{"--state-secret", secret, "--kubeconfig", cluster.Kubeconfig}
 	up := []string{"--upstream", "pkcs11", "--pkcs11-module", softhsm.Module, "--pkcs11-token-label", token,
-		"--pkcs11-pin-file", pinFile, "--intermediate-ttl", "2m"}
+		"--pkcs11-pin-file", pinFile, "--intermediate-ttl", "80s"}
 
 	prepare := exec.Command(hsmBin, append(append([]string{"root", "prepare", "--reason", "e2e: root key in the HSM"}, state...), up...)...)
 	prepared, err := prepare.CombinedOutput()
@@ -92,13 +92,14 @@ func TestPKCS11Upstream(t *testing.T) {
 
 	lease := cluster.Namespace(t, "pkcs11-lease")
 	m := harness.StartMeshca(t, hsmBin, append(append(append([]string{}, state...), up...),
-		"--intermediate-renew-at", "0.9", "--publish-root-cert-configmaps", "--trust-lease-namespace", lease)...)
+		"--intermediate-renew-at", "0.75", "--default-ttl", "1m", "--max-ttl", "1m", "--publish-root-cert-configmaps", "--trust-lease-namespace", lease)...)
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "pkcs11-wl"), "web", "node-a")
 	published := publishedBundle(t, w.Namespace)
 	c := (&server{Meshca: m, roots: certs.Pool(published...)}).client(t, w.Token)
 	first := fetchVerified(t, c, w, published, root)
 
-	// 2m intermediates renewed with 90% left: one is due every 12 s; the
+	// 80 s intermediates renewed with three quarters left (above the
+	// minute leaves of 1m need then): one is due 20 s after the last; the
 	// renewer looks every 10 s.
 	mark := m.LogMark()
 	if !m.WaitForLogAfter(mark, 60*time.Second, `"msg":"intermediate renewed"`, `"upstream":"pkcs11"`) {
@@ -198,7 +199,7 @@ func fetchVerified(t *testing.T, c interface {
 	Fetch(context.Context, spiffeid.ID, caclient.Options) (*caclient.SVID, error)
 }, w *harness.Workload, bundle []*x509.Certificate, root *x509.Certificate) *x509.Certificate {
 	t.Helper()
-	svid, err := c.Fetch(context.Background(), workloadID(w), caclient.Options{})
+	svid, err := c.Fetch(context.Background(), workloadID(w), caclient.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
