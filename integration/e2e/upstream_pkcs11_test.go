@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,34 +44,13 @@ const pkcs11PIN = "e2e-pin-5f1c9a"
 // extractable, and the CA state, meshca's logs and its /proc/<pid>/environ
 // hold neither the root's key nor the PIN.
 func TestPKCS11Upstream(t *testing.T) {
-	if err := softhsm.Available(); err != nil {
-		t.Fatalf("the real SoftHSM2 is required: %v", err)
-	}
-	hsmBin, err := harness.BuildMeshcaHSM(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	hsm, err := softhsm.NewDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const token = "meshca-e2e"
-	if err := hsm.InitToken(token, pkcs11PIN, "e2e-so-pin"); err != nil {
-		t.Fatal(err)
-	}
-	pinFile := filepath.Join(dir, "pin")
-	if err := os.WriteFile(pinFile, []byte(pkcs11PIN+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(softhsm.ConfEnv, hsm.Conf) // meshca's processes inherit it
+	h := newHSM(t)
 	ns := cluster.Namespace(t, "pkcs11")
 	secret := ns + "/meshca-ca"
 	state := []string{"--state-secret", secret, "--kubeconfig", cluster.Kubeconfig}
-	up := []string{"--upstream", "pkcs11", "--pkcs11-module", softhsm.Module, "--pkcs11-token-label", token,
-		"--pkcs11-pin-file", pinFile, "--intermediate-ttl", "80s"}
+	up := h.flags(80 * time.Second)
 
-	prepare := exec.Command(hsmBin, append(append([]string{"root", "prepare", "--reason", "e2e: root key in the HSM"}, state...), up...)...)
+	prepare := exec.Command(h.bin, append(append([]string{"root", "prepare", "--reason", "e2e: root key in the HSM"}, state...), up...)...)
 	prepared, err := prepare.CombinedOutput()
 	if err != nil {
 		t.Fatalf("root prepare --upstream pkcs11: %v\n%s", err, prepared)
@@ -88,10 +68,10 @@ func TestPKCS11Upstream(t *testing.T) {
 	if rec.RootKey != nil {
 		t.Fatal("the CA state holds a key for the root kept in the token")
 	}
-	keyInToken(t, hsm, token, rec.Upstream.Key)
+	keyInToken(t, h, 1, rec.Upstream.Key)
 
 	lease := cluster.Namespace(t, "pkcs11-lease")
-	m := harness.StartMeshca(t, hsmBin, append(append(append([]string{}, state...), up...),
+	m := harness.StartMeshca(t, h.bin, append(append(append([]string{}, state...), up...),
 		"--intermediate-renew-at", "0.75", "--default-ttl", "1m", "--max-ttl", "1m", "--publish-root-cert-configmaps", "--trust-lease-namespace", lease)...)
 	w := cluster.NewWorkload(t, cluster.Namespace(t, "pkcs11-wl"), "web", "node-a")
 	published := publishedBundle(t, w.Namespace)
@@ -131,37 +111,94 @@ func TestPKCS11Upstream(t *testing.T) {
 	}
 }
 
-// keyInToken reads the root key's objects back with pkcs11-tool, not
-// meshca's library: the private key generated in the token, sensitive,
-// never extractable, only for signing, invisible without the PIN.
-func keyInToken(t *testing.T, hsm *softhsm.Dir, token, ref string) {
+// hsmToken is a SoftHSM2 token of a test's own and the HSM build of
+// meshca that uses it.
+type hsmToken struct {
+	dir     *softhsm.Dir
+	label   string
+	pinFile string
+	bin     string // meshca-hsm
+}
+
+var hsmBuild struct {
+	once sync.Once
+	bin  string
+	err  error
+}
+
+// newHSM builds meshca-hsm (once for the package), initialises a token
+// in a SoftHSM2 directory of t's own, writes its PIN to a 0600 file, and
+// points SoftHSM2 at it for the processes t starts.
+func newHSM(t *testing.T) *hsmToken {
 	t.Helper()
-	objs, err := hsm.Objects(token, pkcs11PIN)
+	if err := softhsm.Available(); err != nil {
+		t.Fatalf("the real SoftHSM2 is required: %v", err)
+	}
+	hsmBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "meshca-hsm-")
+		if err != nil {
+			hsmBuild.err = err
+			return
+		}
+		hsmBuild.bin, hsmBuild.err = harness.BuildMeshcaHSM(dir)
+	})
+	if hsmBuild.err != nil {
+		t.Fatal(hsmBuild.err)
+	}
+	dir := t.TempDir()
+	sd, err := softhsm.NewDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var priv []softhsm.Object
-	for _, o := range objs {
-		if o.Class == "Private Key" {
-			priv = append(priv, o)
+	h := &hsmToken{dir: sd, label: "meshca-e2e", pinFile: filepath.Join(dir, "pin"), bin: hsmBuild.bin}
+	if err := sd.InitToken(h.label, pkcs11PIN, "e2e-so-pin"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.pinFile, []byte(pkcs11PIN+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(softhsm.ConfEnv, sd.Conf) // meshca's processes inherit it
+	return h
+}
+
+// flags are the upstream's, with intermediates of ttl.
+func (h *hsmToken) flags(ttl time.Duration) []string {
+	return []string{"--upstream", "pkcs11", "--pkcs11-module", softhsm.Module, "--pkcs11-token-label", h.label,
+		"--pkcs11-pin-file", h.pinFile, "--intermediate-ttl", ttl.String()}
+}
+
+// keyInToken reads the root keys back with pkcs11-tool, not meshca's
+// library: n private keys, each generated in the token, sensitive, never
+// extractable, only for signing, invisible without the PIN; and ref, a
+// Ref.Key, names one of them.
+func keyInToken(t *testing.T, h *hsmToken, n int, ref string) {
+	t.Helper()
+	objs, err := h.dir.Objects(h.label, pkcs11PIN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var named bool
+	var priv int
+	for _, k := range objs {
+		if k.Class != "Private Key" {
+			continue
+		}
+		priv++
+		label := "pkcs11:object=" + strings.ReplaceAll(strings.ReplaceAll(k.Label, " ", "%20"), ":", "%3A") + ";id="
+		named = named || strings.HasPrefix(ref, label)
+		for _, want := range []string{"sensitive", "always sensitive", "never extractable", "local"} {
+			if !slices.Contains(k.Access, want) {
+				t.Errorf("root key %q: access %q lacks %q", k.Label, k.Access, want)
+			}
+		}
+		if slices.Contains(k.Access, "extractable") || !slices.Equal(k.Usage, []string{"sign"}) {
+			t.Errorf("root key %q is %q, for %q; want not extractable, for signing only", k.Label, k.Access, k.Usage)
 		}
 	}
-	if len(priv) != 1 {
-		t.Fatalf("the token holds %d private keys, want the root's alone: %+v", len(priv), objs)
+	if priv != n || !named {
+		t.Fatalf("the token holds %d private keys, want %d, one of them %s: %+v", priv, n, ref, objs)
 	}
-	k := priv[0]
-	if want := "pkcs11:object=" + strings.ReplaceAll(strings.ReplaceAll(k.Label, " ", "%20"), ":", "%3A") + ";id="; !strings.HasPrefix(ref, want) {
-		t.Errorf("the CA state's Ref %q does not name the token's key %q", ref, k.Label)
-	}
-	for _, want := range []string{"sensitive", "always sensitive", "never extractable", "local"} {
-		if !slices.Contains(k.Access, want) {
-			t.Errorf("the root key's access %q lacks %q", k.Access, want)
-		}
-	}
-	if slices.Contains(k.Access, "extractable") || !slices.Equal(k.Usage, []string{"sign"}) {
-		t.Errorf("the root key is %q, for %q; want not extractable, for signing only", k.Access, k.Usage)
-	}
-	anon, err := hsm.Objects(token, "")
+	anon, err := h.dir.Objects(h.label, "")
 	if err != nil {
 		t.Fatal(err)
 	}
