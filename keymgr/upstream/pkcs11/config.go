@@ -68,14 +68,6 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// token names c's token for messages: never the PIN.
-func (c *Config) token() string {
-	if c.Slot != nil {
-		return fmt.Sprintf("slot %d", *c.Slot)
-	}
-	return fmt.Sprintf("token %q", c.TokenLabel)
-}
-
 // A keyRef is a key pair in the token: its CKA_LABEL and CKA_ID.
 type keyRef struct {
 	Label string

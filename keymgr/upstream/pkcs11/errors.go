@@ -92,6 +92,14 @@ var unavailableCodes = map[pkcs11.Error]bool{
 	pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED: true,
 }
 
+// token names c's token for messages: never the PIN.
+func (c *Config) token() string {
+	if c.Slot != nil {
+		return fmt.Sprintf("slot %d", *c.Slot)
+	}
+	return fmt.Sprintf("token %q", c.TokenLabel)
+}
+
 // classify wraps err, from an operation on what the upstream calls
 // what, as an *upstream.Error of the kind the renewer retries by, naming
 // the token and module, and what an operator can do.
