@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/meshca/meshca/integration/harness"
 )
 
 // configArg is the flag that points serve at the ConfigMap's file.
@@ -62,7 +64,9 @@ func TestChartServeConfigMatchesFlags(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			flagObjs := render(t, ns, append(s.args(), "--set", "serveConfig.configMap=false")...)
 			fileObjs := render(t, ns, append(s.args(), "--set", "serveConfig.configMap=true")...)
-			byFlags := printConfig(t, containerArgs(t, deployment(t, flagObjs).Spec.Template.Spec.Containers[0], ns))
+			c := deployment(t, flagObjs).Spec.Template.Spec.Containers[0]
+			meshca := binaryOf(t, c.Image)
+			byFlags := printConfig(t, meshca, containerArgs(t, c, ns))
 
 			cm := find(t, fileObjs, "ConfigMap", "meshca-config")
 			data, _, _ := unstructured.NestedString(cm.Object, "data", "config.yaml")
@@ -76,7 +80,7 @@ func TestChartServeConfigMatchesFlags(t *testing.T) {
 				t.Fatalf("args %q lack %s", args, configArg)
 			}
 			args[i] = "--config=" + file
-			byFile := printConfig(t, args)
+			byFile := printConfig(t, meshca, args)
 			if byFile != byFlags {
 				t.Errorf("settings from the file differ from those by flags:\n--- flags\n%s\n--- file\n%s", byFlags, byFile)
 			}
@@ -93,12 +97,26 @@ func TestChartServeConfigMatchesFlags(t *testing.T) {
 	})
 }
 
-// printConfig runs the real `meshca serve --print-config` with args and
-// returns the settings it printed, without the comments saying where each
-// came from; a refusal fails the test.
-func printConfig(t *testing.T, args []string) string {
+// binaryOf is the meshca build that image holds: the HSM build for the
+// meshca-hsm image (upstream.type pkcs11), built for t, else the default.
+func binaryOf(t *testing.T, image string) string {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"serve", "--print-config"}, args...)...)
+	if !strings.Contains(image, "/meshca-hsm:") && !strings.Contains(image, "/meshca-hsm@") {
+		return bin
+	}
+	hsm, err := harness.BuildMeshcaHSM(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hsm
+}
+
+// printConfig runs the real `meshca serve --print-config` of the build
+// meshca with args and returns the settings it printed, without the
+// comments saying where each came from; a refusal fails the test.
+func printConfig(t *testing.T, meshca string, args []string) string {
+	t.Helper()
+	cmd := exec.Command(meshca, append([]string{"serve", "--print-config"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
