@@ -83,7 +83,7 @@ func TestCheckLayers(t *testing.T) {
 		{name: "backend imports local", pkgs: with(pk("signer/cfssl", file("signer/cfssl/probe.go", false, "signer/local"))),
 			want: []string{`package signer/cfssl imports signer/local (layer "signer/local"); layer "signer backend"`}},
 		{name: "cfssl imports keymgr", pkgs: with(pk("signer/cfssl", file("signer/cfssl/probe.go", false, "keymgr"))),
-			want: []string{`package signer/cfssl imports keymgr (layer "keymgr"); layer "signer backend" may import only [internal, csr, keymgr/certs, signer]`}},
+			want: []string{`package signer/cfssl imports keymgr (layer "keymgr"); layer "signer backend" may import only [internal, csr, keymgr/certs, signer, vaultauth]`}},
 		{name: "vault imports keymgr", pkgs: with(pk("signer/vault", file("signer/vault/probe.go", false, "keymgr"))),
 			want: []string{`package signer/vault imports keymgr (layer "keymgr"); layer "signer backend"`}},
 		{name: "k8scsr imports keymgr/dirstore", pkgs: with(pk("signer/k8scsr", file("signer/k8scsr/probe.go", false, "keymgr/dirstore"))),
