@@ -53,11 +53,36 @@ func AppRole(mount, roleID, secretIDFile, secretIDEnv string) (api.AuthMethod, e
 }
 
 // Kubernetes returns the Kubernetes login method with the service-account
-// token read from tokenPath (the projected token of meshca's own Pod).
+// token read from tokenPath (the projected token of meshca's own Pod) at
+// every login, as TokenFile reads its token: the kubelet replaces that
+// token well before it expires, and one read at start only would be
+// refused at the first login after it expired. The file is read here too,
+// so that a wrong path fails at start.
 func Kubernetes(mount, role, tokenPath string) (api.AuthMethod, error) {
-	opts := []kubernetes.LoginOption{kubernetes.WithServiceAccountTokenPath(tokenPath)}
-	if mount != "" {
-		opts = append(opts, kubernetes.WithMountPath(mount))
+	k := kubernetesLogin{mount: mount, role: role, tokenPath: tokenPath}
+	if _, err := k.method(); err != nil {
+		return nil, err
 	}
-	return kubernetes.NewKubernetesAuth(role, opts...)
+	return k, nil
+}
+
+// kubernetesLogin is Vault's Kubernetes login method, made afresh for
+// each login from the token file as it is then.
+type kubernetesLogin struct{ mount, role, tokenPath string }
+
+func (k kubernetesLogin) method() (*kubernetes.KubernetesAuth, error) {
+	opts := []kubernetes.LoginOption{kubernetes.WithServiceAccountTokenPath(k.tokenPath)}
+	if k.mount != "" {
+		opts = append(opts, kubernetes.WithMountPath(k.mount))
+	}
+	return kubernetes.NewKubernetesAuth(k.role, opts...)
+}
+
+// Login implements api.AuthMethod with the token the file holds now.
+func (k kubernetesLogin) Login(ctx context.Context, c *api.Client) (*api.Secret, error) {
+	m, err := k.method()
+	if err != nil {
+		return nil, err
+	}
+	return m.Login(ctx, c)
 }

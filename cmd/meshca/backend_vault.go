@@ -79,7 +79,7 @@ func (v *vaultFlags) registerLogin(fl *pflag.FlagSet) {
 	fl.StringVar(&v.approleSecretIDFile, "vault-approle-secret-id-file", "", "AppRole secret id file (or set "+envVaultSecretID+")")
 	fl.StringVar(&v.approleMount, "vault-approle-mount", "", "AppRole auth mount path (default approle)")
 	fl.StringVar(&v.k8sRole, "vault-kubernetes-role", "", "log in with Vault's Kubernetes auth method as this role")
-	fl.StringVar(&v.k8sTokenFile, "vault-kubernetes-token-file", defaultSATokenPath, "service-account token for the Kubernetes auth method")
+	fl.StringVar(&v.k8sTokenFile, "vault-kubernetes-token-file", defaultSATokenPath, "service-account token for the Kubernetes auth method (re-read at every login, as the kubelet rotates it)")
 	fl.StringVar(&v.k8sMount, "vault-kubernetes-mount", "", "Kubernetes auth mount path (default kubernetes)")
 }
 
