@@ -21,6 +21,19 @@ path "pki/sign/mesh-rsa" { capabilities = ["create", "update"] }`
 // login with its secret id in a file.
 func appRoleLogin(t *testing.T, v *harness.Vault, roleSettings map[string]any) api.AuthMethod {
 	t.Helper()
+	roleID, secretFile := appRoleCredentials(t, v, roleSettings)
+	auth, err := vaultauth.AppRole("", roleID, secretFile, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth
+}
+
+// appRoleCredentials is appRoleLogin's setup: it returns the role id and
+// the file holding a secret id, as meshca's --vault-approle-* flags take
+// them.
+func appRoleCredentials(t *testing.T, v *harness.Vault, roleSettings map[string]any) (roleID, secretIDFile string) {
+	t.Helper()
 	ctx := context.Background()
 	if err := v.Client.Sys().PutPolicyWithContext(ctx, "meshca", meshcaPolicy); err != nil {
 		t.Fatal(err)
@@ -44,13 +57,9 @@ func appRoleLogin(t *testing.T, v *harness.Vault, roleSettings map[string]any) a
 	if err != nil {
 		t.Fatal(err)
 	}
-	secretFile := filepath.Join(t.TempDir(), "secret-id")
-	if err := os.WriteFile(secretFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
+	secretIDFile = filepath.Join(t.TempDir(), "secret-id")
+	if err := os.WriteFile(secretIDFile, []byte(sid.Data["secret_id"].(string)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	auth, err := vaultauth.AppRole("", rid.Data["role_id"].(string), secretFile, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return auth
+	return rid.Data["role_id"].(string), secretIDFile
 }
