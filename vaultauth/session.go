@@ -182,7 +182,7 @@ func (s *Session) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		w, err := s.client.NewLifetimeWatcher(&api.LifetimeWatcherInput{Secret: secret})
+		w, err := s.newWatcher(secret)
 		if err != nil {
 			s.report(err)
 			s.forget(secret)
@@ -194,6 +194,24 @@ func (s *Session) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// renewEvery is the least time between two renewals of a token. Vault's
+// LifetimeWatcher (vault/api v1.22) retries a failing renewal without a
+// pause once its back-off would outlast the lease, until the lease is
+// nearly over (hashicorp/vault#28611): thousands of calls a second to a
+// Vault that is failing.
+const renewEvery = time.Second
+
+// newWatcher returns a LifetimeWatcher renewing secret's token through a
+// client of its own, which sends a renewal every renewEvery at most.
+func (s *session) newWatcher(secret *api.Secret) (*api.LifetimeWatcher, error) {
+	c, err := s.client.Clone()
+	if err != nil {
+		return nil, err
+	}
+	c.SetLimiter(float64(time.Second/renewEvery), 1)
+	return c.NewLifetimeWatcher(&api.LifetimeWatcherInput{Secret: secret})
 }
 
 // watch follows the renewals of login's token until the watcher gives

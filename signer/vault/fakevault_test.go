@@ -47,6 +47,7 @@ type fakeVault struct {
 
 	mu      sync.Mutex
 	logins  int
+	renews  int // auth/token/renew-self calls, answered or refused
 	revoked []string
 	signed  []string // the roles that signed, in order
 	// tokens is how logins hand out tokens (set it before the first).
@@ -64,6 +65,9 @@ type fakeTokens struct {
 	renewable  bool // auth/token/renew-self renews it to renewLease
 	renewLease int
 	failLogins bool // logins answer 500
+	// failRenewals: auth/token/renew-self answers 400, as Vault does for
+	// a token past its max TTL.
+	failRenewals bool
 }
 
 func (t fakeTokens) loginLease() int {
@@ -151,6 +155,13 @@ func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"client_token": fmt.Sprintf("tok-%d", n), "lease_duration": tok.loginLease(), "renewable": tok.renewable,
 		}})
 	case "/v1/auth/token/renew-self":
+		f.mu.Lock()
+		f.renews++
+		f.mu.Unlock()
+		if tok.failRenewals {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"errors": []string{"past the max TTL, cannot renew"}})
+			return
+		}
 		if !tok.renewable {
 			writeJSON(w, http.StatusBadRequest, map[string]any{"errors": []string{"lease is not renewable"}})
 			return
@@ -238,6 +249,13 @@ func (f *fakeVault) counts() (int, []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.logins, slices.Clone(f.revoked)
+}
+
+// renewals returns the number of renew-self calls so far.
+func (f *fakeVault) renewals() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.renews
 }
 
 // waitRevoked waits until want tokens were revoked (revocation runs after
