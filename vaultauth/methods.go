@@ -38,7 +38,13 @@ func (t TokenFile) Login(ctx context.Context, c *api.Client) (*api.Secret, error
 	// methods.
 	ttl, _ := s.TokenTTL()
 	renewable, _ := s.TokenIsRenewable()
-	return &api.Secret{Auth: &api.SecretAuth{ClientToken: token, LeaseDuration: int(ttl.Seconds()), Renewable: renewable}}, nil
+	lease := int(ttl.Seconds())
+	if lease == 0 && s.Data["expire_time"] != nil {
+		// Less than a second left, which Vault rounds down to 0: not a
+		// token that never expires (those have no expire_time).
+		lease = 1
+	}
+	return &api.Secret{Auth: &api.SecretAuth{ClientToken: token, LeaseDuration: lease, Renewable: renewable}}, nil
 }
 
 // AppRole returns the AppRole login method with the secret id read from a

@@ -68,6 +68,9 @@ type fakeTokens struct {
 	// failRenewals: auth/token/renew-self answers 400, as Vault does for
 	// a token past its max TTL.
 	failRenewals bool
+	// expiring: lookup-self shows a token with less than a second left
+	// (ttl 0, as Vault rounds it, and an expire_time).
+	expiring bool
 }
 
 func (t fakeTokens) loginLease() int {
@@ -148,7 +151,11 @@ func (f *fakeVault) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		n := f.logins
 		f.mu.Unlock()
 		if r.URL.Path == "/v1/auth/token/lookup-self" { // a TokenFile login
-			writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{"ttl": tok.loginLease(), "renewable": tok.renewable}})
+			data := map[string]any{"ttl": tok.loginLease(), "renewable": tok.renewable, "expire_time": nil}
+			if tok.expiring {
+				data["ttl"], data["expire_time"] = 0, time.Now().Add(500*time.Millisecond).Format(time.RFC3339Nano)
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"data": data})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"auth": map[string]any{

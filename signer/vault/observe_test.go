@@ -78,6 +78,10 @@ func TestObserver(t *testing.T) {
 		{name: "renewed", tokens: fakeTokens{renewable: true, renewLease: 7200}, want: []loginEvent{at(3600), at(7200)}},
 		{name: "token file that never expires", tokens: fakeTokens{lease: -1}, auth: vaultauth.TokenFile{Path: tokenFile},
 			want: []loginEvent{{in: true}}},
+		// Vault rounds the TTL of a token with less than a second left
+		// down to 0, which would read as "never expires".
+		{name: "token file about to expire", tokens: fakeTokens{lease: -1, expiring: true}, auth: vault.TokenFile{Path: tokenFile},
+			want: []loginEvent{at(1)}},
 		{name: "login fails", tokens: fakeTokens{failLogins: true}, want: []loginEvent{out}},
 		// Not renewable: Run gives the token up at two thirds of its
 		// life (2 s) and logs in again.
