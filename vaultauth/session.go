@@ -205,7 +205,7 @@ const renewEvery = time.Second
 
 // newWatcher returns a LifetimeWatcher renewing secret's token through a
 // client of its own, which sends a renewal every renewEvery at most.
-func (s *session) newWatcher(secret *api.Secret) (*api.LifetimeWatcher, error) {
+func (s *Session) newWatcher(secret *api.Secret) (*api.LifetimeWatcher, error) {
 	c, err := s.client.Clone()
 	if err != nil {
 		return nil, err
@@ -215,8 +215,8 @@ func (s *session) newWatcher(secret *api.Secret) (*api.LifetimeWatcher, error) {
 }
 
 // watch follows the renewals of login's token until the watcher gives
-// up (the login is forgotten), a new login is asked for, or ctx ends
-// (false).
+// up (a fresh login replaces it, or it is forgotten when its renewal
+// failed), a new login is asked for, or ctx ends (false).
 func (s *Session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.Secret) bool {
 	defer w.Stop()
 	for {
@@ -228,8 +228,18 @@ func (s *Session) watch(ctx context.Context, w *api.LifetimeWatcher, login *api.
 		case r := <-w.RenewCh():
 			s.renewed(login, r)
 		case err := <-w.DoneCh():
-			s.report(err)
-			s.forget(login)
+			if err != nil {
+				s.report(err)
+				s.forget(login)
+				return true
+			}
+			// Vault renews the token no further (its max TTL is near),
+			// but it still works for the watcher's grace: log in before
+			// giving it up, so that requests are signed meanwhile. A
+			// failed login drops it (runLogin) and Run tries again.
+			if err := s.doLogin(ctx); err != nil && ctx.Err() == nil {
+				s.report(err)
+			}
 			return true
 		}
 	}

@@ -37,3 +37,34 @@ func TestRenewalFailuresPaced(t *testing.T) {
 		t.Fatal("the signer never logged in")
 	}
 }
+
+// TestReloginBeforeMaxTTL: when Vault renews a token no further (its max
+// TTL is near), the signer logs in again while the token still works, and
+// replaces it only then: it never holds no token, so requests are not kept
+// waiting and the observer never hears it logged out.
+func TestReloginBeforeMaxTTL(t *testing.T) {
+	f := newFakeVault(t, func(string) bool { return false })
+	// Renewed for a second only: the watcher gives the token up at once.
+	f.tokens = fakeTokens{lease: 3, renewable: true, renewLease: 1}
+	rec := &loginRecorder{}
+	s := f.newSigner(t, vault.Config{Observer: rec})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for logins, _ := f.counts(); logins < 3 && time.Now().Before(deadline); logins, _ = f.counts() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if logins, _ := f.counts(); logins < 3 {
+		t.Fatalf("%d logins in 10s, want 3", logins)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for i, e := range rec.events {
+		if !e.in {
+			t.Fatalf("event %d of %v: logged out; want a login before the renewed token is given up", i, rec.events)
+		}
+	}
+}
