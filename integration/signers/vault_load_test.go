@@ -20,13 +20,15 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // issued is what a steady stream of certificate requests met.
 type issued struct {
 	mu        sync.Mutex
-	ok        int
-	failures  []string // when and why, in order
+	oks       []time.Time // when each success was answered
+	failures  []failure   // in order
 	latencies []time.Duration
 	// lastOK is when the last request that succeeded was answered, and
 	// maxGap the longest time between two answered successes.
@@ -70,19 +72,69 @@ func issueSteadily(ctx context.Context, t *testing.T, c *checked.Client, id spif
 	}
 }
 
+// failure is a request that failed: when it was sent and answered, and
+// how.
+type failure struct {
+	start, end time.Time
+	code       codes.Code
+	err        string
+}
+
 func (s *issued) record(start, end time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.latencies = append(s.latencies, end.Sub(start))
 	if err != nil {
-		s.failures = append(s.failures, fmt.Sprintf("%s: %v", start.Format("15:04:05.000"), err))
+		s.failures = append(s.failures, failure{start: start, end: end, code: status.Code(err), err: err.Error()})
 		return
 	}
 	if !s.lastOK.IsZero() {
 		s.maxGap = max(s.maxGap, end.Sub(s.lastOK))
 	}
-	s.ok++
+	s.oks = append(s.oks, end)
 	s.lastOK = end
+}
+
+// failed returns the failures so far.
+func (s *issued) failed() []failure {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.failures)
+}
+
+// failureList describes the first n failures.
+func (s *issued) failureList(n int) string {
+	var out []string
+	f := s.failed()
+	for _, f := range f[:min(n, len(f))] {
+		out = append(out, fmt.Sprintf("%s: %s", f.start.Format("15:04:05.000"), f.err))
+	}
+	return strings.Join(out, "; ")
+}
+
+// failureSpan says when the failures were sent, relative to at.
+func (s *issued) failureSpan(at time.Time) string {
+	f := s.failed()
+	if len(f) == 0 {
+		return "none"
+	}
+	byCode := map[codes.Code]int{}
+	for _, x := range f {
+		byCode[x.code]++
+	}
+	return fmt.Sprintf("sent from %v to %v after it (%v)", f[0].start.Sub(at).Round(time.Millisecond), f[len(f)-1].start.Sub(at).Round(time.Millisecond), byCode)
+}
+
+// firstOKAfter is when the first success answered after at was.
+func (s *issued) firstOKAfter(at time.Time) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.oks {
+		if t.After(at) {
+			return t, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // String sums the stream up: counts, latency and the longest wait
@@ -98,7 +150,7 @@ func (s *issued) String() string {
 		return l[min(len(l)-1, int(p*float64(len(l))))].Round(time.Millisecond)
 	}
 	return fmt.Sprintf("%d certificates issued, %d failed (latency p50 %v, p99 %v, max %v; longest between two issued %v)",
-		s.ok, len(s.failures), q(0.5), q(0.99), q(1), s.maxGap.Round(time.Millisecond))
+		len(s.oks), len(s.failures), q(0.5), q(0.99), q(1), s.maxGap.Round(time.Millisecond))
 }
 
 // loginGauges are meshca's own Vault login gauges (signer/vault/vaultprom)
