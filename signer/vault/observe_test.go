@@ -80,7 +80,7 @@ func TestObserver(t *testing.T) {
 			want: []loginEvent{{in: true}}},
 		// Vault rounds the TTL of a token with less than a second left
 		// down to 0, which would read as "never expires".
-		{name: "token file about to expire", tokens: fakeTokens{lease: -1, expiring: true}, auth: vault.TokenFile{Path: tokenFile},
+		{name: "token file about to expire", tokens: fakeTokens{lease: -1, expiring: true}, auth: vaultauth.TokenFile{Path: tokenFile},
 			want: []loginEvent{at(1)}},
 		{name: "login fails", tokens: fakeTokens{failLogins: true}, want: []loginEvent{out}},
 		// Not renewable: Run gives the token up at two thirds of its
