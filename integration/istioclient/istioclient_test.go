@@ -36,9 +36,9 @@ type server struct {
 	rootsFile string
 }
 
-func startServer(t *testing.T) *server {
+func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
-	m := harness.StartSelfSigned(t, bin, cluster.Kubeconfig)
+	m := harness.StartSelfSigned(t, bin, cluster.Kubeconfig, extra...)
 	rootsFile := filepath.Join(t.TempDir(), "root-cert.pem")
 	if err := os.WriteFile(rootsFile, m.RootsPEM, 0o644); err != nil {
 		t.Fatal(err)

@@ -211,8 +211,9 @@ const agentRootDir = "var/run/secrets/istio"
 
 // startAgent runs `pilot-agent proxy sidecar` for w in dir, whose
 // ./var/run/secrets/istio holds istio-ca-root-cert already: certificates
-// from meshca at caAddr, xDS from istiod at xdsAddr (the Service).
-func startAgent(t *testing.T, bin, dir string, w *harness.Workload, caAddr, xdsAddr, istiodSAN string) *agent {
+// from meshca at caAddr, xDS from istiod at xdsAddr (the Service), and
+// the variables of env besides.
+func startAgent(t *testing.T, bin, dir string, w *harness.Workload, caAddr, xdsAddr, istiodSAN string, env ...string) *agent {
 	t.Helper()
 	a := &agent{dir: dir, out: filepath.Join(dir, "out"), rootFile: filepath.Join(dir, agentRootDir, "root-cert.pem"),
 		xdsSocket: filepath.Join(dir, "etc/istio/proxy/XDS")}
@@ -222,7 +223,7 @@ func startAgent(t *testing.T, bin, dir string, w *harness.Workload, caAddr, xdsA
 		t.Fatal(err)
 	}
 	_, caPort, _ := net.SplitHostPort(caAddr)
-	p, err := startProc("pilot-agent", dir, []string{
+	p, err := startProc("pilot-agent", dir, append([]string{
 		"DISABLE_ENVOY=true",
 		// "localhost" makes the agent verify the name
 		// istiod.istio-system.svc (pilot/pkg/grpc/tls.go), which meshca's
@@ -237,7 +238,7 @@ func startAgent(t *testing.T, bin, dir string, w *harness.Workload, caAddr, xdsA
 		"INSTANCE_IP=127.0.0.1", "ISTIO_META_CLUSTER_ID=" + clusterID,
 		"OUTPUT_CERTS=" + a.out,
 		"SECRET_TTL=" + agentSecretTTL.String(),
-	}, bin, "proxy", "sidecar")
+	}, env...), bin, "proxy", "sidecar")
 	if err != nil {
 		t.Fatal(err)
 	}
