@@ -206,9 +206,10 @@ func (k *kubelet) run(ctx context.Context) {
 	}
 }
 
-// service is istiod's Service: a fixed address that forwards each new
-// connection to the istiod Pod ready now. A connection lives as long as
-// the Pod it reached, as through kube-proxy.
+// service is one port of istiod's Service (xDS, or the webhooks): a
+// fixed address that forwards each new connection to the istiod Pod ready
+// now. A connection lives as long as the Pod it reached, as through
+// kube-proxy.
 type service struct {
 	l       net.Listener
 	mu      sync.Mutex
@@ -280,7 +281,8 @@ type deployer struct {
 	client    kubernetes.Interface
 	namespace string
 	name      string
-	svc       *service
+	svc       *service // xDS
+	hooks     *service // the webhooks
 	// newPod starts Pod n (mounting its volumes first) and returns it with
 	// what to do once it stopped.
 	newPod func(ctx context.Context, n int) (*istiod, func(), error)
@@ -360,6 +362,7 @@ func (d *deployer) roll(ctx context.Context, gen int64) error {
 	d.current, d.unmount = p, unmount
 	d.mu.Unlock()
 	d.svc.route(p.secureAddr)
+	d.hooks.route(p.httpsAddr)
 	r.stopping = time.Now()
 	if old != nil {
 		old.stop()

@@ -130,12 +130,14 @@ type istiod struct {
 	*proc
 	dir                  string
 	httpAddr, secureAddr string
+	httpsAddr            string // the webhooks'
 	started              time.Duration
 }
 
 var (
 	httpAddrRe   = regexp.MustCompile(`starting HTTP service at (\S+)`)
 	secureAddrRe = regexp.MustCompile(`starting secure gRPC discovery service at (\S+)`)
+	httpsAddrRe  = regexp.MustCompile(`starting webhook service at (\S+)`)
 )
 
 // startIstiod runs `pilot-discovery discovery` in dir, which holds
@@ -145,7 +147,9 @@ var (
 // istio-ca-root-cert: meshca does both. It needs no CRDs.
 func startIstiod(ctx context.Context, bin, dir, name, namespace, kubeconfig string) (*istiod, error) {
 	start := time.Now()
-	p, err := startProc(name, dir, []string{"ENABLE_CA_SERVER=false", "POD_NAMESPACE=" + namespace, "POD_NAME=" + name}, bin,
+	// REVISION as istiod's chart sets it: its webhook patchers look
+	// for configurations labelled istio.io/rev with it.
+	p, err := startProc(name, dir, []string{"ENABLE_CA_SERVER=false", "REVISION=default", "POD_NAMESPACE=" + namespace, "POD_NAME=" + name}, bin,
 		"discovery", "--kubeconfig", kubeconfig,
 		"--httpAddr", "127.0.0.1:0", "--grpcAddr", "127.0.0.1:0", "--secureGRPCAddr", "127.0.0.1:0",
 		// Metrics on the HTTP port (a separate monitoring port is not
@@ -175,7 +179,10 @@ func startIstiod(ctx context.Context, bin, dir, name, namespace, kubeconfig stri
 		if m := secureAddrRe.FindStringSubmatch(logs); m != nil {
 			d.secureAddr = m[1]
 		}
-		if d.httpAddr == "" || d.secureAddr == "" {
+		if m := httpsAddrRe.FindStringSubmatch(logs); m != nil {
+			d.httpsAddr = m[1]
+		}
+		if d.httpAddr == "" || d.secureAddr == "" || d.httpsAddr == "" {
 			continue
 		}
 		r, err := http.Get("http://" + d.httpAddr + "/ready")

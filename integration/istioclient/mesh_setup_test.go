@@ -61,6 +61,10 @@ type mesh struct {
 	agent             *agent
 	certs             *certWatcher
 	xds               *xdsFleet
+	hooks             *webhooks           // istiod's webhooks, called by the apiserver
+	probe             *istiodProber       // fresh TLS connections to istiod's xDS port
+	hookProbe         *istiodProber       // and to its webhooks' port
+	hookFigures       string              // hookProbe's, once judged
 	roots             []*x509.Certificate // every root published, in order
 	mu                sync.Mutex          // guards the two below, which the kubelet's goroutine writes
 	rewrites          []time.Time         // new istiod certificates the kubelet wrote
@@ -68,6 +72,7 @@ type mesh struct {
 	refusals          map[string][]string // verb → why each refusal was given
 	handshakeMark     int                 // clientHandshakes before the mesh started
 	meshcaRestartedAt time.Time
+	hooksPatchedAt    time.Time // istiod first patched its webhooks' caBundle
 	agentStarted      time.Time
 }
 
@@ -92,6 +97,7 @@ func newMesh(t *testing.T, discoveryBin, agentBin string) *mesh {
 		m.label(ns)
 	}
 	m.createDeployment()
+	m.hooks = installWebhooks(t, ctx, m.istiodNS)
 	w := cluster.NewWorkload(t, m.appNS, "app", "node-1")
 
 	m.startMeshca("--auto-rotate=false")
@@ -111,7 +117,7 @@ func newMesh(t *testing.T, discoveryBin, agentBin string) *mesh {
 	m.kube = newKubelet(cluster.Client, m.observeWrite)
 	go m.kube.run(ctx)
 	m.svc = startService(t)
-	m.dep = &deployer{client: cluster.Client, namespace: m.istiodNS, name: istiodDeployment, svc: m.svc,
+	m.dep = &deployer{client: cluster.Client, namespace: m.istiodNS, name: istiodDeployment, svc: m.svc, hooks: m.hooks.hooks,
 		newPod: func(ctx context.Context, n int) (*istiod, func(), error) { return m.startPod(ctx, discoveryBin, n) }}
 	stopped := make(chan struct{})
 	go func() { m.dep.run(ctx); close(stopped) }()
@@ -146,6 +152,15 @@ func newMesh(t *testing.T, discoveryBin, agentBin string) *mesh {
 	m.xds = &xdsFleet{t: t, addr: m.svc.addr(), san: m.istiodSAN(), certDir: m.agent.out, rootFile: m.agent.rootFile,
 		namespace: m.appNS, workload: w.Pod, socket: m.agent.xdsSocket, snapshots: t.TempDir()}
 	t.Cleanup(m.xds.closeAll)
+
+	m.waitFor("istiod patched its webhooks", 30*time.Second, func() string { return m.hooks.patched(ctx, m.published(m.istiodNS)) })
+	m.hooksPatchedAt = time.Now()
+	go m.hooks.run(ctx)
+	m.probe = startProber(probeTarget{name: "root-cert.pem as mounted", addr: m.svc.addr(), san: m.istiodSAN(),
+		roots: mountedRoots(m.agent.rootFile)})
+	t.Cleanup(m.probe.stop)
+	m.hookProbe = startProber(m.hooks.targets(ctx)...)
+	t.Cleanup(m.hookProbe.stop)
 	return m
 }
 

@@ -31,8 +31,13 @@ import (
 // phase a new xDS client presenting the agent's current certificate is
 // served by istiod, and every held stream gets a push; a stream ends only
 // when istiod's Pod is replaced, and then reconnects; no TLS handshake
-// fails for a certificate, on either side. activate and retire are
-// retried until their guards let them pass, never forced.
+// fails for a certificate, on either side. Between the phases' checks,
+// probers open a fresh TLS connection to istiod's xDS and webhook ports
+// every 250 ms, verified as a proxy and the apiserver would verify them
+// at that moment (mesh_probe_test.go); the apiserver injects a Pod and
+// refuses an invalid Gateway through istiod's webhooks in every phase and
+// every 2 s (mesh_webhook_test.go). activate and retire are retried until
+// their guards let them pass, never forced.
 func TestIstioMeshThroughRootRotations(t *testing.T) {
 	began := time.Now()
 	discoveryBin, agentBin := istioBinaries(t)
@@ -59,6 +64,7 @@ func TestIstioMeshThroughRootRotations(t *testing.T) {
 	}
 	for _, p := range phases {
 		phaseBegan := time.Now()
+		m.hooks.enter(p.name)
 		if p.act != nil {
 			p.act()
 		}
@@ -215,12 +221,16 @@ func (m *mesh) publishingNewestAlone() string {
 }
 
 // check is what every phase must leave: istiod serves the Secret's
-// certificate, every held stream is served (reconnected after a rollout)
-// and gets a push, and a new client presenting the agent's current
-// certificate is served.
+// certificate, injects a new Pod and refuses an invalid Gateway through
+// the apiserver, with caBundle the roots it mounts; every held stream is
+// served (reconnected after a rollout) and gets a push, and a new client
+// presenting the agent's current certificate is served.
 func (m *mesh) check(phase string) {
 	m.t.Helper()
 	m.waitFor(phase+": istiod serves the Secret's certificate", 15*time.Second, m.servesSecret)
+	m.hooks.admit(m.ctx)
+	m.waitFor(phase+": istiod's webhooks' caBundle is the bundle istiod mounts", 15*time.Second,
+		func() string { return m.hooks.patched(m.ctx, m.published(m.istiodNS)) })
 	m.xds.reconnected(phase, 30*time.Second)
 	m.xds.push(m.ctx, phase)
 	m.xds.open(phase)
