@@ -227,8 +227,9 @@ func TestUnauthenticatedStreamsOnTheWire(t *testing.T) {
 	c2.open(t, 1, healthWatch, 0, "")
 	waitFor(t, 5*time.Second, func() bool { return runtime.NumGoroutine()-idle >= 3 }, "the three streams' goroutines")
 	before := runtime.NumGoroutine()
+	// A stream heavier than the cap on its own (its headers) is refused.
 	for _, c := range []*h2conn{c1, c2} {
-		c.open(t, 5, createCertificate, 0, "30S")
+		c.open(t, 5, createCertificate, 3*limit.StreamHeaderUnit, "30S")
 		e, ok := c.ends(t, []uint32{5}, time.Now().Add(5*time.Second))[5]
 		if !ok || e.status != "8" || e.message != "this address already has 3 requests in progress that have not authenticated, the most it may, retry in 250ms" || !e.details {
 			t.Fatalf("a stream past the cap: %+v, want grpc-status 8 (RESOURCE_EXHAUSTED), the message and its RetryInfo", e)
@@ -242,6 +243,23 @@ func TestUnauthenticatedStreamsOnTheWire(t *testing.T) {
 		t.Fatalf("a stream of another address: %+v, want it open", got)
 	}
 	wantSample(t, reg, "meshca_streams_refused_total", map[string]string{"reason": "per_peer"}, 2)
+	wantSample(t, reg, "meshca_streams_unauthenticated", nil, 4)
+	// A stream of usual weight at the cap takes the place of the
+	// address's oldest, which is cancelled: a neighbour's requests that
+	// never authenticate cannot keep out one that would.
+	c2.open(t, 7, createCertificate, 0, "30S")
+	// The oldest is c1's first or c2's watch: the two connections' first
+	// streams race to the guard.
+	e1 := c1.ends(t, []uint32{1}, time.Now().Add(2*time.Second))
+	e2 := c2.ends(t, []uint32{1}, time.Now().Add(500*time.Millisecond))
+	cancelled := func(m map[uint32]streamEnd) bool { e, ok := m[1]; return ok && (e.status == "1" || e.reset) }
+	if cancelled(e1) == cancelled(e2) {
+		t.Fatalf("the address's oldest streams at its cap: %+v and %+v, want one of them cancelled", e1, e2)
+	}
+	if got := c2.ends(t, []uint32{7}, time.Now().Add(300*time.Millisecond)); len(got) > 0 {
+		t.Fatalf("the newer stream at the cap: %+v, want it open", got)
+	}
+	wantSample(t, reg, "meshca_streams_refused_total", map[string]string{"reason": "evicted"}, 1)
 	wantSample(t, reg, "meshca_streams_unauthenticated", nil, 4)
 }
 

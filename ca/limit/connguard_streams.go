@@ -43,8 +43,8 @@ var (
 func newStreamMetrics() (*prometheus.CounterVec, prometheus.Gauge) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshca_streams_refused_total",
-		Help: "gRPC streams refused before their handler ran, or cancelled, by meshca's connection guard: past --max-unauthenticated-streams-per-peer (per_peer) or --max-unauthenticated-streams with no stream to cancel in their place (total); " +
-			"cancelled to make room for a stream of an address holding fewer (evicted), or for want of their request message within --request-message-timeout (message_timeout); " +
+		Help: "gRPC streams refused before their handler ran, or cancelled, by meshca's connection guard: past --max-unauthenticated-streams-per-peer on their own or by their message (per_peer) or --max-unauthenticated-streams with no stream to cancel in their place (total); " +
+			"cancelled to make room for a newer stream of their address, or of an address holding fewer (evicted), or for want of their request message within --request-message-timeout (message_timeout); " +
 			"health watches past their cap per address (watch_per_peer) or in all (watch_total).",
 	}, []string{"reason"})
 	for _, r := range []string{streamsPerPeer, streamsTotal, streamsEvicted, streamsMessageTimeout, streamsWatchPerPeer, streamsWatchTotal} {
@@ -147,11 +147,12 @@ func (g *ConnGuard) AdmitStream(ctx context.Context, headerBytes int) (context.C
 	}
 	s := &guardedStream{g: g, c: c, weight: streamWeight(headerBytes)}
 	g.mu.Lock()
+	held := g.streams.peer(c.peer).weight
+	reason, evicted := g.makeStreamRoomLocked(c.peer, held, s.weight, true)
+	// Making room may have emptied and dropped the address's entry.
 	p := g.streams.peer(c.peer)
-	held := p.weight
-	reason, evicted := g.makeStreamRoomLocked(held, s.weight)
 	if reason != "" {
-		err := g.streamsExhausted(reason, c.peer, held)
+		err := g.streamsExhausted(reason, c.peer, p.weight)
 		g.streams.forget(c.peer, p)
 		g.mu.Unlock()
 		g.cancelEvicted(evicted)
@@ -174,14 +175,29 @@ func (g *ConnGuard) AdmitStream(ctx context.Context, headerBytes int) (context.C
 	return context.WithValue(ctx, streamKey{}, s), nil
 }
 
-// makeStreamRoomLocked finds room for a stream of weight w from an
-// address whose streams weigh held: it returns why there is none, or
-// the streams it took out of the counts to make room, for the caller to
-// cancel.
-func (g *ConnGuard) makeStreamRoomLocked(held, w int) (reason string, evicted []*guardedStream) {
+// makeStreamRoomLocked finds room for a stream of weight w from peer,
+// whose streams weigh held: it returns why there is none, or the streams
+// it took out of the counts to make room, for the caller to cancel. At
+// the address's own cap a new stream (evictOwn) takes the place of the
+// address's oldest: an address may be shared (a NAT, hostNetwork Pods),
+// and a neighbour holding the cap with requests that never authenticate
+// must not keep out a request that would, which authenticates within
+// milliseconds and stops counting; a stream too heavy for the cap alone,
+// or a message arriving past it, is refused instead.
+func (g *ConnGuard) makeStreamRoomLocked(peer netip.Addr, held, w int, evictOwn bool) (reason string, evicted []*guardedStream) {
 	lim := g.lim
-	if lim.MaxUnauthenticatedStreamsPerPeer > 0 && held+w > lim.MaxUnauthenticatedStreamsPerPeer {
-		return streamsPerPeer, nil
+	if most := lim.MaxUnauthenticatedStreamsPerPeer; most > 0 && held+w > most {
+		if !evictOwn || w > most {
+			return streamsPerPeer, nil
+		}
+		for held+w > most {
+			e := g.evictOwnLocked(peer)
+			if e == nil {
+				return streamsPerPeer, evicted
+			}
+			held -= e.weight
+			evicted = append(evicted, e)
+		}
 	}
 	for lim.MaxUnauthenticatedStreams > 0 && g.streams.total+w > lim.MaxUnauthenticatedStreams {
 		e := g.evictStreamLocked(held)
@@ -196,11 +212,16 @@ func (g *ConnGuard) makeStreamRoomLocked(held, w int) (reason string, evicted []
 }
 
 // cancelEvicted cancels the streams makeStreamRoomLocked took out of the
-// counts.
+// counts. Each counts against its connection as a refused stream does:
+// a connection whose streams keep being pushed out (a client opening
+// streams that never authenticate, as fast as the caps let it) is closed,
+// so that it does not keep what grpc-go holds for each of them until the
+// connection ends.
 func (g *ConnGuard) cancelEvicted(evicted []*guardedStream) {
 	for _, e := range evicted {
 		e.cancel(ErrStreamEvicted)
 		g.refuse(g.streamsRefused, "stream cancelled", streamsEvicted, e.c.peer)
+		e.c.streamRefused()
 	}
 }
 
@@ -224,6 +245,18 @@ func (g *ConnGuard) evictStreamLocked(held int) *guardedStream {
 		return nil
 	}
 	s := g.streams.byPeer[peer].unauthed.Front().Value.(*guardedStream)
+	g.uncountLocked(s)
+	return s
+}
+
+// evictOwnLocked takes peer's oldest stream not yet authenticated out of
+// the counts and returns it; nil when it has none.
+func (g *ConnGuard) evictOwnLocked(peer netip.Addr) *guardedStream {
+	p := g.streams.byPeer[peer]
+	if p == nil || p.unauthed.Len() == 0 {
+		return nil
+	}
+	s := p.unauthed.Front().Value.(*guardedStream)
 	g.uncountLocked(s)
 	return s
 }
@@ -271,7 +304,7 @@ func (s *guardedStream) received(n int) {
 		return
 	}
 	p := g.streams.byPeer[s.c.peer]
-	reason, evicted := g.makeStreamRoomLocked(p.weight, extra)
+	reason, evicted := g.makeStreamRoomLocked(s.c.peer, p.weight, extra, false)
 	if reason == "" {
 		s.weight += extra
 		p.weight += extra

@@ -87,15 +87,24 @@ func TestUnauthenticatedStreamCaps(t *testing.T) {
 	first := a.mustAdmit(t, "127.0.0.1", 100)
 	a.mustAdmit(t, "127.0.0.1", StreamHeaderUnit) // counts twice
 	third := a.mustAdmit(t, "127.0.0.1", 0)
-	_, err := a.admit(t, "127.0.0.1", 0)
+	// At its cap a newer stream of the address takes the place of its
+	// oldest: a neighbour's requests that never authenticate cannot keep
+	// out one that would.
+	newest := a.mustAdmit(t, "127.0.0.1", 0)
+	if err := ended(first); !errors.Is(err, ErrStreamEvicted) {
+		t.Fatalf("the address's oldest stream at its cap: %v, want %v", err, ErrStreamEvicted)
+	}
+	wantSample(t, a.reg, "meshca_streams_refused_total", map[string]string{"reason": "evicted"}, 1)
+	// A stream heavier than the cap on its own is refused.
+	_, err := a.admit(t, "127.0.0.1", 4*StreamHeaderUnit)
 	refusedWith(t, err, ReasonUnauthStreamsPerPeer, "this address already has 4 requests in progress that have not authenticated, the most it may, retry in 250ms")
 	a.mustAdmit(t, "127.0.0.2", 0)
 	wantSample(t, a.reg, "meshca_streams_unauthenticated", nil, 4)
 	wantSample(t, a.reg, "meshca_streams_refused_total", map[string]string{"reason": "per_peer"}, 1)
 	// Authenticated: its place is free, and it is not cancelled.
-	ConnAuthenticated(first)
+	ConnAuthenticated(newest)
 	fourth := a.mustAdmit(t, "127.0.0.1", 0)
-	if err := ended(first); err != nil {
+	if err := ended(newest); err != nil {
 		t.Fatalf("an authenticated stream ended: %v", err)
 	}
 	// A message of 4 KiB takes the address past its cap: cancelled.
@@ -179,7 +188,9 @@ func TestStreamRefusalsCloseTheConnection(t *testing.T) {
 	a.mustAdmit(t, "127.0.0.1", 0)
 	c := a.conn(t, "127.0.0.1").Value(connKey{}).(*guardedConn)
 	for i := range maxRefusedStreamsPerConn {
-		if _, err := a.admit(t, "127.0.0.1", 0); err == nil {
+		// Heavier than the address's cap on its own: refused, not let
+		// in in the place of the address's oldest.
+		if _, err := a.admit(t, "127.0.0.1", StreamHeaderUnit); err == nil {
 			t.Fatalf("stream %d past the cap admitted", i)
 		}
 		if i < maxRefusedStreamsPerConn-1 && closed(c) {

@@ -161,7 +161,12 @@ func TestSustainedNeighbourSparesFreshToken(t *testing.T) {
 		addr, perConn, life  = "127.0.0.2", 160, 30 * time.Second
 		burst, rate, inAuthn = 100, 10.0, 64 // --authn-failure-*-per-peer, --max-authn-per-peer defaults
 	)
-	m := newMesh(t)
+	// The address's cap of unauthenticated streams (256) alone keeps a
+	// neighbour below ~300 waiting requests, and a fresh stream at the
+	// cap takes the place of the neighbour's oldest (the attack matrix's
+	// stream:per_peer_evicted). Lifted here, so that the flood reaches
+	// the review turns this test is about.
+	m := newMesh(t, "--max-unauthenticated-streams-per-peer=2048")
 	a := &arena{mesh: m, roots: m.s.roots}
 	web := cluster.NewWorkload(t, m.apps, "web", "node-a")
 	named := cluster.NewWorkload(t, m.apps, "named", "node-a")
