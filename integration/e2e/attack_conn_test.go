@@ -119,8 +119,13 @@ func unauthChecks(t *testing.T) []check {
 		}},
 		{name: "streams/one address past --max-unauthenticated-streams-per-peer", defence: "stream:per_peer_evicted", run: func(t *testing.T) {
 			r1, r2 := u.rawFrom(t, "127.0.3.4"), u.rawFrom(t, "127.0.3.4")
+			// Each batch is counted before the next is sent, so that the
+			// server, which reads the two connections concurrently, sees
+			// r1's first stream first and the 21st last.
 			oldest := r1.openN(t, 12, methodCreateCertificate)
+			u.awaitMetric(t, "meshca_streams_unauthenticated", "", "", 12)
 			r2.openN(t, 8, methodCreateCertificate)
+			u.awaitMetric(t, "meshca_streams_unauthenticated", "", "", 20)
 			// A 21st stream takes the place of the address's oldest, which
 			// is cancelled: the address holds 20 at most, and a neighbour
 			// holding them cannot keep out a request that authenticates.

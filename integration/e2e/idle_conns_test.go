@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -247,7 +246,7 @@ func procStatus(t testing.TB, pid int, field string) uint64 {
 // scrapeMetricsTB reads meshca's /metrics, for a test or a benchmark.
 func scrapeMetricsTB(tb testing.TB, adminAddr string) *exposition {
 	tb.Helper()
-	r, err := http.Get("http://" + adminAddr + "/metrics")
+	r, err := getMetrics(adminAddr)
 	if err != nil {
 		tb.Fatal(err)
 	}

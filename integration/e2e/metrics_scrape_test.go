@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshca/meshca/integration/harness"
 	"sigs.k8s.io/yaml"
@@ -33,7 +34,7 @@ type metricSample struct {
 // scrapeMetrics reads /metrics from meshca's admin address.
 func scrapeMetrics(t *testing.T, adminAddr string) *exposition {
 	t.Helper()
-	r, err := http.Get("http://" + adminAddr + "/metrics")
+	r, err := getMetrics(adminAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +47,21 @@ func scrapeMetrics(t *testing.T, adminAddr string) *exposition {
 		t.Fatalf("/metrics: %v", err)
 	}
 	return e
+}
+
+// getMetrics GETs /metrics, and again for up to 5 s while the admin
+// server refuses the connection: the attack rows fill its connection
+// caps on purpose, and connections a row closed are freed only once
+// the server has read their end, which a loaded machine delays.
+func getMetrics(adminAddr string) (*http.Response, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, err := http.Get("http://" + adminAddr + "/metrics")
+		if err == nil || time.Now().After(deadline) {
+			return r, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // parseExposition reads the Prometheus text format, enough of it for
