@@ -69,13 +69,17 @@ func (s *Session) loggedIn() bool {
 // The result may be nil if Run forgot the new login meanwhile. Pass it to
 // ReloginDenied when Vault refuses a call made with it.
 func (s *Session) Current(ctx context.Context) (*api.Secret, error) {
+	// Looking for the login and joining (or starting) one happen under
+	// one lock: a caller that found none while a login was finishing
+	// would otherwise start a second one.
 	s.mu.Lock()
-	cur := s.login
-	s.mu.Unlock()
-	if cur != nil {
+	if cur := s.login; cur != nil {
+		s.mu.Unlock()
 		return cur, nil
 	}
-	if err := s.doLogin(ctx); err != nil {
+	call := s.startLoginLocked(nil)
+	s.mu.Unlock()
+	if err := waitLogin(ctx, call); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
