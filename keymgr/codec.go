@@ -32,14 +32,20 @@ const EntryState = "state.json"
 // rollback) still reads such a state; version 2 only once they do.
 // Version 3 adds an authority's upstream and the entry of its root's key
 // (meshca serve --upstream); EncodeState writes it only once an
-// authority has one.
-const StateFormat = 3
+// authority has one. Version 4 adds the revocations, node blocks and
+// CRLs (revocation.go); EncodeState writes it only once the state holds
+// any.
+const StateFormat = 4
 
 // stateFormatRootIDs is the format version whose ids are the roots';
-// stateFormatShared, the first whose ids are the signing certificates'.
+// stateFormatShared, the first whose ids are the signing certificates';
+// stateFormatUpstream, the first with upstreams; stateFormatRevocation,
+// the first with revocations.
 const (
-	stateFormatRootIDs = 1
-	stateFormatShared  = 2
+	stateFormatRootIDs    = 1
+	stateFormatShared     = 2
+	stateFormatUpstream   = 3
+	stateFormatRevocation = 4
 )
 
 // keyEntryHexLen is how many hex digits of the fingerprint name a key entry.
@@ -62,6 +68,10 @@ type stateDoc struct {
 	Format      int            `json:"format"`
 	Sequence    uint64         `json:"sequence"`
 	Authorities []authorityDoc `json:"authorities"`
+	// Format 4.
+	Revocations []revocationDoc `json:"revocations,omitempty"`
+	Blocked     []blockDoc      `json:"blocked,omitempty"`
+	CRLs        []crlDoc        `json:"crls,omitempty"`
 }
 
 type authorityDoc struct {
@@ -131,6 +141,9 @@ func EncodeState(s *State) (map[string][]byte, error) {
 		}
 		doc.Authorities = append(doc.Authorities, ad)
 	}
+	if err := encodeRevocations(s, &doc); err != nil {
+		return nil, fmt.Errorf("keymgr: encode CA state: %w", err)
+	}
 	data, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("keymgr: encode CA state: %w", err)
@@ -140,15 +153,19 @@ func EncodeState(s *State) (map[string][]byte, error) {
 }
 
 // encodeFormat is the oldest format that can hold s: 1 while no two
-// authorities share a root, 3 once one is renewed from an upstream.
+// authorities share a root, 3 once one is renewed from an upstream, 4
+// once it holds revocations, node blocks or CRLs.
 func encodeFormat(s *State) int {
+	if len(s.Revocations) > 0 || len(s.Blocked) > 0 || len(s.CRLs) > 0 {
+		return stateFormatRevocation
+	}
 	format := stateFormatRootIDs
 	roots := map[string]bool{}
 	for _, r := range s.Authorities {
 		switch {
 		case r == nil || r.Root == nil:
 		case r.Renewed() || r.RootKey != nil:
-			return StateFormat
+			return stateFormatUpstream
 		case roots[r.RootID()]:
 			format = stateFormatShared
 		}
@@ -249,6 +266,9 @@ func DecodeState(entries map[string][]byte) (*State, error) {
 		}
 		s.Authorities = append(s.Authorities, r)
 	}
+	if err := decodeRevocations(doc, s); err != nil {
+		return nil, &EntryError{Entry: EntryState, Err: err}
+	}
 	for name := range entries {
 		if _, used := keys.used[name]; !used {
 			return nil, &EntryError{Entry: name, Err: errors.New("no authority of the CA state refers to it")}
@@ -321,8 +341,8 @@ func decodeAuthority(ad authorityDoc, format int) (*AuthorityRecord, error) {
 		return nil, fmt.Errorf("key entry %q is not the one named for its signing certificate, %s", ad.Key, KeyEntry(r.Cert))
 	case ad.RootKey != "" && ad.RootKey != KeyEntry(r.Root):
 		return nil, fmt.Errorf("root key entry %q is not the one named for its root, %s", ad.RootKey, KeyEntry(r.Root))
-	case format < StateFormat && (ad.Upstream != nil || ad.RootKey != ""):
-		return nil, fmt.Errorf("upstream and rootKey are fields of format %d, not %d", StateFormat, format)
+	case format < stateFormatUpstream && (ad.Upstream != nil || ad.RootKey != ""):
+		return nil, fmt.Errorf("upstream and rootKey are fields of format %d, not %d", stateFormatUpstream, format)
 	case ad.Upstream != nil && ad.Upstream.Type == "":
 		return nil, errors.New("upstream: the type is empty")
 	case ad.Upstream != nil:

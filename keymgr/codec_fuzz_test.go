@@ -1,6 +1,7 @@
 package keymgr_test
 
 import (
+	"math/big"
 	"testing"
 	"time"
 
@@ -45,6 +46,18 @@ func FuzzDecodeState(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(entries[keymgr.EntryState], entries[keymgr.KeyEntry(self.Root)], keymgr.KeyEntry(self.Root))
+	// Format 4: revocations, a node block and a CRL.
+	revoked := &keymgr.State{Sequence: 5, Authorities: []*keymgr.AuthorityRecord{r}}
+	if _, err := revoked.Revoke([]keymgr.Revocation{{Serial: big.NewInt(0x1f00), Issuer: r.ID(), Reason: 1, RevokedAt: time.Now(), NotAfter: time.Now().Add(time.Hour), Node: "n"}}, time.Now()); err != nil {
+		f.Fatal(err)
+	}
+	revoked.Blocked = []keymgr.NodeBlock{{Node: "n", At: time.Now()}}
+	revoked.CRLs = []keymgr.CRLRecord{testCRL(f, r, 1, time.Now(), 0x1f00)}
+	entries, err = keymgr.EncodeState(revoked)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(entries[keymgr.EntryState], entries[keyName], keyName)
 	f.Add([]byte(`{"format":1,"sequence":3,"authorities":[]}`), []byte(nil), "")
 	f.Add([]byte(`{"format":1,"authorities":[{"id":"x","phase":"active","root":"","cert":"","history":[]}]}`), []byte(nil), "key-0000000000000000.pem")
 	f.Fuzz(func(t *testing.T, doc, key []byte, name string) {

@@ -235,7 +235,7 @@ func TestDecodeStateRefuses(t *testing.T) {
 		{"no document", func(e map[string][]byte) { delete(e, keymgr.EntryState) }, keymgr.EntryState, "missing"},
 		{"not JSON", func(e map[string][]byte) { e[keymgr.EntryState] = []byte("apiVersion: v1") }, keymgr.EntryState, "not a CA state document"},
 		{"trailing data", func(e map[string][]byte) { e[keymgr.EntryState] = append(e[keymgr.EntryState], "{}"...) }, keymgr.EntryState, "data follows"},
-		{"newer format", doc(func(d, _ map[string]any) { d["format"] = keymgr.StateFormat + 1 }), keymgr.EntryState, "format version 4 is not supported"},
+		{"newer format", doc(func(d, _ map[string]any) { d["format"] = keymgr.StateFormat + 1 }), keymgr.EntryState, "format version 5 is not supported"},
 		{"no format", doc(func(d, _ map[string]any) { delete(d, "format") }), keymgr.EntryState, "format version 0 is not supported"},
 		{"unknown field", doc(func(d, _ map[string]any) { d["owner"] = "x" }), keymgr.EntryState, `unknown field "owner"`},
 		{"unknown authority field", field("issuer", "x"), keymgr.EntryState, `unknown field "issuer"`},

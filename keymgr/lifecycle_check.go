@@ -3,6 +3,7 @@ package keymgr
 import (
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/meshca/meshca/csr"
@@ -212,7 +213,7 @@ func (s *State) Validate() error {
 	case len(s.Authorities) > 0 && s.Sequence == 0:
 		return &StateError{Verb: verbValidate, Reason: "the bundle sequence is 0 although there are authorities"}
 	}
-	return nil
+	return s.validateRevocations()
 }
 
 // storedRule is the first rule a stored record breaks, or "".
@@ -253,10 +254,17 @@ func forward(h []Transition) bool {
 }
 
 // Clone returns a copy of s that a caller may change, try a step on and
-// save, without touching s: records, histories and chains are copied;
-// certificates and keys, never modified, are shared.
+// save, without touching s: records, histories, chains, revocations,
+// blocks and CRL records are copied; certificates, keys, serial numbers
+// and CRLs' DER, never modified, are shared.
 func (s *State) Clone() *State {
-	c := &State{Sequence: s.Sequence, Authorities: make([]*AuthorityRecord, 0, len(s.Authorities))}
+	c := &State{
+		Sequence:    s.Sequence,
+		Authorities: make([]*AuthorityRecord, 0, len(s.Authorities)),
+		Revocations: slices.Clone(s.Revocations),
+		Blocked:     slices.Clone(s.Blocked),
+		CRLs:        slices.Clone(s.CRLs),
+	}
 	for _, a := range s.Authorities {
 		if a == nil {
 			c.Authorities = append(c.Authorities, nil)

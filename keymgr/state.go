@@ -142,6 +142,14 @@ type State struct {
 	Sequence uint64
 	// Authorities, oldest first.
 	Authorities []*AuthorityRecord
+	// Revocations lists the certificates revoked and not yet expired,
+	// in the order they were revoked (revocation.go).
+	Revocations []Revocation
+	// Blocked lists the nodes that may get no new certificate.
+	Blocked []NodeBlock
+	// CRLs holds the newest CRL of each CA that signs, at most one per
+	// issuer.
+	CRLs []CRLRecord
 }
 
 // Version identifies one stored revision of a State, for compare-and-swap:

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -150,6 +151,37 @@ func Diff(got, want *keymgr.State) string {
 	for i, w := range want.Authorities {
 		if d := diffRecord(got.Authorities[i], w); d != "" {
 			return fmt.Sprintf("authority %d (%.16s): %s", i+1, w.ID(), d)
+		}
+	}
+	return diffRevocations(got, want)
+}
+
+// diffRevocations compares the revocations, node blocks and CRLs.
+func diffRevocations(got, want *keymgr.State) string {
+	switch {
+	case len(got.Revocations) != len(want.Revocations):
+		return fmt.Sprintf("%d revocations, want %d", len(got.Revocations), len(want.Revocations))
+	case len(got.Blocked) != len(want.Blocked):
+		return fmt.Sprintf("%d node blocks, want %d", len(got.Blocked), len(want.Blocked))
+	case len(got.CRLs) != len(want.CRLs):
+		return fmt.Sprintf("%d CRLs, want %d", len(got.CRLs), len(want.CRLs))
+	}
+	for i, w := range want.Revocations {
+		g := got.Revocations[i]
+		if g.Serial.Cmp(w.Serial) != 0 || g.Issuer != w.Issuer || g.Reason != w.Reason || g.Subject != w.Subject ||
+			g.Node != w.Node || g.By != w.By || !sameSecond(g.RevokedAt, w.RevokedAt) || !sameSecond(g.NotAfter, w.NotAfter) {
+			return fmt.Sprintf("revocation %d = %+v, want %+v", i+1, g, w)
+		}
+	}
+	for i, w := range want.Blocked {
+		g := got.Blocked[i]
+		if g.Node != w.Node || g.Reason != w.Reason || g.By != w.By || !sameSecond(g.Since, w.Since) || !sameSecond(g.At, w.At) {
+			return fmt.Sprintf("node block %d = %+v, want %+v", i+1, g, w)
+		}
+	}
+	for i, w := range want.CRLs {
+		if g := got.CRLs[i]; g.Issuer != w.Issuer || !bytes.Equal(g.DER, w.DER) {
+			return fmt.Sprintf("CRL %d differs (issuer %.16s, want %.16s)", i+1, g.Issuer, w.Issuer)
 		}
 	}
 	return ""

@@ -6,7 +6,10 @@ package storetest
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/x509"
 	"errors"
+	"math/big"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +36,7 @@ func Run(t *testing.T, newStore func(t *testing.T) keymgr.StateStore) {
 		{"MixedPhasesRoundTrip", testMixed},
 		{"SharedRootRoundTrip", testSharedRoot},
 		{"UpstreamRoundTrip", testUpstream},
+		{"RevocationsRoundTrip", testRevocations},
 		{"RootKeyDestroyedWithItsLastAuthority", testRootKeyDestroyed},
 		{"RetiredKeyDestroyed", testRetiredKeyDestroyed},
 		{"StaleBaseConflicts", testStaleBase},
@@ -121,6 +125,35 @@ func testMixed(t *testing.T, st keymgr.StateStore, f *fixtures) {
 // under it) are kept apart, each with its own key.
 func testSharedRoot(t *testing.T, st keymgr.StateStore, f *fixtures) {
 	want := state(4, f.renewal...)
+	v := save(t, st, want, "")
+	expect(t, st, want, v)
+}
+
+// testRevocations: revocations, node blocks and CRLs come back.
+func testRevocations(t *testing.T, st keymgr.StateStore, f *fixtures) {
+	want := state(9, f.mixed...)
+	active := f.mixed[2]
+	revs := []keymgr.Revocation{
+		{Serial: big.NewInt(0x2a), Issuer: active.ID(), Reason: 1, RevokedAt: f.at, NotAfter: f.at.Add(48 * time.Hour), Subject: "spiffe://td/ns/a/sa/b", Node: "node-a", By: "storetest"},
+		{Serial: big.NewInt(7), RevokedAt: f.at, NotAfter: f.at.Add(48 * time.Hour)},
+	}
+	if _, err := want.Revoke(revs, f.at); err != nil {
+		t.Fatal(err)
+	}
+	if err := want.Block(keymgr.NodeBlock{Node: "node-a", Since: f.at.Add(-time.Hour), At: f.at, Reason: "stolen", By: "storetest"}); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.RevocationList{Number: big.NewInt(3), ThisUpdate: f.at.Add(-time.Minute), NextUpdate: f.at.Add(24 * time.Hour),
+		RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(0x2a), RevocationTime: f.at}}}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, active.Cert, active.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crl, err := keymgr.NewCRLRecord(active.ID(), der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.CRLs = []keymgr.CRLRecord{crl}
 	v := save(t, st, want, "")
 	expect(t, st, want, v)
 }
