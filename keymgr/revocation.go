@@ -112,11 +112,12 @@ func NewCRLRecord(issuer string, der []byte) (CRLRecord, error) {
 
 // Revoke adds rs to the revocations of s, all or none: each must be
 // valid (see Validate) and name as Issuer a CA of an authority that is
-// not retired (or none). A certificate revoked already by that issuer,
+// not retired whose CRL meshca can sign (see CRLIssuer.Problem), or
+// none. A certificate revoked already by that issuer,
 // and one already expired at now, are skipped. It returns how many it
 // added.
 func (s *State) Revoke(rs []Revocation, now time.Time) (added int, err error) {
-	known := s.View().caIDs()
+	v := s.View()
 	seen := make(map[string]bool, len(s.Revocations))
 	for _, r := range s.Revocations {
 		seen[revocationKey(r.Issuer, r.Serial)] = true
@@ -126,8 +127,8 @@ func (s *State) Revoke(rs []Revocation, now time.Time) (added int, err error) {
 		if why := revocationRule(r); why != "" {
 			return 0, &StateError{Verb: VerbRevoke, ID: r.Issuer, Reason: fmt.Sprintf("revocation %d (serial %s): %s", i+1, serialText(r.Serial), why)}
 		}
-		if r.Issuer != "" && !known[r.Issuer] {
-			return 0, &StateError{Verb: VerbRevoke, ID: r.Issuer, Reason: fmt.Sprintf("serial %s: no CA of the state that is not retired has this fingerprint", serialText(r.Serial))}
+		if why := v.revokeRule(r.Issuer); why != "" {
+			return 0, &StateError{Verb: VerbRevoke, ID: r.Issuer, Reason: fmt.Sprintf("serial %s: %s", serialText(r.Serial), why)}
 		}
 		k := revocationKey(r.Issuer, r.Serial)
 		if seen[k] || r.Expired(now) {
@@ -267,15 +268,6 @@ func (v View) cas() []*x509.Certificate {
 		}
 	}
 	return out
-}
-
-// caIDs is the set of IDs of cas.
-func (v View) caIDs() map[string]bool {
-	ids := map[string]bool{}
-	for _, c := range v.cas() {
-		ids[Fingerprint(c)] = true
-	}
-	return ids
 }
 
 // validateRevocations checks the revocations, blocks and CRLs of s, as

@@ -1,8 +1,11 @@
 package keymgr_test
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"math/big"
@@ -12,13 +15,15 @@ import (
 
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/storetest"
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // revocationState is an active authority signing with an intermediate
-// and a retired one.
+// renewed from the self upstream (the state holds both keys) and a
+// retired one.
 func revocationState(t *testing.T, now time.Time) *keymgr.State {
 	t.Helper()
-	inter := storetest.NewIntermediateRecords(t, now.Add(-time.Hour), keymgr.PhaseActive)[0]
+	inter := storetest.NewRenewedRecords(t, now.Add(-time.Hour), upstream.Ref{Type: "self"}, keymgr.PhaseActive)[0]
 	retired := storetest.NewRecord(t, keymgr.PhaseRetired, now.Add(-2*time.Hour))
 	retired.Key = nil
 	return &keymgr.State{Sequence: 3, Authorities: []*keymgr.AuthorityRecord{retired, inter}}
@@ -51,6 +56,9 @@ func TestRevoke(t *testing.T) {
 	s := revocationState(t, now)
 	active := s.Authorities[1]
 	id, rootID, retiredID := active.ID(), active.RootID(), s.Authorities[0].ID()
+	imported := storetest.NewIntermediateRecords(t, now, keymgr.PhasePrepared)[0]
+	noCRLSign := importedWithoutCRLSign(t, now)
+	s.Authorities = append(s.Authorities, imported, noCRLSign)
 	with := func(r keymgr.Revocation, edit func(*keymgr.Revocation)) keymgr.Revocation { edit(&r); return r }
 	tests := []struct {
 		name      string
@@ -60,7 +68,9 @@ func TestRevoke(t *testing.T) {
 	}{
 		{"a leaf", []keymgr.Revocation{rev(7, id, now)}, 1, ""},
 		{"an intermediate, by its root", []keymgr.Revocation{rev(8, rootID, now)}, 1, ""},
-		{"the chain's CA", []keymgr.Revocation{rev(8, keymgr.Fingerprint(active.Chain[0]), now)}, 1, ""},
+		{"an imported chain's CA", []keymgr.Revocation{rev(8, keymgr.Fingerprint(imported.Chain[0]), now)}, 0,
+			`meshca cannot publish a CRL of "CN=storetest intermediate 1,O=storetest.example": meshca holds no key of it, and no upstream does`},
+		{"an imported CA without cRLSign", []keymgr.Revocation{rev(8, noCRLSign.ID(), now)}, 0, "its certificate lacks the cRLSign key usage"},
 		{"unknown issuer", []keymgr.Revocation{rev(9, "", now)}, 1, ""},
 		{"already revoked", []keymgr.Revocation{rev(1, id, now)}, 0, ""},
 		{"twice in one call", []keymgr.Revocation{rev(7, id, now), rev(7, id, now)}, 1, ""},
@@ -225,9 +235,31 @@ func TestPruneRevocations(t *testing.T) {
 	}
 }
 
+// importedWithoutCRLSign is a prepared authority whose root has no
+// cRLSign key usage.
+func importedWithoutCRLSign(t *testing.T, now time.Time) *keymgr.AuthorityRecord {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "no crl sign"}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(48 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, SubjectKeyId: []byte{1, 2, 3}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &keymgr.AuthorityRecord{Phase: keymgr.PhasePrepared, Root: c, Cert: c, Key: key, History: []keymgr.Transition{{To: keymgr.PhasePrepared, At: now}}}
+}
+
 func TestIssuerOf(t *testing.T) {
 	now := time.Now()
 	s := revocationState(t, now)
+	s.Authorities[1] = storetest.NewIntermediateRecords(t, now, keymgr.PhaseActive)[0]
 	a := s.Authorities[1]
 	leaf := issueLeaf(t, a, now)
 	stranger := storetest.NewRecord(t, keymgr.PhaseActive, now)

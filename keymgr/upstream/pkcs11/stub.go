@@ -4,6 +4,7 @@ package pkcs11
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 
 	"github.com/meshca/meshca/keymgr/upstream"
@@ -28,6 +29,11 @@ func (*Upstream) SignIntermediate(context.Context, *upstream.Request) (*upstream
 
 // NewRoot fails: this build has no PKCS#11 support.
 func (*Upstream) NewRoot(context.Context, *upstream.RootRequest) (*upstream.Root, error) {
+	return nil, errNotBuilt
+}
+
+// SignCRL fails: this build has no PKCS#11 support.
+func (*Upstream) SignCRL(context.Context, *x509.RevocationList, *x509.Certificate, upstream.Ref) ([]byte, error) {
 	return nil, errNotBuilt
 }
 

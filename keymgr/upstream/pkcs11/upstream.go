@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/rand"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"time"
@@ -31,6 +32,7 @@ type Upstream struct {
 var (
 	_ upstream.Upstream  = (*Upstream)(nil)
 	_ upstream.RootMaker = (*Upstream)(nil)
+	_ upstream.CRLSigner = (*Upstream)(nil)
 )
 
 // New returns the upstream cfg describes. It does no I/O: the module is
@@ -58,6 +60,12 @@ func (u *Upstream) SignIntermediate(ctx context.Context, req *upstream.Request) 
 // common name and a random 16-byte ID, and self-signs the root with it.
 func (u *Upstream) NewRoot(ctx context.Context, req *upstream.RootRequest) (*upstream.Root, error) {
 	return u.ks.NewRoot(ctx, req)
+}
+
+// SignCRL signs tmpl as issuer's CRL with its key in the token, which
+// ref names.
+func (u *Upstream) SignCRL(ctx context.Context, tmpl *x509.RevocationList, issuer *x509.Certificate, ref upstream.Ref) ([]byte, error) {
+	return u.ks.SignCRL(ctx, tmpl, issuer, ref)
 }
 
 // Login loads the module and logs in to the token now, rather than at

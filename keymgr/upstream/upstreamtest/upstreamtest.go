@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"math/big"
 	"slices"
 	"sync"
 	"testing"
@@ -60,6 +61,43 @@ func Run(t *testing.T, tg Target) {
 	t.Run("honours the deadline", func(t *testing.T) { deadline(t, tg) })
 	t.Run("makes roots", func(t *testing.T) { makesRoots(t, tg) })
 	t.Run("serves its roots", func(t *testing.T) { servesRoots(t, tg) })
+	t.Run("signs CRLs", func(t *testing.T) { signsCRLs(t, tg) })
+}
+
+// signsCRLs: an upstream.CRLSigner signs a CRL its root verifies, and
+// refuses a key it does not hold and a root that is not its key's. An
+// upstream whose keys the CA state keeps (self) is not asked: meshca
+// signs with the key it has.
+func signsCRLs(t *testing.T, tg Target) {
+	cs, ok := tg.Upstream.(upstream.CRLSigner)
+	if !ok {
+		t.Skip("not a CRL signer")
+	}
+	root, ref, rootKey := tg.Root(t, tg.KeyTypes[0])
+	if rootKey != nil {
+		t.Skip("the CA state keeps this upstream's keys")
+	}
+	now := time.Now()
+	tmpl := &x509.RevocationList{Number: big.NewInt(3), ThisUpdate: now.Add(-time.Minute), NextUpdate: now.Add(time.Hour),
+		RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: big.NewInt(42), RevocationTime: now, ReasonCode: 1}}}
+	der, err := cs.SignCRL(context.Background(), tmpl, root, ref)
+	if err != nil {
+		t.Fatalf("SignCRL: %v", err)
+	}
+	l, err := x509.ParseRevocationList(der)
+	switch {
+	case err != nil:
+		t.Fatalf("the CRL does not parse: %v", err)
+	case l.CheckSignatureFrom(root) != nil:
+		t.Fatalf("the root does not verify the CRL: %v", l.CheckSignatureFrom(root))
+	case l.Number.Int64() != 3 || len(l.RevokedCertificateEntries) != 1 || l.RevokedCertificateEntries[0].SerialNumber.Int64() != 42:
+		t.Fatalf("the CRL is not the template: number %v, entries %v", l.Number, l.RevokedCertificateEntries)
+	}
+	stranger := testca.NewRoot(t, "upstreamtest stranger", testca.Options{})
+	_, err = cs.SignCRL(context.Background(), tmpl, stranger.Cert, tg.Unknown)
+	mustRefuse(t, err, upstream.KindRefused)
+	_, err = cs.SignCRL(context.Background(), tmpl, stranger.Cert, ref)
+	mustRefuse(t, err, upstream.KindRefused)
 }
 
 // Request is a request for an intermediate of a new key of type kt under

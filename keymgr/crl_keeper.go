@@ -1,0 +1,247 @@
+package keymgr
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/meshca/meshca/keymgr/certs"
+	"github.com/meshca/meshca/keymgr/upstream"
+)
+
+// Defaults of a CRLKeeper.
+const (
+	// DefaultCRLValidity is how long a CRL is valid (nextUpdate after
+	// thisUpdate's now): a verifier holding an expired CRL fails open
+	// (ztunnel) or closed (openssl), either way a day of outage of the
+	// keeper is what it tolerates.
+	DefaultCRLValidity = 24 * time.Hour
+	// DefaultCRLRefreshAt is the fraction of a CRL's validity after which
+	// it is reissued with no change: half, so that a keeper that fails
+	// has the other half to recover.
+	DefaultCRLRefreshAt = 0.5
+	// DefaultCRLInterval is how often a CRLKeeper looks.
+	DefaultCRLInterval = 10 * time.Second
+	// CRLBackdate is how far before now a CRL's thisUpdate is, for
+	// verifiers whose clock is behind.
+	CRLBackdate = certs.Backdate
+)
+
+// CRLKeeper keeps a CRL in the CA state for every CA that needs one
+// (View.CRLIssuers): it issues one for a CA that has none, reissues it
+// when the revocations it lists changed or RefreshAt of its validity has
+// passed, with a CRL number that only grows, and drops the revocations
+// that expired and the CRLs of CAs gone. It signs with the key the state
+// holds (an authority's, or the self upstream's root key) or has
+// Upstream sign (a root in a PKCS#11 token, in Vault Transit). Every
+// change is one compare-and-swap Update: replicas sharing a store never
+// store two CRLs with one number; run it on the leader only, as the
+// Renewer. The package does not log.
+type CRLKeeper struct {
+	Store StateStore
+	// Upstream signs the CRLs of the CAs whose key it keeps, those whose
+	// Upstream.Type is UpstreamName; nil: none.
+	Upstream     upstream.CRLSigner
+	UpstreamName string
+	// Validity of a CRL (DefaultCRLValidity when zero); RefreshAt the
+	// fraction of it after which it is reissued (DefaultCRLRefreshAt
+	// when not in (0, 1)).
+	Validity  time.Duration
+	RefreshAt float64
+	// Interval between looks, Timeout of one upstream call: the
+	// package's defaults when zero.
+	Interval, Timeout time.Duration
+	// Now is the clock, time.Now when nil.
+	Now func() time.Time
+	// OnIssued hears of every CRL stored; OnError of every failure that
+	// differs from the one before (Run).
+	OnIssued func(CRLIssued)
+	OnError  func(error)
+}
+
+// CRLIssued is a CRL stored.
+type CRLIssued struct {
+	Issuer  string
+	Subject string
+	Number  *big.Int
+	// Entries is how many certificates it lists.
+	Entries    int
+	NextUpdate time.Time
+	// Why it was issued: CRLDue's reason.
+	Why string
+}
+
+// CRLError is the failure to issue one CA's CRL.
+type CRLError struct {
+	Issuer  string
+	Subject string
+	Err     error
+}
+
+func (e *CRLError) Error() string {
+	return fmt.Sprintf("keymgr: CRL of %.16s (%s): %v", e.Issuer, e.Subject, e.Err)
+}
+
+func (e *CRLError) Unwrap() error { return e.Err }
+
+// errCRLNothing: the Update found nothing to store.
+var errCRLNothing = errors.New("keymgr: no CRL to store")
+
+// signedCRL is a CRL signed for the state as loaded, and why.
+type signedCRL struct {
+	is  CRLIssuer
+	rec CRLRecord
+	why string
+}
+
+// Tick issues the CRLs due now and stores them with the pruning in one
+// Update. It returns what it stored and the failures (a *CRLError each,
+// joined): one CA's failure does not hold the others back.
+func (k *CRLKeeper) Tick(ctx context.Context) ([]CRLIssued, error) {
+	now := k.now()
+	s, _, err := k.Store.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var signed []signedCRL
+	var errs []error
+	v := s.View()
+	for _, is := range v.CRLIssuers() {
+		why := v.CRLDue(is, now, k.refreshAt())
+		if why == "" {
+			continue
+		}
+		rec, err := k.sign(ctx, v, is, now)
+		if err != nil {
+			errs = append(errs, &CRLError{Issuer: is.ID, Subject: is.Cert.Subject.String(), Err: err})
+			continue
+		}
+		signed = append(signed, signedCRL{is: is, rec: rec, why: why})
+	}
+	if len(signed) == 0 && !k.prunable(s, now) {
+		return nil, errors.Join(errs...)
+	}
+	var stored []CRLIssued
+	_, err = Update(ctx, k.Store, func(s *State) error {
+		stored = stored[:0]
+		changed := s.PruneRevocations(now)+s.PruneCRLs() > 0
+		for _, sc := range signed {
+			if !k.current(s, sc, now) || !s.PutCRL(sc.rec) {
+				continue // the state changed since: the next look signs again
+			}
+			changed = true
+			stored = append(stored, CRLIssued{Issuer: sc.is.ID, Subject: sc.is.Cert.Subject.String(), Number: sc.rec.Number,
+				Entries: len(v.CRLEntries(sc.is, now)), NextUpdate: sc.rec.NextUpdate, Why: sc.why})
+		}
+		if !changed {
+			return errCRLNothing
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errCRLNothing):
+		stored = nil
+	case err != nil:
+		return nil, errors.Join(append(errs, err)...)
+	}
+	for _, is := range stored {
+		if k.OnIssued != nil {
+			k.OnIssued(is)
+		}
+	}
+	return stored, errors.Join(errs...)
+}
+
+// current reports whether sc, signed for the state as it was loaded,
+// still fits s: its issuer needs it, the number follows the stored one's,
+// and it lists exactly s's revocations.
+func (k *CRLKeeper) current(s *State, sc signedCRL, now time.Time) bool {
+	v := s.View()
+	is, ok := v.crlIssuer(sc.is.ID)
+	if !ok {
+		return false
+	}
+	base := big.NewInt(0)
+	if rec, ok := v.CRL(is.ID); ok {
+		base = rec.Number
+	}
+	return new(big.Int).Sub(sc.rec.Number, base).Cmp(big.NewInt(1)) == 0 && sameEntries(sc.rec.DER, v.CRLEntries(is, now))
+}
+
+// prunable reports whether s has a revocation expired at now or a CRL
+// of a CA that no longer needs one.
+func (k *CRLKeeper) prunable(s *State, now time.Time) bool {
+	c := s.Clone()
+	return c.PruneRevocations(now)+c.PruneCRLs() > 0
+}
+
+// sign makes is's next CRL at now.
+func (k *CRLKeeper) sign(ctx context.Context, v View, is CRLIssuer, now time.Time) (CRLRecord, error) {
+	if why := is.Problem(); why != "" {
+		return CRLRecord{}, errors.New(why)
+	}
+	tmpl := v.CRLTemplate(is, now, CRLBackdate, k.validity())
+	var der []byte
+	var err error
+	switch {
+	case is.Key != nil:
+		der, err = x509.CreateRevocationList(rand.Reader, tmpl, is.Cert, is.Key)
+	case k.Upstream == nil || is.Upstream.Type != k.UpstreamName:
+		return CRLRecord{}, fmt.Errorf("its key is in upstream %s, and this server's upstream is %q: serve with --upstream %s", is.Upstream.Type, k.UpstreamName, is.Upstream.Type)
+	default:
+		sctx, cancel := context.WithTimeout(ctx, cmpOr(k.Timeout, DefaultRenewTimeout))
+		defer cancel()
+		der, err = k.Upstream.SignCRL(sctx, tmpl, is.Cert, is.Upstream)
+	}
+	if err != nil {
+		return CRLRecord{}, err
+	}
+	l, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return CRLRecord{}, fmt.Errorf("the signed CRL does not parse: %w", err)
+	}
+	if err := l.CheckSignatureFrom(is.Cert); err != nil {
+		return CRLRecord{}, fmt.Errorf("the signed CRL is not signed by its issuer: %w", err)
+	}
+	return NewCRLRecord(is.ID, der)
+}
+
+// Run ticks every Interval until ctx ends, then returns nil.
+func (k *CRLKeeper) Run(ctx context.Context) error {
+	last := ""
+	tick := func() {
+		_, err := k.Tick(ctx)
+		switch {
+		case err == nil:
+			last = ""
+		case ctx.Err() == nil && err.Error() != last:
+			last = err.Error()
+			if k.OnError != nil {
+				k.OnError(err)
+			}
+		}
+	}
+	tick()
+	every(ctx, k.Interval, DefaultCRLInterval, tick)
+	return nil
+}
+
+func (k *CRLKeeper) validity() time.Duration { return cmpOr(k.Validity, DefaultCRLValidity) }
+
+func (k *CRLKeeper) refreshAt() float64 {
+	if k.RefreshAt <= 0 || k.RefreshAt >= 1 {
+		return DefaultCRLRefreshAt
+	}
+	return k.RefreshAt
+}
+
+func (k *CRLKeeper) now() time.Time {
+	if k.Now == nil {
+		return time.Now()
+	}
+	return k.Now()
+}
