@@ -57,9 +57,11 @@ type CRLKeeper struct {
 	Interval, Timeout time.Duration
 	// Now is the clock, time.Now when nil.
 	Now func() time.Time
-	// OnIssued hears of every CRL stored; OnError of every failure that
+	// OnIssued hears of every CRL stored, OnFailed of every CA whose CRL
+	// could not be signed at a look; OnError of every failure that
 	// differs from the one before (Run).
 	OnIssued func(CRLIssued)
+	OnFailed func(*CRLError)
 	OnError  func(error)
 }
 
@@ -117,7 +119,11 @@ func (k *CRLKeeper) Tick(ctx context.Context) ([]CRLIssued, error) {
 		}
 		rec, err := k.sign(ctx, v, is, now)
 		if err != nil {
-			errs = append(errs, &CRLError{Issuer: is.ID, Subject: is.Cert.Subject.String(), Err: err})
+			ce := &CRLError{Issuer: is.ID, Subject: is.Cert.Subject.String(), Err: err}
+			if k.OnFailed != nil {
+				k.OnFailed(ce)
+			}
+			errs = append(errs, ce)
 			continue
 		}
 		signed = append(signed, signedCRL{is: is, rec: rec, why: why})

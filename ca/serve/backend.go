@@ -51,6 +51,9 @@ type Backend struct {
 	AutoRotateInterval time.Duration
 	Rotation           keymgr.Guards
 	PrepareAt          float64
+	// CRL keeps the CRLs of the CA state's CAs; nil: off. Only with the
+	// built-in CA and a CA state.
+	CRL *CRL
 	// MaxTTL is the longest leaf any earlier meshca may have issued under
 	// a state directory migrated from the single-root layout, which kept
 	// no record of its leaves: the guards assume leaves that long.
@@ -106,6 +109,8 @@ type backend struct {
 	// served and before onChange hear of it: a reader that loads it
 	// before the bundle never pairs a bundle with a newer version.
 	version atomic.Pointer[trust.BundleVersion]
+	// crls is the CRL bundle of the CA state in service (CRLBundle).
+	crls atomic.Pointer[[]byte]
 }
 
 // name is the backend's name: --signer's value.
@@ -131,6 +136,9 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 	}
 	if c.Upstream != nil {
 		return nil, &FieldError{Field: "upstream", Err: fmt.Errorf("renews the built-in CA's intermediate, which --signer %s does not sign with: choose one", c.External.Name())}
+	}
+	if c.CRL != nil {
+		return nil, &FieldError{Field: "crl", Err: fmt.Errorf("meshca signs the CRLs of the built-in CA's authorities, and --signer %s signs elsewhere (docs/backends.md)", c.External.Name())}
 	}
 	if len(c.TrustAnchors) > 0 == (c.StateDir != "" || c.StateSecret != "") {
 		return nil, &FieldError{Field: "trust-anchors", Err: errors.New("an external backend needs exactly one of the pinned trust bundle and a CA state")}
@@ -233,6 +241,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if sources != 1 {
 		return nil, &FieldError{Field: "state-dir", Err: errors.New("give exactly one of a state directory or Secret (self-signed CA) and a CA directory (plugged-in CA)")}
 	}
+	if c.CADir != "" && c.CRL != nil {
+		return nil, &FieldError{Field: "crl", Err: errors.New("keeps CRLs in a CA state (--state-dir, --state-secret); a plugged-in CA (--ca-dir) has none")}
+	}
 	if c.CADir != "" && c.Upstream != nil {
 		return nil, &FieldError{Field: "upstream", Err: errors.New("renews an intermediate in a CA state (--state-dir, --state-secret); a plugged-in CA (--ca-dir) is renewed by its owner")}
 	}
@@ -278,6 +289,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	var elected []func(context.Context) error
 	if ren != nil {
 		elected = append(elected, be.renewing(ctx, c, ren, f, metrics, log))
+	}
+	if run := c.crlKeeper(store, ren, f, metrics, log); run != nil {
+		elected = append(elected, run)
 	}
 	if c.AutoRotate {
 		r := &keymgr.AutoRotator{Store: store, Guards: c.Rotation, Policy: keymgr.AutoPolicy{PrepareAt: c.PrepareAt}, Interval: c.AutoRotateInterval,
@@ -368,6 +382,8 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 				// one process has seen: not comparable across replicas.
 				v.Lineage = ""
 			}
+			crls := s.View().CRLBundlePEM()
+			be.crls.Store(&crls)
 			be.version.Store(v)
 			for _, f := range be.onChange {
 				f()

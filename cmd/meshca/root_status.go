@@ -60,6 +60,12 @@ type statusView struct {
 	Next        nextView        `json:"next"`
 	// Istiod is istiod's certificate, with --istiod-cert-secret.
 	Istiod *istiodView `json:"istiod,omitempty"`
+	// CRLs of the state's CAs, the CAs meshca cannot sign one for, and
+	// how many certificates and nodes are revoked (root_status_crl.go).
+	CRLs         []crlView `json:"crls,omitempty"`
+	CRLProblems  []string  `json:"crlProblems,omitempty"`
+	Revoked      int       `json:"revoked,omitempty"`
+	BlockedNodes int       `json:"blockedNodes,omitempty"`
 }
 
 type nextView struct {
@@ -159,6 +165,7 @@ func viewOf(st *keymgr.State, now time.Time, g keymgr.Guards) statusView {
 	}
 	next := st.View().NextStep(now, g)
 	v.Next = nextView{Step: next.Verb, ID: short(next.ID), SafeAt: next.SafeAt, Why: next.Why}
+	crlsOf(&v, st, now)
 	return v
 }
 
@@ -187,6 +194,7 @@ func printStatus(w io.Writer, v statusView, now time.Time) error {
 		fmt.Fprintf(w, "%s signs with intermediate %s, not after %s (its path to the root: %s, %s), under root %s%s\n", a.ID, a.Signing.Subject,
 			a.Signing.NotAfter.UTC().Format(time.RFC3339), a.Signing.PathNotAfter.UTC().Format(time.RFC3339), left, short(a.RootFingerprint), from)
 	}
+	printCRLs(w, v, now)
 	fmt.Fprintf(w, "\nbundle sequence %d\n", v.Sequence)
 	if v.Istiod != nil {
 		printIstiod(w, v.Istiod)

@@ -75,6 +75,7 @@ type serveFlags struct {
 	autoInterval   time.Duration
 	rotationMargin time.Duration
 	rootLifetime   time.Duration
+	crl            crlFlags
 	backdate       time.Duration
 	b              backendFlags
 	up             upstreamFlags
@@ -133,6 +134,9 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err := f.up.validate(f.b.signer, f.b.hasState, f.defaultTTL); err != nil {
 		return serve.Config{}, err
 	}
+	if err := f.crl.validate(f.b.signer, f.b.hasState); err != nil {
+		return serve.Config{}, err
+	}
 	if err := f.checkCA(); err != nil {
 		return serve.Config{}, err
 	}
@@ -148,8 +152,8 @@ func (f *serveFlags) validate() (serve.Config, error) {
 			StateDir: f.stateDir, StateSecret: f.stateSecret, CADir: f.caDir,
 			State:      dirstore.StateOptions{KeyType: certs.KeyType(f.rootKeyType), RootTTL: f.rootLifetime},
 			AutoRotate: f.autoRotate, Rotation: keymgr.Guards{Margin: f.rotationMargin}, PrepareAt: f.prepareAt,
-			AutoRotateInterval: f.autoInterval,
-			Backdate:           backdateOption(f.backdate),
+			AutoRotateInterval: f.autoInterval, CRL: f.crl.config(),
+			Backdate: backdateOption(f.backdate),
 		},
 	}
 	if err := f.features(td, &c); err != nil {

@@ -95,6 +95,7 @@ func (f *serveFlags) registerState(fl *pflag.FlagSet) {
 	fl.Float64Var(&f.prepareAt, "auto-rotate-prepare-at", keymgr.DefaultPrepareAt, "fraction of the active root's lifetime left when automatic rotation prepares the next root")
 	fl.DurationVar(&f.autoInterval, "auto-rotate-interval", keymgr.DefaultAutoRotateInterval, "how often automatic rotation looks for a step that is due (1s to 1h)")
 	fl.DurationVar(&f.rotationMargin, "rotation-margin", keymgr.DefaultGuardMargin, "margin the guards of automatic rotation add: to half the longest leaf lifetime before activation, to the last leaf's expiry before retirement")
+	f.crl.register(fl)
 }
 
 func (f *serveFlags) registerLimits(fl *pflag.FlagSet) {

@@ -33,6 +33,13 @@ func TestChartVariants(t *testing.T) {
 				t.Errorf("rendered kinds %v: want the claim, no state Secret, no Role (a directory needs no Secret access, and one replica no Lease)", k)
 			}
 		}},
+		{"revocation", "revocation: {enabled: true, crlValidity: 12h, crlRefreshAt: 0.25}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
+				[]string{"--crl", "--crl-validity=12h", "--crl-refresh-at=0.25"}, nil)
+		}},
+		{"istio without revocation on a plugged-in CA", "istio: {enabled: true}\nstate: {type: cacerts}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, nil, []string{"--crl"})
+		}},
 		{"plugged-in cacerts", "replicaCount: 3\nstate: {type: cacerts, cacerts: {secretName: cacerts}}", func(t *testing.T, objs []*unstructured.Unstructured) {
 			d := deployment(t, objs)
 			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--ca-dir=/etc/cacerts"}, []string{"--state-secret", "--auto-rotate"})

@@ -19,6 +19,7 @@ type Metrics struct {
 	steps     *prometheus.CounterVec
 	unusable  prometheus.Counter
 	inter     intermediateMetrics
+	crl       crlMetrics
 }
 
 // New registers the collectors with reg.
@@ -48,6 +49,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.sequence, m.phases, m.rootAfter, m.steps, m.unusable)
 	m.inter = newIntermediateMetrics(reg)
+	m.crl = newCRLMetrics(reg)
 	return m
 }
 
@@ -66,6 +68,7 @@ func (m *Metrics) Observe(s *keymgr.State) {
 		m.phases.WithLabelValues(string(p)).Set(float64(n))
 	}
 	m.inter.observe(s)
+	m.crl.observe(s)
 }
 
 // Step counts an automatic rotation step.

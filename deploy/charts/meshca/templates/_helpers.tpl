@@ -195,6 +195,12 @@ for the release's namespace too.
 {{- end -}}
 
 {{/* Whether meshca writes istio-ca-root-cert: Istio mode, or asked alone. */}}
+{{/* The CRL keeper (serve --crl): asked for, or istio.enabled, with the
+built-in CA on a CA state. */}}
+{{- define "meshca.crl" -}}
+{{- if and (or .Values.istio.enabled .Values.revocation.enabled) (include "meshca.rotatable" .) (eq .Values.signer.type "local") }}true{{ end -}}
+{{- end -}}
+
 {{- define "meshca.rootCertConfigMaps" -}}
 {{- if or .Values.istio.enabled .Values.trust.rootCertConfigMaps.enabled }}true{{ end -}}
 {{- end -}}

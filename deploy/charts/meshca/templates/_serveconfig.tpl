@@ -32,6 +32,11 @@ istio.namespace; meshca denies its own account itself. */}}
 - --root-lifetime={{ .Values.rootRotation.rootLifetime }}
 - --root-key-type={{ .Values.rootRotation.rootKeyType }}
 {{- end }}
+{{- if include "meshca.crl" . }}
+- --crl
+- --crl-validity={{ .Values.revocation.crlValidity }}
+- --crl-refresh-at={{ .Values.revocation.crlRefreshAt }}
+{{- end }}
 {{- with include "meshca.signerArgs" (dict "ctx" . "root" false) | trim }}
 {{- . | nindent 0 }}
 {{- end }}

@@ -18,6 +18,9 @@ across two keys. Each message names the keys and what to do.
 {{- if and $pcs $ctb (ne $pcs $ctb) -}}
 {{- fail (printf "trust.clusterTrustBundle.signerName (%s) must be empty or podCertificates.signerName (%s): the Pods mount the ClusterTrustBundle of their signer" $ctb $pcs) -}}
 {{- end -}}
+{{- if and $v.revocation.enabled (not (include "meshca.crl" .)) -}}
+{{- fail (printf "revocation.enabled needs the built-in CA on a CA state (signer.type local, state.type secret or directory), not signer.type %s with state.type %s: meshca signs the CRLs of its own authorities (docs/backends.md)" $v.signer.type $v.state.type) -}}
+{{- end -}}
 {{- $s := $v.signer -}}
 {{- if eq $s.type "local" -}}
 {{- if eq $v.state.type "none" -}}
