@@ -47,6 +47,11 @@ type CRLKeeper struct {
 	// Upstream.Type is UpstreamName; nil: none.
 	Upstream     upstream.CRLSigner
 	UpstreamName string
+	// Source, when the upstream keeps the CRLs of its CAs itself (Vault
+	// PKI), makes the CRLs of the CAs whose key it keeps in place of
+	// Upstream: their CRL is the upstream's, and a revocation by such a
+	// CA is made there first (crl_source.go).
+	Source upstream.CRLSource
 	// Validity of a CRL (DefaultCRLValidity when zero); RefreshAt the
 	// fraction of it after which it is reissued (DefaultCRLRefreshAt
 	// when not in (0, 1)).
@@ -113,7 +118,7 @@ func (k *CRLKeeper) Tick(ctx context.Context) ([]CRLIssued, error) {
 	var errs []error
 	v := s.View()
 	for _, is := range v.CRLIssuers() {
-		why := v.CRLDue(is, now, k.refreshAt())
+		why := k.due(v, is, now)
 		if why == "" {
 			continue
 		}
@@ -175,6 +180,9 @@ func (k *CRLKeeper) current(s *State, sc signedCRL, now time.Time) bool {
 	if rec, ok := v.CRL(is.ID); ok {
 		base = rec.Number
 	}
+	if k.sourced(is) {
+		return sc.rec.Number.Cmp(base) > 0 && listsAll(sc.rec.DER, v.CRLEntries(is, now))
+	}
 	return new(big.Int).Sub(sc.rec.Number, base).Cmp(big.NewInt(1)) == 0 && sameEntries(sc.rec.DER, v.CRLEntries(is, now))
 }
 
@@ -189,6 +197,9 @@ func (k *CRLKeeper) prunable(s *State, now time.Time) bool {
 func (k *CRLKeeper) sign(ctx context.Context, v View, is CRLIssuer, now time.Time) (CRLRecord, error) {
 	if why := is.Problem(); why != "" {
 		return CRLRecord{}, errors.New(why)
+	}
+	if k.sourced(is) {
+		return k.fromSource(ctx, v, is, now)
 	}
 	tmpl := v.CRLTemplate(is, now, CRLBackdate, k.validity())
 	var der []byte

@@ -34,6 +34,7 @@ func (c Backend) crlKeeper(store keymgr.StateStore, ren *keymgr.Renewer, f *keym
 	k := &keymgr.CRLKeeper{Store: store, Validity: c.CRL.Validity, RefreshAt: c.CRL.RefreshAt, Interval: c.CRL.Interval}
 	if ren != nil {
 		k.Upstream, _ = ren.Upstream.(upstream.CRLSigner)
+		k.Source, _ = ren.Upstream.(upstream.CRLSource)
 		k.UpstreamName = ren.Name
 	}
 	k.OnIssued = func(is keymgr.CRLIssued) {

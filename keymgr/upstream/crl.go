@@ -21,6 +21,19 @@ type CRLSigner interface {
 
 var _ CRLSigner = (*KeySigned)(nil)
 
+// CRLSource is an upstream that keeps the CRLs of the CA keys it holds
+// itself (a Vault PKI issuer): meshca publishes the CRL it makes, and has
+// it revoke what meshca revokes under that CA (an intermediate).
+type CRLSource interface {
+	// CRL returns issuer's current CRL, DER, from the upstream that keeps
+	// the key ref names; reissued first once half its validity has
+	// passed. A failure is an *Error.
+	CRL(ctx context.Context, issuer *x509.Certificate, ref Ref) ([]byte, error)
+	// Revoke revokes cert, which the key ref names signed; revoking it
+	// again succeeds. A failure is an *Error.
+	Revoke(ctx context.Context, cert *x509.Certificate, ref Ref) error
+}
+
 // SignCRL implements CRLSigner with the key Key returns for ref, which
 // must be issuer's.
 func (k *KeySigned) SignCRL(ctx context.Context, tmpl *x509.RevocationList, issuer *x509.Certificate, ref Ref) ([]byte, error) {
