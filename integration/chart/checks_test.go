@@ -38,7 +38,7 @@ func checkDefaults(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 		// Beside an istiod that runs its own CA, meshca writes nothing of
 		// Istio's: neither istio-ca-root-cert nor istiod's certificate.
 		[]string{"--state-dir", "--signer", "--publish-cluster-trust-bundle", "--remote-secret-namespace=" + ns,
-			"--publish-root-cert-configmaps", "--istiod-cert-secret"})
+			"--publish-root-cert-configmaps", "--istiod-cert-secret", "--crl"})
 	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http-monitoring") {
 			t.Errorf("probe %+v: want an HTTP probe on the monitoring port", p)
