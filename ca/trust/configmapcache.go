@@ -8,7 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// The ConfigMap informer keeps a summary of each istio-ca-root-cert, of a
+// The ConfigMap informer keeps a summary of each ConfigMap of its
+// Document (istio-ca-root-cert, istio-ca-crl), of a
 // size no tenant can change: a tenant may write a megabyte of data into
 // its namespace's ConfigMap, and 256 KiB of annotations, and kept whole a
 // few hundred such would fill the leader's heap (the gRPC CA's too: it is
@@ -21,9 +22,10 @@ import (
 //   - the label istio.io/config and meshca's version annotations, when
 //     present (a value of the latter longer than meshca ever writes
 //     counts as foreign data instead: it is rewritten);
-//   - cacheRootDigest: the SHA-256 of root-cert.pem, however long it is;
+//   - cacheRootDigest: the SHA-256 of the document's key (root-cert.pem,
+//     ca-crl.pem), however long it is;
 //   - cacheForeignData: the ConfigMap holds data meshca does not write
-//     (a key but root-cert.pem, binaryData): reconcile rewrites it;
+//     (another key, binaryData): reconcile rewrites it;
 //   - cacheForeignMeta: the ConfigMap holds others' metadata (labels,
 //     annotations, owner references, finalizers, generateName), which a
 //     write keeps: it is then made from the object read afresh.
@@ -41,10 +43,10 @@ const (
 )
 
 // summarize is the ConfigMap informer's transform (cache.TransformFunc):
-// it replaces a ConfigMap by its summary. A summary is returned as it is:
-// its apiVersion, which the apiserver never serves, tells it apart, so
-// nobody who may write a ConfigMap can make it pass for one.
-func summarize(obj any) (any, error) {
+// it replaces a ConfigMap of d by its summary. A summary is returned as
+// it is: its apiVersion, which the apiserver never serves, tells it
+// apart, so nobody who may write a ConfigMap can make it pass for one.
+func (d Document) summarize(obj any) (any, error) {
 	cm, ok := obj.(*corev1.ConfigMap)
 	if !ok || cm.APIVersion == cacheAPIVersion {
 		return obj, nil
@@ -57,7 +59,7 @@ func summarize(obj any) (any, error) {
 	}
 	foreignData := len(cm.BinaryData) > 0
 	for k, v := range cm.Data {
-		if k == DataKey {
+		if k == d.Key {
 			s.Annotations[cacheRootDigest] = digest([]byte(v))
 		} else {
 			foreignData = true
@@ -94,20 +96,20 @@ func digest(b []byte) string {
 }
 
 // current reports whether the ConfigMap s summarizes is what meshca
-// writes for bundle: root-cert.pem alone, the bundle's, with the Istio
-// label and the bundle version's annotations.
+// writes for bundle: d's key alone, the bundle's, with the Istio label
+// and the bundle version's annotations.
 func current(s *corev1.ConfigMap, bundle Bundle) bool {
 	return s.Annotations[cacheForeignData] == "" && s.Annotations[cacheRootDigest] == digest(bundle.PEM) &&
 		s.Labels[LabelKey] == LabelValue && bundle.Version.annotated(s.Annotations)
 }
 
-// written is what meshca writes over base, a ConfigMap read afresh or a
-// summary without others' metadata: base's metadata (only that of the
-// write's target, from a summary), the Istio label and the bundle
-// version's annotations, and data of the bundle alone. Data is meshca's:
-// a key it did not write is dropped (Istio's namespace controller keeps
-// them; it also caches them whole).
-func written(base *corev1.ConfigMap, bundle Bundle) *corev1.ConfigMap {
+// written is what meshca writes over base, a ConfigMap of d read afresh
+// or a summary without others' metadata: base's metadata (only that of
+// the write's target, from a summary), the Istio label and the bundle
+// version's annotations, and data of the bundle alone, under d's key.
+// Data is meshca's: a key it did not write is dropped (Istio's namespace
+// controller keeps them; it also caches them whole).
+func (d Document) written(base *corev1.ConfigMap, bundle Bundle) *corev1.ConfigMap {
 	meta := metav1.ObjectMeta{Name: base.Name, Namespace: base.Namespace, UID: base.UID, ResourceVersion: base.ResourceVersion}
 	if base.APIVersion != cacheAPIVersion {
 		meta = *base.ObjectMeta.DeepCopy()
@@ -118,5 +120,5 @@ func written(base *corev1.ConfigMap, bundle Bundle) *corev1.ConfigMap {
 	meta.Labels[LabelKey] = LabelValue
 	meta.Annotations = bundle.Version.annotate(meta.Annotations)
 	return &corev1.ConfigMap{ObjectMeta: meta, Immutable: base.Immutable,
-		Data: map[string]string{DataKey: string(bundle.PEM)}}
+		Data: map[string]string{d.Key: string(bundle.PEM)}}
 }

@@ -102,7 +102,7 @@ func TestSummarize(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cm := ours()
 			tc.edit(cm)
-			obj, err := summarize(cm)
+			obj, err := RootCertDocument.summarize(cm)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -124,7 +124,7 @@ func TestSummarize(t *testing.T) {
 				s.UID != "u" || s.ResourceVersion != "9" || s.OwnerReferences != nil || s.Finalizers != nil {
 				t.Errorf("summary %+v", s)
 			}
-			again, _ := summarize(s)
+			again, _ := RootCertDocument.summarize(s)
 			if again != obj {
 				t.Error("a summary was summarized again")
 			}
@@ -141,14 +141,14 @@ func TestCurrentAndWritten(t *testing.T) {
 		Data:       map[string]string{DataKey: "root-2", "pad": "x"},
 		BinaryData: map[string][]byte{"b": nil},
 	}
-	obj, _ := summarize(live)
+	obj, _ := RootCertDocument.summarize(live)
 	s := obj.(*corev1.ConfigMap)
 	if current(s, b) {
 		t.Error("current with foreign data and no version annotations")
 	}
 	for name, base := range map[string]*corev1.ConfigMap{"from the summary": s, "from the object": live} {
 		t.Run(name, func(t *testing.T) {
-			w := written(base, b)
+			w := RootCertDocument.written(base, b)
 			if len(w.Data) != 1 || w.Data[DataKey] != "root-2" || w.BinaryData != nil {
 				t.Errorf("data %v, binaryData %v", w.Data, w.BinaryData)
 			}
@@ -163,7 +163,7 @@ func TestCurrentAndWritten(t *testing.T) {
 			if keeps := w.Labels["tenant"] == "x" && w.Annotations["tenant"] == "y" && len(w.Finalizers) == 1; keeps != (base == live) {
 				t.Errorf("others' metadata kept: %v", keeps)
 			}
-			obj, _ := summarize(w)
+			obj, _ := RootCertDocument.summarize(w)
 			if !current(obj.(*corev1.ConfigMap), b) {
 				t.Error("what is written is not current")
 			}

@@ -2,8 +2,10 @@
 // the ConfigMap istio-ca-root-cert in every namespace, as Istio's own
 // namespace controller does, so istio-agent and ztunnel find their roots
 // in the place they already look (Publisher), and a ClusterTrustBundle,
-// which Pods mount by signer name (ClusterTrustBundlePublisher). Only one
-// replica should write: run the publishers under leader.Run.
+// which Pods mount by signer name (ClusterTrustBundlePublisher); and the
+// CAs' revocation lists, as the ConfigMap istio-ca-crl in the same
+// namespaces (a Publisher of CRLDocument). Only one replica should write:
+// run the publishers under leader.Run.
 package trust
 
 import (
@@ -32,9 +34,28 @@ const (
 	ConfigMapName = "istio-ca-root-cert"
 	// DataKey is the ConfigMap key holding the PEM bundle.
 	DataKey = "root-cert.pem"
+	// CRLConfigMapName is the ConfigMap of the CAs' revocation lists,
+	// which istio-agent and ztunnel read beside the roots.
+	CRLConfigMapName = "istio-ca-crl"
+	// CRLDataKey is its key: one or more PEM CRLs, concatenated.
+	CRLDataKey = "ca-crl.pem"
 	// LabelKey and LabelValue mark the ConfigMap as Istio configuration.
 	LabelKey   = "istio.io/config"
 	LabelValue = "true"
+)
+
+// Document is what a Publisher keeps in every namespace: a ConfigMap's
+// name and the one data key it holds.
+type Document struct {
+	Name, Key string
+}
+
+// The documents Istio's workloads read.
+var (
+	// RootCertDocument is the trust bundle, istio-ca-root-cert.
+	RootCertDocument = Document{Name: ConfigMapName, Key: DataKey}
+	// CRLDocument is the revocation lists, istio-ca-crl.
+	CRLDocument = Document{Name: CRLConfigMapName, Key: CRLDataKey}
 )
 
 // alwaysSkipped are namespaces no workload of the mesh runs in. Not
@@ -66,9 +87,16 @@ const (
 // Config configures a Publisher. Client and Bundle are required.
 type Config struct {
 	Client kubernetes.Interface
-	// Bundle returns the current trust bundle and its version. Nothing
-	// is written while it is empty.
+	// Document is the ConfigMap written; RootCertDocument when zero.
+	Document Document
+	// Bundle returns the current content of the document (the trust
+	// bundle; the CRLs) and its version. Nothing is written while it is
+	// empty: ConfigMaps already written stay as they are.
 	Bundle func() Bundle
+	// Published, if set, hears of the content each namespace holds once
+	// reconciled (written, or found current), and of nil when Run
+	// returns: this replica then publishes nothing.
+	Published func(pem []byte)
 	// Mark records the version published and refuses to write a bundle
 	// older than it, or of another CA state (see Mark); nil writes every
 	// bundle as it is (one replica alone, or tests).
@@ -91,9 +119,10 @@ type Config struct {
 	Observer Observer
 }
 
-// Publisher keeps the ConfigMap istio-ca-root-cert in every selected
-// namespace equal to the current trust bundle: created in new namespaces,
-// updated when the bundle changes, repaired when edited or deleted.
+// Publisher keeps the ConfigMap of its Document (istio-ca-root-cert by
+// default) in every selected namespace equal to the current bundle:
+// created in new namespaces, updated when the bundle changes, repaired
+// when edited or deleted.
 type Publisher struct {
 	cfg        Config
 	skip       map[string]bool
@@ -120,6 +149,11 @@ func NewPublisher(c Config) (*Publisher, error) {
 		return nil, fmt.Errorf("trust: config: Resync %v is negative", c.Resync)
 	case c.Workers < 0:
 		return nil, fmt.Errorf("trust: config: Workers %d is negative", c.Workers)
+	case (c.Document.Name == "") != (c.Document.Key == ""):
+		return nil, fmt.Errorf("trust: config: Document %+v needs both a name and a key", c.Document)
+	}
+	if c.Document.Name == "" {
+		c.Document = RootCertDocument
 	}
 	if c.Selector == nil {
 		c.Selector = labels.Everything()
@@ -142,8 +176,8 @@ func NewPublisher(c Config) (*Publisher, error) {
 	// them too, and may pad them.
 	p.cmFactory = informers.NewSharedInformerFactoryWithOptions(c.Client, c.Resync,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigMapName).String()
-		}), informers.WithTransform(summarize))
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.Document.Name).String()
+		}), informers.WithTransform(c.Document.summarize))
 	p.nsInformer = p.nsFactory.Core().V1().Namespaces().Informer()
 	p.cmInformer = p.cmFactory.Core().V1().ConfigMaps().Informer()
 	p.namespaces = p.nsFactory.Core().V1().Namespaces().Lister()
@@ -160,6 +194,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return err
 	}
 	defer p.queue.ShutDown()
+	defer p.published(nil)
 	// Stepping down ends the informers too (their factories' Shutdown
 	// waits for that).
 	ctx, stepDown := context.WithCancel(ctx)
@@ -237,8 +272,8 @@ func (p *Publisher) processNext(ctx context.Context) bool {
 	defer p.queue.Done(ns)
 	if err := p.reconcile(ctx, ns); err != nil {
 		if ctx.Err() == nil {
-			p.cfg.Logger.Warn("trust bundle ConfigMap not written; retrying",
-				logNamespace, ns, logError, err.Error())
+			p.cfg.Logger.Warn("published ConfigMap not written; retrying",
+				logName, p.cfg.Document.Name, logNamespace, ns, logError, err.Error())
 		}
 		p.queue.AddRateLimited(ns)
 		return true

@@ -14,12 +14,13 @@ import (
 // read before an update) that failed and will be retried.
 type WriteError struct {
 	Namespace string
+	Name      string // the ConfigMap's
 	Op        string // "create", "get" or "update"
 	Err       error
 }
 
 func (e *WriteError) Error() string {
-	return fmt.Sprintf("trust: %s ConfigMap %s/%s: %v", e.Op, e.Namespace, ConfigMapName, e.Err)
+	return fmt.Sprintf("trust: %s ConfigMap %s/%s: %v", e.Op, e.Namespace, e.Name, e.Err)
 }
 
 func (e *WriteError) Unwrap() error { return e.Err }
@@ -62,17 +63,26 @@ func (p *Publisher) reconcile(ctx context.Context, name string) error {
 	if ok, err := p.guard(ctx, bundle, name); !ok {
 		return err
 	}
-	cm, err := p.configMaps.ConfigMaps(name).Get(ConfigMapName)
+	cm, err := p.configMaps.ConfigMaps(name).Get(p.cfg.Document.Name)
 	switch {
 	case apierrors.IsNotFound(err):
-		return p.create(ctx, name, bundle)
+		err = p.create(ctx, name, bundle)
 	case err != nil:
 		return err
+	case !current(cm, bundle):
+		err = p.update(ctx, cm, bundle)
 	}
-	if current(cm, bundle) {
-		return nil
+	if err == nil {
+		p.published(bundle.PEM)
 	}
-	return p.update(ctx, cm, bundle)
+	return err
+}
+
+// published tells Config.Published of pem, when set.
+func (p *Publisher) published(pem []byte) {
+	if p.cfg.Published != nil {
+		p.cfg.Published(pem)
+	}
 }
 
 // guard asks the Mark whether bundle may be written (staleWarning.guard):
@@ -83,9 +93,9 @@ func (p *Publisher) guard(ctx context.Context, bundle Bundle, ns string) (bool, 
 
 func (p *Publisher) create(ctx context.Context, ns string, bundle Bundle) error {
 	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns,
+		ObjectMeta: metav1.ObjectMeta{Name: p.cfg.Document.Name, Namespace: ns,
 			Labels: map[string]string{LabelKey: LabelValue}, Annotations: bundle.Version.annotate(nil)},
-		Data: map[string]string{DataKey: string(bundle.PEM)},
+		Data: map[string]string{p.cfg.Document.Key: string(bundle.PEM)},
 	}
 	_, err := p.cfg.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{})
 	switch {
@@ -101,12 +111,12 @@ func (p *Publisher) create(ctx context.Context, ns string, bundle Bundle) error 
 		return nil // the namespace went away or is going
 	case apierrors.IsForbidden(err):
 		p.observe(ResultForbidden)
-		p.cfg.Logger.Warn("not allowed to create the trust bundle ConfigMap",
-			logNamespace, ns, logError, err.Error())
+		p.cfg.Logger.Warn("not allowed to create the published ConfigMap",
+			logName, p.cfg.Document.Name, logNamespace, ns, logError, err.Error())
 		return nil // a resync tries again, should RBAC change
 	}
 	p.observe(ResultError)
-	return &WriteError{Namespace: ns, Op: "create", Err: err}
+	return &WriteError{Namespace: ns, Name: p.cfg.Document.Name, Op: "create", Err: err}
 }
 
 // update writes bundle over the ConfigMap s summarizes (see summarize
@@ -118,13 +128,13 @@ func (p *Publisher) update(ctx context.Context, s *corev1.ConfigMap, bundle Bund
 	cms := p.cfg.Client.CoreV1().ConfigMaps(s.Namespace)
 	base := s
 	if s.Annotations[cacheForeignMeta] != "" {
-		live, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		live, err := cms.Get(ctx, p.cfg.Document.Name, metav1.GetOptions{})
 		if err != nil {
 			return p.updateResult(s.Namespace, "get", err)
 		}
 		base = live
 	}
-	_, err := cms.Update(ctx, written(base, bundle), metav1.UpdateOptions{})
+	_, err := cms.Update(ctx, p.cfg.Document.written(base, bundle), metav1.UpdateOptions{})
 	return p.updateResult(s.Namespace, "update", err)
 }
 
@@ -141,15 +151,15 @@ func (p *Publisher) updateResult(ns, op string, err error) error {
 	case apierrors.IsConflict(err):
 		// Our cached copy is stale; retry on the next one.
 		p.observe(ResultConflict)
-		return &WriteError{Namespace: ns, Op: op, Err: err}
+		return &WriteError{Namespace: ns, Name: p.cfg.Document.Name, Op: op, Err: err}
 	case apierrors.IsForbidden(err):
 		p.observe(ResultForbidden)
-		p.cfg.Logger.Warn("not allowed to "+op+" the trust bundle ConfigMap",
-			logNamespace, ns, logError, err.Error())
+		p.cfg.Logger.Warn("not allowed to "+op+" the published ConfigMap",
+			logName, p.cfg.Document.Name, logNamespace, ns, logError, err.Error())
 		return nil
 	}
 	p.observe(ResultError)
-	return &WriteError{Namespace: ns, Op: op, Err: err}
+	return &WriteError{Namespace: ns, Name: p.cfg.Document.Name, Op: op, Err: err}
 }
 
 func (p *Publisher) observe(result string) {
