@@ -1,4 +1,5 @@
-// Package trustprom counts the trust publishers' writes in Prometheus. It
+// Package trustprom counts the trust publishers' writes in Prometheus,
+// and reports when the CRLs last published expire (CRLExpiry). It
 // is apart from package trust so that trust's users need not link
 // Prometheus.
 package trustprom
@@ -16,15 +17,30 @@ const (
 	KindClusterTrustBundle = "clustertrustbundle"
 )
 
-// results are the series each kind starts with, at zero.
-var results = map[string][]string{
-	KindConfigMap: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden, trust.ResultStale, trust.ResultError},
-	KindClusterTrustBundle: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden,
+// The documents the publishers write, the document label: the trust
+// bundle (istio-ca-root-cert, the ClusterTrustBundle) and the CRLs
+// (istio-ca-crl).
+const (
+	DocumentBundle = "bundle"
+	DocumentCRL    = "crl"
+)
+
+// writer is one publisher's series: the kind of object and its document.
+type writer struct{ kind, document string }
+
+// results are the series each publisher starts with, at zero.
+var results = map[writer][]string{
+	{KindConfigMap, DocumentBundle}: configMapResults,
+	{KindConfigMap, DocumentCRL}:    configMapResults,
+	{KindClusterTrustBundle, DocumentBundle}: {trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden,
 		trust.ResultInvalid, trust.ResultNotOwned, trust.ResultStale, trust.ResultError},
 }
 
-// Counter is the counter meshca_trust_writes_total{kind,result}; Kind
-// gives each publisher its trust.Observer.
+var configMapResults = []string{trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden,
+	trust.ResultStale, trust.ResultError}
+
+// Counter is the counter meshca_trust_writes_total{kind,document,result};
+// Kind and Document give each publisher its trust.Observer.
 type Counter struct {
 	writes *prometheus.CounterVec
 }
@@ -33,27 +49,37 @@ type Counter struct {
 func New(reg prometheus.Registerer) (*Counter, error) {
 	c := &Counter{writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "meshca_trust_writes_total",
-		Help: "Writes of the published trust bundle by kind (configmap: istio-ca-root-cert; clustertrustbundle) and result " +
+		Help: "Writes of the published trust bundle and CRLs by kind (configmap, clustertrustbundle), document " +
+			"(bundle: istio-ca-root-cert and the ClusterTrustBundle; crl: istio-ca-crl) and result " +
 			"(created, updated, conflict, forbidden, invalid, not_owned, stale: not written over a newer bundle, error).",
-	}, []string{"kind", "result"})}
+	}, []string{"kind", "document", "result"})}
 	if err := reg.Register(c.writes); err != nil {
 		return nil, fmt.Errorf("trustprom: %w", err)
 	}
-	for kind, rs := range results {
+	for w, rs := range results {
 		for _, r := range rs {
-			c.writes.WithLabelValues(kind, r)
+			c.writes.WithLabelValues(w.kind, w.document, r)
 		}
 	}
 	return c, nil
 }
 
-// Kind returns the trust.Observer counting writes of objects of kind.
-func (c *Counter) Kind(kind string) trust.Observer { return observer{c: c, kind: kind} }
+// Kind returns the trust.Observer counting writes of the trust bundle as
+// objects of kind.
+func (c *Counter) Kind(kind string) trust.Observer { return c.Document(kind, DocumentBundle) }
+
+// Document returns the trust.Observer counting writes of document as
+// objects of kind.
+func (c *Counter) Document(kind, document string) trust.Observer {
+	return observer{c: c, w: writer{kind, document}}
+}
 
 type observer struct {
-	c    *Counter
-	kind string
+	c *Counter
+	w writer
 }
 
 // ObserveWrite implements trust.Observer.
-func (o observer) ObserveWrite(result string) { o.c.writes.WithLabelValues(o.kind, result).Inc() }
+func (o observer) ObserveWrite(result string) {
+	o.c.writes.WithLabelValues(o.w.kind, o.w.document, result).Inc()
+}

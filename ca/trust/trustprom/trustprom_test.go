@@ -15,13 +15,15 @@ func TestCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm, ctb := c.Kind(trustprom.KindConfigMap), c.Kind(trustprom.KindClusterTrustBundle)
+	crl := c.Document(trustprom.KindConfigMap, trustprom.DocumentCRL)
+	crl.ObserveWrite(trust.ResultUpdated)
 	cm.ObserveWrite(trust.ResultCreated)
 	cm.ObserveWrite(trust.ResultCreated)
 	cm.ObserveWrite(trust.ResultUpdated)
 	ctb.ObserveWrite(trust.ResultCreated)
 	ctb.ObserveWrite(trust.ResultNotOwned)
 
-	type series struct{ kind, result string }
+	type series struct{ kind, document, result string }
 	got := map[series]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -37,6 +39,8 @@ func TestCounter(t *testing.T) {
 				switch l.GetName() {
 				case "kind":
 					s.kind = l.GetValue()
+				case "document":
+					s.document = l.GetValue()
 				case "result":
 					s.result = l.GetValue()
 				}
@@ -44,15 +48,19 @@ func TestCounter(t *testing.T) {
 			got[s] = m.GetCounter().GetValue()
 		}
 	}
-	want := map[series]float64{
-		{"configmap", trust.ResultCreated}: 2, {"configmap", trust.ResultUpdated}: 1,
-		{"configmap", trust.ResultConflict}: 0, {"configmap", trust.ResultForbidden}: 0, {"configmap", trust.ResultError}: 0,
-		{"configmap", trust.ResultStale}: 0, {"clustertrustbundle", trust.ResultStale}: 0,
-		{"clustertrustbundle", trust.ResultCreated}: 1, {"clustertrustbundle", trust.ResultUpdated}: 0,
-		{"clustertrustbundle", trust.ResultConflict}: 0, {"clustertrustbundle", trust.ResultForbidden}: 0,
-		{"clustertrustbundle", trust.ResultInvalid}: 0, {"clustertrustbundle", trust.ResultNotOwned}: 1,
-		{"clustertrustbundle", trust.ResultError}: 0,
+	want := map[series]float64{}
+	for _, r := range []string{trust.ResultCreated, trust.ResultUpdated, trust.ResultConflict, trust.ResultForbidden,
+		trust.ResultStale, trust.ResultError} {
+		want[series{"configmap", "bundle", r}] = 0
+		want[series{"configmap", "crl", r}] = 0
+		want[series{"clustertrustbundle", "bundle", r}] = 0
 	}
+	want[series{"clustertrustbundle", "bundle", trust.ResultInvalid}] = 0
+	want[series{"configmap", "bundle", trust.ResultCreated}] = 2
+	want[series{"configmap", "bundle", trust.ResultUpdated}] = 1
+	want[series{"configmap", "crl", trust.ResultUpdated}] = 1
+	want[series{"clustertrustbundle", "bundle", trust.ResultCreated}] = 1
+	want[series{"clustertrustbundle", "bundle", trust.ResultNotOwned}] = 1
 	for s, w := range want {
 		if v, ok := got[s]; !ok || v != w {
 			t.Errorf("%+v: %v (present %v), want %v", s, v, ok, w)
