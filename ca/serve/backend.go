@@ -109,8 +109,18 @@ type backend struct {
 	// served and before onChange hear of it: a reader that loads it
 	// before the bundle never pairs a bundle with a newer version.
 	version atomic.Pointer[trust.BundleVersion]
-	// crls is the CRL bundle of the CA state in service (CRLBundle).
-	crls atomic.Pointer[[]byte]
+	// crl is the CA state in service's revocation lists with its
+	// version, stored together before version (nil without a state).
+	crl atomic.Pointer[trust.Bundle]
+}
+
+// crlBundle is the CRLs to publish as istio-ca-crl, and their version;
+// empty without a CA state, or while it has none.
+func (be *backend) crlBundle() trust.Bundle {
+	if b := be.crl.Load(); b != nil {
+		return *b
+	}
+	return trust.Bundle{}
 }
 
 // name is the backend's name: --signer's value.
@@ -382,8 +392,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 				// one process has seen: not comparable across replicas.
 				v.Lineage = ""
 			}
-			crls := s.View().CRLBundlePEM()
-			be.crls.Store(&crls)
+			be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: *v})
 			be.version.Store(v)
 			for _, f := range be.onChange {
 				f()

@@ -56,12 +56,3 @@ func (c Backend) crlKeeper(store keymgr.StateStore, ren *keymgr.Renewer, f *keym
 	}
 	return k.Run
 }
-
-// CRLBundle is the content of ca-crl.pem: every CRL of the CA state in
-// service, PEM, by issuer; empty before a state with CRLs is.
-func (be *backend) CRLBundle() []byte {
-	if p := be.crls.Load(); p != nil {
-		return *p
-	}
-	return nil
-}

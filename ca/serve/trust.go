@@ -16,6 +16,7 @@ import (
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
 	"github.com/meshca/meshca/internal/pemutil"
+	"github.com/meshca/meshca/keymgr"
 )
 
 // TrustLease is the Lease the replicas elect the trust publisher on.
@@ -28,6 +29,10 @@ const TrustLease = "meshca-trust-publisher"
 // on the Lease TrustLease, writes both.
 type Trust struct {
 	Publish bool
+	// CRL publishes the CA state's revocation lists as the istio-ca-crl
+	// ConfigMap in the same namespaces (keymgr.View.CRLBundlePEM); nothing
+	// is written while the state has none.
+	CRL bool
 	// ClusterTrustBundle publishes the bundle as a ClusterTrustBundle too,
 	// when the apiserver serves that API.
 	ClusterTrustBundle bool
@@ -44,7 +49,7 @@ type Trust struct {
 }
 
 // enabled reports whether anything is published.
-func (c Trust) enabled() bool { return c.Publish || c.ClusterTrustBundle }
+func (c Trust) enabled() bool { return c.Publish || c.CRL || c.ClusterTrustBundle }
 
 // trustPublisher is one of the publishers a term of leadership runs.
 type trustPublisher interface {
@@ -89,14 +94,21 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 	if c.Publish {
 		cfg := trust.Config{Client: client, Selector: sel, Skip: c.Skip, Logger: log,
 			Observer: counter.Kind(trustprom.KindConfigMap), Bundle: bundle}
-		if _, err := trust.NewPublisher(cfg); err != nil {
+		if builds, err = addConfigMapPublisher(builds, cfg); err != nil {
 			return nil, nil, err
 		}
-		builds = append(builds, func(m *trust.Mark) (trustPublisher, error) {
-			cfg := cfg
-			cfg.Mark = m
-			return trust.NewPublisher(cfg)
-		})
+	}
+	if c.CRL {
+		expiry, err := trustprom.NewCRLExpiry(reg)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := trust.Config{Client: client, Document: trust.CRLDocument, Selector: sel, Skip: c.Skip, Logger: log,
+			Observer: counter.Document(trustprom.KindConfigMap, trustprom.DocumentCRL), Bundle: be.crlBundle,
+			Published: expiry.Published}
+		if builds, err = addConfigMapPublisher(builds, cfg); err != nil {
+			return nil, nil, err
+		}
 	}
 	if c.ClusterTrustBundle {
 		cfg := trust.ClusterTrustBundleConfig{Client: client, Bundle: bundle,
@@ -122,6 +134,20 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 		return campaign(ctx, client, c.LeaseNamespace, TrustLease, t.lead, leaders, log)
 	}
 	return run, t.bundleChanged, nil
+}
+
+// addConfigMapPublisher checks cfg and adds the build of a Publisher of
+// it for each term.
+func addConfigMapPublisher(builds []func(*trust.Mark) (trustPublisher, error), cfg trust.Config) (
+	[]func(*trust.Mark) (trustPublisher, error), error) {
+	if _, err := trust.NewPublisher(cfg); err != nil {
+		return nil, err
+	}
+	return append(builds, func(m *trust.Mark) (trustPublisher, error) {
+		cfg := cfg
+		cfg.Mark = m
+		return trust.NewPublisher(cfg)
+	}), nil
 }
 
 // trustTerms runs a fresh set of publishers for each term of leadership
@@ -171,4 +197,10 @@ func (t *trustTerms) bundleChanged() {
 	for _, p := range pubs {
 		p.BundleChanged()
 	}
+}
+
+// stateCRLs is the revocation lists of s to publish: every CRL the CA
+// state keeps, PEM, concatenated; nil while it keeps none.
+func stateCRLs(s *keymgr.State) []byte {
+	return s.View().CRLBundlePEM()
 }

@@ -50,12 +50,13 @@ func (b *syncBuffer) String() string {
 // TestAssembleClusterTrustBundleWithoutTheAPI: publishing a
 // ClusterTrustBundle to an apiserver that does not serve the API (the fake
 // one serves no group) is skipped with one log line; the server serves on,
-// the ConfigMap publisher beside it runs, and Run ends cleanly.
+// the ConfigMap publishers beside it run (the CRLs' writes nothing: the
+// state has no CRL), and Run ends cleanly.
 func TestAssembleClusterTrustBundleWithoutTheAPI(t *testing.T) {
 	c := config(t)
 	var logs syncBuffer
 	c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
-	c.Trust = serve.Trust{Publish: true, ClusterTrustBundle: true, ClusterTrustBundleSigner: "meshca.io/svid", LeaseNamespace: "istio-system"}
+	c.Trust = serve.Trust{Publish: true, CRL: true, ClusterTrustBundle: true, ClusterTrustBundleSigner: "meshca.io/svid", LeaseNamespace: "istio-system"}
 	p := start(t, c)
 	const skip = `"msg":"the apiserver serves no ClusterTrustBundle API (certificates.k8s.io/v1, certificates.k8s.io/v1beta1, certificates.k8s.io/v1alpha1); not publishing the trust bundle as a ClusterTrustBundle","name":"meshca.io:svid:cluster.local","signer_name":"meshca.io/svid"`
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), skip); time.Sleep(20 * time.Millisecond) {
@@ -73,13 +74,17 @@ func TestAssembleClusterTrustBundleWithoutTheAPI(t *testing.T) {
 	body, _ := io.ReadAll(r.Body)
 	r.Body.Close()
 	for _, m := range []string{
-		`meshca_trust_writes_total{kind="clustertrustbundle",result="created"} 0`,
-		`meshca_trust_writes_total{kind="configmap",result="created"}`,
+		`meshca_trust_writes_total{document="bundle",kind="clustertrustbundle",result="created"} 0`,
+		`meshca_trust_writes_total{document="bundle",kind="configmap",result="created"}`,
+		`meshca_trust_writes_total{document="crl",kind="configmap",result="created"} 0`,
 		`meshca_leader{lease="meshca-trust-publisher"}`,
 	} {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
+	}
+	if strings.Contains(string(body), "meshca_trust_crl_next_update_timestamp_seconds ") {
+		t.Error("a CRL expiry reported while no CRL is published")
 	}
 	if n := strings.Count(logs.String(), "not publishing the trust bundle as a ClusterTrustBundle"); n != 1 {
 		t.Errorf("%d skip lines, want 1", n)

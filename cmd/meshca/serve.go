@@ -63,6 +63,7 @@ type serveFlags struct {
 	printConfig    bool
 	addressFile    string
 	publishTrust   bool
+	publishCRL     bool
 	trustSelector  string
 	trustSkip      []string
 	trustLeaseNS   string
@@ -233,7 +234,7 @@ func (f *serveFlags) features(td spiffeid.TrustDomain, c *serve.Config) error {
 		return err
 	}
 	c.PodCertificates = podCert
-	c.Trust = serve.Trust{Publish: f.publishTrust, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
+	c.Trust = serve.Trust{Publish: f.publishTrust, CRL: f.publishCRL, Selector: f.trustSelector, Skip: f.trustSkip, LeaseNamespace: f.trustLeaseNS,
 		ClusterTrustBundle: f.ctb.publish, ClusterTrustBundleSigner: f.ctb.signer}
 	if c.Limits, c.Conn, err = f.limits.config(); err != nil {
 		return err

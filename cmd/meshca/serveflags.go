@@ -33,7 +33,7 @@ func (f *serveFlags) groups(cmd *cobra.Command) []flagGroup {
 		{"Issued certificates", []string{"trust-domain", "default-ttl", "max-ttl", "key-policy"}, f.registerIssued},
 		{"CA state and rotation", []string{"state-dir", "state-secret", "ca-dir", "signer", "auto-rotate"}, f.registerState},
 		{"Limits", []string{"max-in-flight", "caller-rate", "max-connections", "memory-limit"}, f.registerLimits},
-		{"Trust publishing", []string{"publish-root-cert-configmaps", "publish-cluster-trust-bundle", "bundle-endpoint-listen"}, f.registerTrust},
+		{"Trust publishing", []string{"publish-root-cert-configmaps", "publish-crl", "publish-cluster-trust-bundle", "bundle-endpoint-listen"}, f.registerTrust},
 		{"Pod certificates", []string{"pod-certificate-signer-name"}, f.podCert.register},
 		{"istiod's certificate", []string{"istiod-cert-secret", "istiod-deployment"}, f.istiod.register},
 		{"Observability", []string{"log-level", "audit-log-file", "admin-listen", "enable-pprof"}, func(fl *pflag.FlagSet) { f.registerObservability(cmd, fl) }},
@@ -113,6 +113,7 @@ func (f *serveFlags) registerTrust(fl *pflag.FlagSet) {
 	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
 	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-public and kube-node-lease (kube-system is published to, for a ztunnel there)")
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
+	fl.BoolVar(&f.publishCRL, "publish-crl", false, "publish the CA state's revocation lists as the istio-ca-crl ConfigMap (ca-crl.pem) in the namespaces the trust bundle goes to, which ztunnel and istio-agent enforce (leave off while istiod still runs its CA); nothing is written while the state has no CRL")
 	f.ctb.register(fl)
 	f.bundle.register(fl)
 }

@@ -194,6 +194,15 @@ for the release's namespace too.
 {{- include "meshca.istiodNamespace" . }}/{{ .Values.istio.istiodCertificate.secretName -}}
 {{- end -}}
 
+{{/*
+Whether meshca writes istio-ca-crl: as asked, else (null) in Istio mode.
+*/}}
+{{- define "meshca.crlConfigMaps" -}}
+{{- $on := .Values.trust.crlConfigMaps.enabled -}}
+{{- if kindIs "invalid" $on }}{{ $on = .Values.istio.enabled }}{{ end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}
+
 {{/* Whether meshca writes istio-ca-root-cert: Istio mode, or asked alone. */}}
 {{/* The CRL keeper (serve --crl): asked for, or istio.enabled, with the
 built-in CA on a CA state. */}}

@@ -60,6 +60,11 @@ istio.namespace; meshca denies its own account itself. */}}
 {{- with .Values.trust.rootCertConfigMaps }}
 {{- if include "meshca.rootCertConfigMaps" $ }}
 - --publish-root-cert-configmaps
+{{- end }}
+{{- if include "meshca.crlConfigMaps" $ }}
+- --publish-crl
+{{- end }}
+{{- if or (include "meshca.rootCertConfigMaps" $) (include "meshca.crlConfigMaps" $) }}
 {{- with .namespaceSelector }}
 - --trust-namespace-selector={{ . }}
 {{- end }}
