@@ -81,6 +81,11 @@ func TestPublisherCRLDocument(t *testing.T) {
 	if heard.last() != "crl-1" {
 		t.Errorf("Published heard %q, want crl-1", heard.last())
 	}
+	p.BundleChanged()
+	time.Sleep(300 * time.Millisecond) // a write of what is current would show by now
+	if n := obs.get(trust.ResultUpdated); n != 0 {
+		t.Errorf("%d updates of current ConfigMaps, want 0", n)
+	}
 
 	// A tenant edits its namespace's CRL: repaired.
 	cm := crlMap(client, "a").DeepCopy()
