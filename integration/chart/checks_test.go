@@ -36,9 +36,10 @@ func checkDefaults(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 		"--trusted-node-accounts=istio-system/ztunnel", "--token-audiences=istio-ca", "--default-ttl=24h", "--max-ttl=2160h",
 		"--serving-dns-names=istiod." + ns + ".svc,meshca." + ns + ".svc", "--auto-rotate=true", "--remote-secret-namespace="},
 		// Beside an istiod that runs its own CA, meshca writes nothing of
-		// Istio's: neither istio-ca-root-cert nor istiod's certificate.
+		// Istio's: neither istio-ca-root-cert, istio-ca-crl nor istiod's
+		// certificate.
 		[]string{"--state-dir", "--signer", "--publish-cluster-trust-bundle", "--remote-secret-namespace=" + ns,
-			"--publish-root-cert-configmaps", "--istiod-cert-secret", "--crl"})
+			"--publish-root-cert-configmaps", "--publish-crl", "--istiod-cert-secret", "--crl"})
 	for _, p := range []*corev1.Probe{c.StartupProbe, c.LivenessProbe, c.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString("http-monitoring") {
 			t.Errorf("probe %+v: want an HTTP probe on the monitoring port", p)

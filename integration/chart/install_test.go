@@ -133,6 +133,7 @@ func checkAccess(t *testing.T, ns string) {
 		{"meshca", harness.Access{Verb: "list", Resource: "namespaces"}, false},
 		{"meshca", harness.Access{Verb: "list", Resource: "configmaps", Name: "istio-ca-root-cert"}, false},
 		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-root-cert"}, false},
+		{"meshca", harness.Access{Verb: "update", Resource: "configmaps", Namespace: "any-app", Name: "istio-ca-crl"}, false},
 		{"meshca", harness.Access{Verb: "create", Resource: "configmaps", Namespace: "any-app"}, false},
 		{"meshca", harness.Access{Verb: "get", Group: coord, Resource: "leases", Namespace: ns, Name: "meshca-trust-publisher"}, false},
 		{"meshca", harness.Access{Verb: "get", Resource: "secrets", Namespace: ns, Name: "istiod-tls"}, false},

@@ -23,13 +23,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// checkIstio: Istio mode turns on istiod's certificate and the root
+// checkIstio: Istio mode turns on istiod's certificate, the root and CRL
 // ConfigMaps together: the flags, the empty Secret the keeper fills, its
 // Role (that Secret alone), the Lease, and the rotation Jobs' guard.
 func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 	c := deployment(t, objs).Spec.Template.Spec.Containers[0]
 	wantArgs(t, "serve", c.Args, []string{"--istiod-cert-secret=" + ns + "/istiod-tls", "--istiod-revision=canary", "--istiod-cert-ttl=24h",
-		"--istiod-deployment=istiod-canary", "--publish-root-cert-configmaps"}, []string{"--istiod-cert-dns-names"})
+		"--istiod-deployment=istiod-canary", "--publish-root-cert-configmaps", "--publish-crl"}, []string{"--istiod-cert-dns-names"})
 	s := find(t, objs, "Secret", "istiod-tls")
 	if s.Object["type"] != string(corev1.SecretTypeOpaque) || s.Object["data"] != nil || s.GetAnnotations()["helm.sh/resource-policy"] != "keep" ||
 		s.GetAnnotations()[istiodcert.AnnotationOwner] != ns+"/meshca-istiod-cert" {
@@ -48,6 +48,9 @@ func checkIstio(t *testing.T, ns string, objs []*unstructured.Unstructured) {
 		t.Errorf("Role meshca %+v: want the Leases meshca-istiod-cert and meshca-trust-publisher", r)
 	}
 	checkClusterRole(t, clusterRole(t, objs), []string{"tokenreviews", "pods", "configmaps", "configmaps", "namespaces"})
+	if r := clusterRole(t, objs).Rules[2]; !slices.Equal(r.ResourceNames, []string{"istio-ca-root-cert", "istio-ca-crl"}) {
+		t.Errorf("ClusterRole's ConfigMaps %q, want istio-ca-root-cert and istio-ca-crl", r.ResourceNames)
+	}
 	for _, step := range []string{"retire", "activate"} {
 		wantArgs(t, step, cronJob(t, objs, step).Spec.JobTemplate.Spec.Template.Spec.Containers[0].Args,
 			[]string{"--istiod-cert-secret=" + ns + "/istiod-tls"}, nil)
