@@ -91,7 +91,7 @@ func (s *trustSurface) tamper(t *testing.T, a *arena, ns, result string, edit fu
 	control := waitConfigMap(t, s.control)
 	waitBundle(t, ns, "", 30*time.Second)
 	writes := func() float64 {
-		v, _ := scrapeMetrics(t, a.s.AdminAddr).value("meshca_trust_writes_total", map[string]string{"kind": "configmap", "result": result})
+		v, _ := scrapeMetrics(t, a.s.AdminAddr).value("meshca_trust_writes_total", map[string]string{"kind": "configmap", "document": "bundle", "result": result})
 		return v
 	}
 	before := writes()
@@ -184,7 +184,7 @@ func forgeLease(t *testing.T, why string, edit func(*coordv1.Lease)) {
 		t.Errorf("meshca wrote over the published bundle: %.60q", got)
 	}
 	if v, _ := scrapeMetrics(t, again.AdminAddr).value("meshca_trust_writes_total",
-		map[string]string{"kind": "configmap", "result": trust.ResultStale}); v < 1 {
+		map[string]string{"kind": "configmap", "document": "bundle", "result": trust.ResultStale}); v < 1 {
 		t.Errorf("meshca_trust_writes_total{kind=configmap,result=stale} = %v, want at least 1", v)
 	}
 }

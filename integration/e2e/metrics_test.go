@@ -66,6 +66,10 @@ func istiodOnly(name string) bool { return strings.HasPrefix(name, "meshca_istio
 // which a server exports with --upstream.
 func upstreamOnly(name string) bool { return strings.HasPrefix(name, "meshca_intermediate_") }
 
+// crlOnly: the expiry of the CRLs published as istio-ca-crl, which the
+// leader exports while it publishes some (--publish-crl).
+func crlOnly(name string) bool { return strings.HasPrefix(name, "meshca_trust_crl_") }
+
 // wantSample is a sample a scrape must hold, with a value in [min, max].
 type wantSample struct {
 	name     string
@@ -83,19 +87,20 @@ func checkSamples(t *testing.T, e *exposition, want []wantSample) {
 	}
 }
 
-// TestMetrics scrapes three running meshcas: after one issued and one
-// refused request each, the built-in CA with the trust publisher on (so
-// that it campaigns for a Lease) and the Vault backend; and one keeping
-// istiod's certificate, once written. Between them they must
+// TestMetrics scrapes running meshcas: after one issued and one refused
+// request each, the built-in CA with the trust publisher on (so that it
+// campaigns for a Lease) and the Vault backend; one keeping istiod's
+// certificate, once written; one publishing its CRLs, once published. Between them they must
 // export every metric issue 10 names and every metric that the Grafana
 // dashboard's queries and the alerts' expressions use.
 func TestMetrics(t *testing.T) {
-	var builtin, withVault, withIstiod, withUpstream *exposition
+	var builtin, withVault, withIstiod, withUpstream, withCRL *exposition
 	t.Run("built-in", func(t *testing.T) { builtin = scrapeBuiltin(t) })
+	t.Run("crl", func(t *testing.T) { withCRL = scrapeCRL(t) })
 	t.Run("vault", func(t *testing.T) { withVault = scrapeVault(t) })
 	t.Run("istiod", func(t *testing.T) { withIstiod = scrapeIstiod(t) })
 	t.Run("upstream", func(t *testing.T) { withUpstream = scrapeUpstream(t) })
-	if builtin == nil || withVault == nil || withIstiod == nil || withUpstream == nil {
+	if builtin == nil || withVault == nil || withIstiod == nil || withUpstream == nil || withCRL == nil {
 		t.Fatal("no scrape to check")
 	}
 	exporter := func(name string) *exposition {
@@ -106,6 +111,8 @@ func TestMetrics(t *testing.T) {
 			return withIstiod
 		case upstreamOnly(name):
 			return withUpstream
+		case crlOnly(name):
+			return withCRL
 		}
 		return builtin
 	}
@@ -148,6 +155,27 @@ func request(t *testing.T, issue func(token string) error, w *harness.Workload) 
 	if err := issue("not-a-token"); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("refused request: %v, want Unauthenticated", err)
 	}
+}
+
+// scrapeCRL scrapes a meshca publishing its CA state's CRLs as
+// istio-ca-crl into one namespace, once it has: the CRL keeper issues
+// them (issue 30's keymgr half; without it a state has no CRL and this
+// fails).
+func scrapeCRL(t *testing.T) *exposition {
+	ns := cluster.Namespace(t, "metrics-crl")
+	s := startServer(t, "--publish-crl", "--trust-lease-namespace", ns, "--trust-namespace-selector", "kubernetes.io/metadata.name="+ns)
+	var e *exposition
+	waitUntil(t, "istio-ca-crl published", 30*time.Second, func() bool {
+		e = scrapeMetrics(t, s.AdminAddr)
+		return e.exports("meshca_trust_crl_next_update_timestamp_seconds")
+	})
+	now := float64(time.Now().Unix())
+	checkSamples(t, e, []wantSample{
+		{"meshca_trust_crl_next_update_timestamp_seconds", nil, now, now + 25*3600},
+		{"meshca_trust_crl_this_update_timestamp_seconds", nil, now - 3600, now},
+		{"meshca_trust_writes_total", map[string]string{"document": "crl", "result": "created"}, 1, 1},
+	})
+	return e
 }
 
 // scrapeIstiod scrapes a meshca keeping istiod's certificate once it has

@@ -28,7 +28,7 @@ const (
 // writer is one publisher's series: the kind of object and its document.
 type writer struct{ kind, document string }
 
-// results are the series each publisher starts with, at zero.
+// results are the series each publisher starts with, at zero (Document).
 var results = map[writer][]string{
 	{KindConfigMap, DocumentBundle}: configMapResults,
 	{KindConfigMap, DocumentCRL}:    configMapResults,
@@ -56,11 +56,6 @@ func New(reg prometheus.Registerer) (*Counter, error) {
 	if err := reg.Register(c.writes); err != nil {
 		return nil, fmt.Errorf("trustprom: %w", err)
 	}
-	for w, rs := range results {
-		for _, r := range rs {
-			c.writes.WithLabelValues(w.kind, w.document, r)
-		}
-	}
 	return c, nil
 }
 
@@ -69,9 +64,15 @@ func New(reg prometheus.Registerer) (*Counter, error) {
 func (c *Counter) Kind(kind string) trust.Observer { return c.Document(kind, DocumentBundle) }
 
 // Document returns the trust.Observer counting writes of document as
-// objects of kind.
+// objects of kind, and starts its series at zero: only the publishers
+// that run export theirs, so a query of one kind's results finds one
+// series each.
 func (c *Counter) Document(kind, document string) trust.Observer {
-	return observer{c: c, w: writer{kind, document}}
+	w := writer{kind, document}
+	for _, r := range results[w] {
+		c.writes.WithLabelValues(kind, document, r)
+	}
+	return observer{c: c, w: w}
 }
 
 type observer struct {

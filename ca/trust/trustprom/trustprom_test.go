@@ -14,6 +14,9 @@ func TestCounter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if mfs, _ := reg.Gather(); len(mfs) != 0 {
+		t.Errorf("series before any publisher: %v", mfs)
+	}
 	cm, ctb := c.Kind(trustprom.KindConfigMap), c.Kind(trustprom.KindClusterTrustBundle)
 	crl := c.Document(trustprom.KindConfigMap, trustprom.DocumentCRL)
 	crl.ObserveWrite(trust.ResultUpdated)
