@@ -10,11 +10,14 @@
 //   - every certificate of the path (the leaf and each intermediate, not
 //     the trust anchor) is checked against the CRL of its issuer: the
 //     first CRL in the file whose issuer name is the certificate's issuer
-//     name (webpki takes the first such; a second CA of the same name
-//     must not come first);
+//     name (as rustls-webpki 0.103, which ztunnel pins at 0.103.13, takes
+//     it; webpki's main branch prefers the highest CRL number among them):
+//     two CAs of one name cannot both be checked from one file;
 //   - that CRL must be signed by the issuer's key, and the issuer, if it
 //     has a key usage, must have cRLSign (and v2: Parse reads no other);
-//   - thisUpdate <= now < nextUpdate, unless the Policy ignores expiry;
+//   - now < nextUpdate, unless the Policy ignores expiry (webpki's
+//     ExpirationPolicy::Enforce), and thisUpdate <= now, as Envoy and
+//     openssl also hold;
 //   - a certificate whose issuer has no CRL in the file has an unknown
 //     status, refused unless the Policy allows it;
 //   - a certificate whose serial the CRL lists is revoked.
@@ -183,9 +186,9 @@ func (v Verifier) checkCert(i int, cert, issuer *x509.Certificate, now time.Time
 		return nil
 	case !ok:
 		return fail(ReasonUnknown, "no CRL of its issuer in the file")
-	case issuer.KeyUsage != 0 && issuer.KeyUsage&x509.KeyUsageCRLSign == 0:
-		return fail(ReasonNotCRLSigner, "")
 	}
+	// webpki's order: the signature, the expiry, the issuer's key usage,
+	// the serial.
 	if err := issuer.CheckSignature(crl.SignatureAlgorithm, crl.RawTBSRevocationList, crl.Signature); err != nil {
 		return fail(ReasonBadSignature, err.Error())
 	}
@@ -196,6 +199,9 @@ func (v Verifier) checkCert(i int, cert, issuer *x509.Certificate, now time.Time
 		case !crl.NextUpdate.IsZero() && !now.Before(crl.NextUpdate):
 			return fail(ReasonExpired, "nextUpdate "+crl.NextUpdate.UTC().Format(time.RFC3339))
 		}
+	}
+	if issuer.KeyUsage != 0 && issuer.KeyUsage&x509.KeyUsageCRLSign == 0 {
+		return fail(ReasonNotCRLSigner, "")
 	}
 	for _, e := range crl.RevokedCertificateEntries {
 		if e.SerialNumber.Cmp(cert.SerialNumber) == 0 {
