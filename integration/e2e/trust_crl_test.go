@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -193,4 +194,25 @@ func TestCRLPublishedRepairedOwned(t *testing.T) {
 			t.Errorf("%s/%s was written: %+v", want.Namespace, want.Name, got)
 		}
 	}
+}
+
+// TestClusterTrustBundleRefusesCRL: the real apiserver admits
+// certificates alone in a ClusterTrustBundle, so the CRLs cannot travel
+// with the roots there (docs/revocation.md, "Pod certificates").
+func TestClusterTrustBundleRefusesCRL(t *testing.T) {
+	root := testca.NewRoot(t, "meshca ctb root", testca.Options{})
+	set := crlSet{root: root, inter: root.NewIntermediate(t, "meshca ctb intermediate", testca.Options{}),
+		this: time.Now().Add(-time.Minute), next: time.Now().Add(time.Hour)}
+	bundle := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: root.Cert.Raw})) + string(set.bundle(t, nil, nil))
+	_, err := cluster.Client.CertificatesV1().ClusterTrustBundles().Create(context.Background(), &certv1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: "meshca-crl-probe"}, Spec: certv1.ClusterTrustBundleSpec{TrustBundle: bundle},
+	}, metav1.CreateOptions{})
+	if err == nil {
+		_ = cluster.Client.CertificatesV1().ClusterTrustBundles().Delete(context.Background(), "meshca-crl-probe", metav1.DeleteOptions{})
+		t.Fatal("the apiserver took a ClusterTrustBundle holding CRLs")
+	}
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("err %v, want Invalid", err)
+	}
+	harness.Report(t, "a ClusterTrustBundle with a CRL refused: %v", err)
 }
