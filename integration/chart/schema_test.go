@@ -27,6 +27,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 			[]string{schema, "additional properties 'replicas' not allowed"}},
 		{"misspelt nested key", `trust: {rootCertConfigmaps: {enabled: false}}`,
 			[]string{schema, "at '/trust': additional properties 'rootCertConfigmaps' not allowed"}},
+		{"the CRL switch as a string", `trust: {crlConfigMaps: {enabled: "yes"}}`,
+			[]string{schema, "at '/trust/crlConfigMaps/enabled': got string, want null or boolean"}},
 		{"credential in plain text", `signer: {vault: {auth: {token: {value: hvs.secret}}}}`,
 			[]string{schema, "at '/signer/vault/auth/token': additional properties 'value' not allowed"}},
 		{"network policy peers as one object", `networkPolicy: {enabled: true, grpcFrom: {namespaceSelector: {}}}`,
