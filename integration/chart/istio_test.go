@@ -104,6 +104,7 @@ func TestChartIstioInstall(t *testing.T) {
 	t.Run("configmaps", func(t *testing.T) {
 		checkConfigMapAccess(t, kubeconfig, ns, string(pemutil.EncodeCertificates(roots...)))
 	})
+	t.Run("crl configmaps", func(t *testing.T) { checkCRLAccess(t, kubeconfig, ns) })
 	for _, name := range wantNames {
 		if _, err := held.Leaf().Verify(x509.VerifyOptions{DNSName: name, Roots: certs.Pool(roots...), Intermediates: certs.Pool(held.Chain[1:]...)}); err != nil {
 			t.Errorf("istiod's certificate does not verify for %s against istio-ca-root-cert: %v", name, err)

@@ -155,3 +155,33 @@ func checkClusterTrustBundleRepair(t *testing.T, name, td string) {
 		return err == nil && b.Labels[trust.LabelTrustDomain] == td
 	})
 }
+
+// checkCRLAccess: with --publish-crl (Istio mode) meshca's account lists
+// and watches istio-ca-crl cluster-wide by its name, as the publisher's
+// informer does, and creates and updates it.
+func checkCRLAccess(t *testing.T, kubeconfig, ns string) {
+	ctx := context.Background()
+	sa := harness.ClientOf(t, kubeconfig)
+	byName := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", trust.CRLConfigMapName).String()}
+	if _, err := sa.CoreV1().ConfigMaps("").List(ctx, byName); err != nil {
+		t.Errorf("list of %s by field selector as meshca: %v", trust.CRLConfigMapName, err)
+	}
+	w, err := sa.CoreV1().ConfigMaps("").Watch(ctx, byName)
+	if err != nil {
+		t.Errorf("watch of %s by field selector as meshca: %v", trust.CRLConfigMapName, err)
+	} else {
+		w.Stop()
+	}
+	cm, err := sa.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: trust.CRLConfigMapName, Namespace: ns},
+		Data: map[string]string{trust.CRLDataKey: ""}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create %s as meshca: %v", trust.CRLConfigMapName, err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Client.CoreV1().ConfigMaps(ns).Delete(context.Background(), trust.CRLConfigMapName, metav1.DeleteOptions{})
+	})
+	cm.Data[trust.CRLDataKey] = "-"
+	if _, err := sa.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("update %s as meshca: %v", trust.CRLConfigMapName, err)
+	}
+}
