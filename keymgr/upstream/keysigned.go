@@ -33,6 +33,11 @@ type KeySigned struct {
 	// keys, for NewRoot: its signer and its Ref. label names it, for
 	// upstreams that label keys.
 	NewKey func(ctx context.Context, kt certs.KeyType, label string) (crypto.Signer, Ref, error)
+	// Destroy, when set, destroys a key NewKey made, for a NewRoot that
+	// fails after making it: the key would be left in the upstream,
+	// recorded nowhere. When it is nil or fails, NewRoot's error names
+	// the key, for an operator to delete.
+	Destroy func(ctx context.Context, ref Ref) error
 	// KeepKey: the CA state keeps the root key (Root.Key is the signer
 	// NewKey returned); the key of every other upstream stays where it is.
 	KeepKey bool
@@ -124,11 +129,11 @@ func (k *KeySigned) NewRoot(ctx context.Context, req *RootRequest) (*Root, error
 	}
 	tmpl, err := caTemplate(key.Public(), req.Subject, now, now.Add(req.TTL).Truncate(time.Second))
 	if err != nil {
-		return nil, k.fail(KindInternal, err)
+		return nil, k.orphan(ctx, ref, k.fail(KindInternal, err))
 	}
 	cert, err := create(tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, k.wrap(ctx, KindInternal, err)
+		return nil, k.orphan(ctx, ref, k.wrap(ctx, KindInternal, err))
 	}
 	r := &Root{Cert: cert, Ref: ref}
 	if k.KeepKey {
@@ -136,6 +141,36 @@ func (k *KeySigned) NewRoot(ctx context.Context, req *RootRequest) (*Root, error
 	}
 	return r, nil
 }
+
+// orphan is the error of a NewRoot that failed after NewKey made ref's
+// key: the key is destroyed (Destroy), or the error names it, so that an
+// operator can delete it. The key of a KeepKey upstream dies with the
+// process.
+func (k *KeySigned) orphan(ctx context.Context, ref Ref, err error) error {
+	if k.KeepKey {
+		return err
+	}
+	e := &Error{Upstream: k.Name, Kind: KindOf(err), Err: err}
+	if errors.As(err, &e) {
+		e = &Error{Upstream: e.Upstream, Kind: e.Kind, Err: e.Err}
+	}
+	if k.Destroy == nil {
+		e.Err = fmt.Errorf("%w; the new key %s is left in the upstream, recorded nowhere: delete it", e.Err, describe(ref))
+		return e
+	}
+	// The request's context may be what ended; the cleanup gets its own.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), OrphanTimeout)
+	defer cancel()
+	if derr := k.Destroy(dctx, ref); derr != nil {
+		e.Err = fmt.Errorf("%w; the new key %s is left in the upstream, recorded nowhere, and destroying it failed (%v): delete it", e.Err, describe(ref), derr)
+		return e
+	}
+	e.Err = fmt.Errorf("%w; the new key %s was destroyed", e.Err, describe(ref))
+	return e
+}
+
+// OrphanTimeout bounds the destruction of a key a failed step left.
+const OrphanTimeout = 30 * time.Second
 
 // caTemplate is what every CA certificate meshca builds starts with.
 func caTemplate(pub crypto.PublicKey, subject pkix.Name, now, notAfter time.Time) (*x509.Certificate, error) {

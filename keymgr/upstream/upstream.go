@@ -102,6 +102,22 @@ type Root struct {
 	// Key is the root's private key when the CA state must keep it (the
 	// self upstream); nil for every other upstream.
 	Key crypto.Signer
+	// Adopted: the key existed before NewRoot (an operator named it), so
+	// meshca never destroys it, even when the root is never recorded.
+	Adopted bool
+}
+
+// KeyDestroyer is an upstream that can destroy a root key it keeps, for
+// `meshca root retire --destroy-root-key` and for a root that NewRoot
+// made but that was never recorded (an orphan). It destroys only a key
+// meshca made and named, and that is root's.
+type KeyDestroyer interface {
+	// CheckDestroy reports, destroying nothing, whether DestroyRoot
+	// would destroy the key ref names: nil, or an *Error (KindRefused
+	// when the upstream forbids it) that says why not and what to do.
+	CheckDestroy(ctx context.Context, root *x509.Certificate, ref Ref) error
+	// DestroyRoot destroys the key ref names, root's, in the upstream.
+	DestroyRoot(ctx context.Context, root *x509.Certificate, ref Ref) error
 }
 
 // Roots is an upstream whose trust bundle is its own (Vault PKI: the
