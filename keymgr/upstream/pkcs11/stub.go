@@ -42,3 +42,9 @@ func (*Upstream) Login(context.Context) error { return errNotBuilt }
 
 // Close does nothing.
 func (*Upstream) Close() error { return nil }
+
+// CheckDestroy fails: this build has no PKCS#11 support.
+func (*Upstream) CheckDestroy(context.Context, *x509.Certificate, upstream.Ref) error { return errNotBuilt }
+
+// DestroyRoot fails: this build has no PKCS#11 support.
+func (*Upstream) DestroyRoot(context.Context, *x509.Certificate, upstream.Ref) error { return errNotBuilt }

@@ -45,7 +45,7 @@ func New(cfg Config) (*Upstream, error) {
 		cfg.Now = time.Now
 	}
 	u := &Upstream{cfg: cfg, tok: &token{cfg: cfg, open: crypto11.Configure}}
-	u.ks = upstream.KeySigned{Name: Name, Key: u.key, NewKey: u.newKey, Now: cfg.Now}
+	u.ks = upstream.KeySigned{Name: Name, Key: u.key, NewKey: u.newKey, Destroy: u.destroyOrphan, Now: cfg.Now}
 	return u, nil
 }
 

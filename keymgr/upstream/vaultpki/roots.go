@@ -81,7 +81,8 @@ func (u *Upstream) NewRoot(ctx context.Context, req *upstream.RootRequest) (*ups
 	}
 	is, err := createRoot(ctx, u.sess.Client(), u.c.Mount, spec)
 	if err != nil {
-		return nil, upstreamError(err)
+		// Made, then not set up (truncateLeaves): recorded nowhere.
+		return nil, u.orphan(ctx, is, err)
 	}
 	return &upstream.Root{Cert: is.Cert, Ref: upstream.Ref{Type: Name, Key: is.ID}}, nil
 }
@@ -106,7 +107,7 @@ func (u *Upstream) adopt(ctx context.Context) (*upstream.Root, error) {
 	}
 	for _, c := range chain {
 		if certs.IsSelfSigned(c) {
-			return &upstream.Root{Cert: c, Ref: upstream.Ref{Type: Name, Key: id}}, nil
+			return &upstream.Root{Cert: c, Ref: upstream.Ref{Type: Name, Key: id}, Adopted: true}, nil
 		}
 	}
 	return nil, errorf(upstream.KindRefused, "%s does not chain to a root in %s: import its root into the mount (%s/issuers/import/cert) so that meshca can publish it", path, u.c.Mount, u.c.Mount)

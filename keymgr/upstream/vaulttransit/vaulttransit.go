@@ -70,7 +70,7 @@ func New(c Config) (*Upstream, error) {
 		return nil, fmt.Errorf("vaulttransit: %w", err)
 	}
 	u := &Upstream{c: c, sess: sess}
-	u.KeySigned = &upstream.KeySigned{Name: Name, Key: u.signer, NewKey: u.newKey, Now: c.Now}
+	u.KeySigned = &upstream.KeySigned{Name: Name, Key: u.signer, NewKey: u.newKey, Destroy: u.destroyOrphan, Now: c.Now}
 	return u, nil
 }
 
@@ -165,6 +165,7 @@ type transitKey struct {
 	Type                 string `json:"type"`
 	Exportable           bool   `json:"exportable"`
 	AllowPlaintextBackup bool   `json:"allow_plaintext_backup"`
+	DeletionAllowed      bool   `json:"deletion_allowed"`
 	LatestVersion        int    `json:"latest_version"`
 	Keys                 map[string]struct {
 		PublicKey string `json:"public_key"`
