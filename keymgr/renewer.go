@@ -222,9 +222,14 @@ func (r *Renewer) NewAuthority(ctx context.Context, o RootOptions) (*AuthorityRe
 	}
 	rec, err := r.sign(ctx, root.Cert, root.Ref, root.Key, min(r.ttl(), root.Cert.NotAfter.Sub(o.Now)), []*x509.Certificate{root.Cert}, o.Now)
 	if err != nil {
-		return nil, err
+		// The root's key is made, its first intermediate is not: the
+		// key is recorded nowhere.
+		made := &AuthorityRecord{Root: root.Cert, Upstream: root.Ref, madeKey: !root.Adopted && root.Key == nil}
+		_, derr := r.Discard(ctx, made)
+		return nil, errors.Join(err, derr)
 	}
 	rec.Generated = root.Key != nil
+	rec.madeKey = !root.Adopted && root.Key == nil
 	return rec, nil
 }
 

@@ -80,6 +80,10 @@ type AuthorityRecord struct {
 	// History lists every transition, oldest first; the last one is the
 	// current Phase.
 	History []Transition
+	// madeKey: Renewer.NewAuthority made the root's key in the upstream
+	// (not adopted, not kept in the state) in this process; never stored,
+	// so a loaded record is never one Renewer.Discard destroys.
+	madeKey bool
 }
 
 // ID names an authority: the hex SHA-256 fingerprint of its signing

@@ -50,6 +50,17 @@ func Update(ctx context.Context, store StateStore, change func(*State) error) (*
 // generate makes, active at once. Processes starting together agree on
 // one: the losers of the race load the winner's.
 func LoadOrBootstrap(ctx context.Context, store StateStore, generate func() (*AuthorityRecord, error), now time.Time) (*State, error) {
+	return LoadOrBootstrapDiscarding(ctx, store, generate, nil, now)
+}
+
+// LoadOrBootstrapDiscarding is LoadOrBootstrap, which calls generate at
+// most once (a compare-and-swap lost is retried with the same authority),
+// and hands discard the authority it made when the state did not take
+// it (another process bootstrapped first, or the update failed): a root
+// made in an upstream would be left there, recorded nowhere. discard's
+// error is joined to the result's.
+func LoadOrBootstrapDiscarding(ctx context.Context, store StateStore, generate func() (*AuthorityRecord, error),
+	discard func(*AuthorityRecord) error, now time.Time) (*State, error) {
 	s, _, err := store.Load(ctx)
 	switch {
 	case err == nil && s.Active() != nil:
@@ -58,18 +69,43 @@ func LoadOrBootstrap(ctx context.Context, store StateStore, generate func() (*Au
 		return nil, err
 	}
 	errBootstrapped := errors.New("another process bootstrapped first")
+	var made *AuthorityRecord
 	s, err = Update(ctx, store, func(s *State) error {
 		if s.Active() != nil {
 			return errBootstrapped
 		}
-		rec, err := generate()
-		if err != nil {
-			return err
+		if made == nil {
+			rec, err := generate()
+			if err != nil {
+				return err
+			}
+			made = rec
 		}
-		return s.Bootstrap(rec, now, "generated on first start")
+		// A copy for each attempt: Bootstrap writes its history.
+		rec := *made
+		rec.History = nil
+		return s.Bootstrap(&rec, now, "generated on first start")
 	})
 	if errors.Is(err, errBootstrapped) {
 		s, _, err = store.Load(ctx)
 	}
+	if made != nil && discard != nil && (err != nil || !holds(s, made)) {
+		if derr := discard(made); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}
 	return s, err
+}
+
+// holds reports whether s has an authority whose certificate is rec's.
+func holds(s *State, rec *AuthorityRecord) bool {
+	if s == nil {
+		return false
+	}
+	for _, a := range s.Authorities {
+		if a.Cert.Equal(rec.Cert) {
+			return true
+		}
+	}
+	return false
 }
