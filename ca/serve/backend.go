@@ -343,7 +343,7 @@ func loadState(ctx context.Context, c Backend, store keymgr.StateStore, ren *key
 		return nil, nil, err
 	}
 	tidy(ctx, store, log)
-	st, err := keymgr.LoadOrBootstrap(ctx, store, func() (*keymgr.AuthorityRecord, error) {
+	st, err := keymgr.LoadOrBootstrapDiscarding(ctx, store, func() (*keymgr.AuthorityRecord, error) {
 		ro := keymgr.RootOptions{KeyType: o.KeyType, Organization: o.Organization, TTL: o.RootTTL}
 		if ren != nil {
 			return ren.NewAuthority(ctx, ro)
@@ -353,7 +353,7 @@ func loadState(ctx context.Context, c Backend, store keymgr.StateStore, ren *key
 			return nil, err
 		}
 		return &keymgr.AuthorityRecord{Root: a.Cert, Cert: a.Cert, Key: a.Key, Generated: true}, nil
-	}, time.Now())
+	}, discardRoot(ctx, ren, log), time.Now())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -372,6 +372,25 @@ func loadState(ctx context.Context, c Backend, store keymgr.StateStore, ren *key
 		}
 	}
 	return st, a, err
+}
+
+// discardRoot destroys the root key a replica made in the upstream for a
+// first authority the state did not take (another replica bootstrapped
+// first), or logs which key is left there: the state is sound either
+// way, so it never fails the start.
+func discardRoot(ctx context.Context, ren *keymgr.Renewer, log *slog.Logger) func(*keymgr.AuthorityRecord) error {
+	return func(made *keymgr.AuthorityRecord) error {
+		if ren == nil {
+			return nil
+		}
+		destroyed, err := ren.Discard(ctx, made)
+		if err != nil {
+			log.Warn("a root key made for the first authority is left in the upstream", "upstream", ren.Name, "key", made.Upstream.Key, "error", err)
+		} else if destroyed {
+			log.Info("another replica bootstrapped first; the root key made for this one is destroyed", "upstream", ren.Name, "key", made.Upstream.Key)
+		}
+		return nil
+	}
 }
 
 // follower keeps target on the state in store, and tells the metrics, the

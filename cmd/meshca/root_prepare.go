@@ -33,6 +33,8 @@ type prepareFlags struct {
 	signer      rootSignerFlags
 	up          upstreamFlags
 	audit       auditFlags
+	// renewer made the authority in --upstream; nil without one.
+	renewer *keymgr.Renewer
 }
 
 func newRootPrepareCommand() *cobra.Command {
@@ -101,7 +103,7 @@ func (f *prepareFlags) run(cmd *cobra.Command) error {
 	})
 	if err != nil {
 		audit.step(ctx, "prepare", authorityID(added), false, f.reason, err)
-		return rootError(err)
+		return rootError(f.discard(ctx, made, err))
 	}
 	audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
 	if added.Renewed() {

@@ -54,6 +54,7 @@ func (f *prepareFlags) inUpstream(ctx context.Context, s *keymgr.State, log *slo
 	}
 	kt := certs.KeyType(f.keyType)
 	ren := &keymgr.Renewer{Upstream: u, Name: k.name, TrustDomain: td, TTL: f.up.ttl, KeyType: kt}
+	f.renewer = ren
 	rec, err := ren.NewAuthority(ctx, keymgr.RootOptions{KeyType: kt, Organization: td.Name(), TTL: f.lifetime})
 	if err != nil {
 		return nil, fmt.Errorf("--upstream %s: %w", k.name, err)
@@ -62,6 +63,23 @@ func (f *prepareFlags) inUpstream(ctx context.Context, s *keymgr.State, log *slo
 		return nil, errors.New("--upstream " + k.name + ": no authority made")
 	}
 	return rec, nil
+}
+
+// discard destroys the root key of made, an authority made in an
+// upstream that the CA state did not take, or says which key is left
+// there; nothing without --upstream.
+func (f *prepareFlags) discard(ctx context.Context, made *keymgr.AuthorityRecord, err error) error {
+	if f.renewer == nil || made == nil {
+		return err
+	}
+	destroyed, derr := f.renewer.Discard(ctx, made)
+	switch {
+	case derr != nil:
+		return fmt.Errorf("%w; and %w", err, derr)
+	case !destroyed:
+		return err
+	}
+	return fmt.Errorf("%w; the new root's key %s, recorded nowhere, was destroyed", err, upstreamRef(made))
 }
 
 // upstreamRef names where a renewed authority's root key is.
