@@ -44,7 +44,11 @@ func (*Upstream) Login(context.Context) error { return errNotBuilt }
 func (*Upstream) Close() error { return nil }
 
 // CheckDestroy fails: this build has no PKCS#11 support.
-func (*Upstream) CheckDestroy(context.Context, *x509.Certificate, upstream.Ref) error { return errNotBuilt }
+func (*Upstream) CheckDestroy(context.Context, *x509.Certificate, upstream.Ref) error {
+	return errNotBuilt
+}
 
 // DestroyRoot fails: this build has no PKCS#11 support.
-func (*Upstream) DestroyRoot(context.Context, *x509.Certificate, upstream.Ref) error { return errNotBuilt }
+func (*Upstream) DestroyRoot(context.Context, *x509.Certificate, upstream.Ref) error {
+	return errNotBuilt
+}
