@@ -109,7 +109,8 @@ func TestRootStepFlags(t *testing.T) {
 	step := []string{"force", "istiod-cert-secret", "margin"}
 	want := map[string][]string{
 		"activate": append(slices.Concat(common, step), "cfssl-label", "cfssl-profile", "cfssl-tls-ca-file", "cfssl-url", "vault-role", "vault-rsa-role"),
-		"retire":   append(slices.Concat(common, step), "vault-keep-issuer", "vault-root-mount"),
+		"retire": append(slices.Concat(common, step), "vault-keep-issuer", "vault-root-mount", "destroy-root-key", "upstream", "vault-pki-issuer",
+			"vault-transit-key", "vault-transit-mount", "pkcs11-module", "pkcs11-pin-file", "pkcs11-slot", "pkcs11-token-label"),
 		"prepare": append(slices.Clone(common), "ca-dir", "cert", "chain", "external", "issued-ttl", "key", "key-type", "lifetime",
 			"root", "trust-domain", "vault-issuer-type", "vault-root-mount", "upstream", "intermediate-ttl", "vault-pki-issuer", "vault-transit-key", "vault-transit-mount",
 			"pkcs11-module", "pkcs11-pin-file", "pkcs11-slot", "pkcs11-token-label"),

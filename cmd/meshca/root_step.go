@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/meshca/meshca/keymgr"
@@ -23,6 +24,9 @@ type stepFlags struct {
 	// once before the step.
 	istiod     string
 	dependents []keymgr.Dependent
+	// retire's --destroy-root-key, and the upstream that keeps the key.
+	destroyRootKey bool
+	up             upstreamFlags
 }
 
 // guards are the step's guards: the margin, and istiod's certificate.
@@ -38,7 +42,7 @@ func newRootActivateCommand() *cobra.Command {
 			"refusal says when it becomes safe.",
 		keymgr.PhasePrepared, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
 			return s.Activate(id, now, f.guards(), f.force, f.reasonOr("activated by meshca root activate"))
-		}, rootBackend.activate)
+		}, rootBackend.activate, nil)
 }
 
 func newRootRetireCommand() *cobra.Command {
@@ -48,7 +52,7 @@ func newRootRetireCommand() *cobra.Command {
 			"certificate chains only to its root. The refusal says when it becomes safe.",
 		keymgr.PhasePrevious, func(s *keymgr.State, id string, now time.Time, f *stepFlags) error {
 			return s.Retire(id, now, f.guards(), f.force, f.reasonOr("retired by meshca root retire"))
-		}, rootBackend.retire)
+		}, rootBackend.retire, (*stepFlags).registerDestroy)
 }
 
 // stepFunc takes a step on the authority id of s.
@@ -59,7 +63,7 @@ type stepFunc func(s *keymgr.State, id string, now time.Time, f *stepFlags) erro
 // external signer, the step is first tried on a copy of the state (its
 // guard decides), then taken in the backend, then recorded.
 func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFunc,
-	inBackend func(rootBackend, context.Context, *keymgr.State, *keymgr.AuthorityRecord) error) *cobra.Command {
+	inBackend func(rootBackend, context.Context, *keymgr.State, *keymgr.AuthorityRecord) error, extra func(*stepFlags, *cobra.Command)) *cobra.Command {
 	f := &stepFlags{}
 	cmd := &cobra.Command{
 		Use: use, Short: short, Long: long + "\n--force overrides the guard, only with --reason; both are recorded.",
@@ -75,6 +79,9 @@ func newRootStepCommand(use, short, long string, phase keymgr.Phase, step stepFu
 	cmd.Flags().StringVar(&f.istiod, "istiod-cert-secret", "", "istiod's certificate Secret, namespace/name, as meshca serve --istiod-cert-secret: the step waits until istiod trusts the root it makes sign (activate) and its certificate chains to a root that stays (retire)")
 	cmd.Flags().DurationVar(&f.margin, "margin", keymgr.DefaultGuardMargin, "margin the guard adds: activate waits half the longest leaf lifetime plus it, retire the last leaf's expiry plus it")
 	f.audit.register(cmd.Flags(), "standard error")
+	if extra != nil {
+		extra(f, cmd)
+	}
 	return cmd
 }
 
@@ -96,6 +103,11 @@ func (f *stepFlags) run(cmd *cobra.Command, args []string, phase keymgr.Phase, s
 	store, notice, be, err := f.open(ctx, cmd)
 	if err != nil {
 		return err
+	}
+	plan, err := f.planDestroy(ctx, store, args, phase, step, slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)))
+	if err != nil {
+		audit.step(ctx, cmd.Name(), "", f.force, f.reason, err)
+		return rootError(err)
 	}
 	var id string
 	if _, local := be.(localRoot); !local {
@@ -122,7 +134,7 @@ func (f *stepFlags) run(cmd *cobra.Command, args []string, phase keymgr.Phase, s
 	tell(cmd.ErrOrStderr(), notice)
 	rec, _ := st.View().Lookup(id)
 	fmt.Fprintf(cmd.OutOrStdout(), "%s %s; bundle sequence %d\n", rec.Phase, shortID(rec), st.Sequence)
-	return nil
+	return plan.destroy(ctx, st, cmd.OutOrStdout())
 }
 
 // open opens the CA state for the step, reads what istiod's certificate
