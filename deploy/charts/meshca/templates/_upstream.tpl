@@ -12,6 +12,24 @@ own flags below, under its type, and its Secrets to meshca.upstreamSecrets
 - --intermediate-ttl={{ $u.intermediateTTL }}
 - --intermediate-renew-at={{ $u.renewAt }}
 {{- end }}
+{{- include "meshca.upstreamSettingArgs" . }}
+{{- end -}}
+
+{{/*
+meshca.upstreamRootArgs: --upstream and the upstream's own settings,
+without the intermediate's: what `meshca root retire --destroy-root-key`
+takes to reach the retired root's key.
+*/}}
+{{- define "meshca.upstreamRootArgs" -}}
+{{- if .Values.upstream.type }}
+- --upstream={{ .Values.upstream.type }}
+{{- end }}
+{{- include "meshca.upstreamSettingArgs" . }}
+{{- end -}}
+
+{{/* meshca.upstreamSettingArgs: the flags of upstream.type's own settings. */}}
+{{- define "meshca.upstreamSettingArgs" -}}
+{{- $u := .Values.upstream -}}
 {{- if eq $u.type "vault-pki" }}
 {{- include "meshca.vaultLoginArgs" $u.vault }}
 - --vault-pki-mount={{ $u.vaultPKI.mount }}

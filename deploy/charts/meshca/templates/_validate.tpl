@@ -21,6 +21,9 @@ across two keys. Each message names the keys and what to do.
 {{- if and $v.revocation.enabled (not (include "meshca.crl" .)) -}}
 {{- fail (printf "revocation.enabled needs the built-in CA on a CA state (signer.type local, state.type secret or directory), not signer.type %s with state.type %s: meshca signs the CRLs of its own authorities (docs/backends.md)" $v.signer.type $v.state.type) -}}
 {{- end -}}
+{{- if and $v.rootRotation.cronJob.steps.retire.destroyRootKey (not $v.upstream.type) -}}
+{{- fail "rootRotation.cronJob.steps.retire.destroyRootKey destroys a retired root's key where upstream.type keeps it: set upstream.type, or leave it false (retire destroys a key the CA state keeps by itself)" -}}
+{{- end -}}
 {{- $s := $v.signer -}}
 {{- if eq $s.type "local" -}}
 {{- if eq $v.state.type "none" -}}
