@@ -10,10 +10,14 @@ import (
 // then a full root rotation (upstreamRotation): prepare --upstream
 // pkcs11 makes the next root's key in the token, activate and retire
 // move to it, with 0 failed handshakes and istiod's certificate
-// following. Both root keys stay in the token, sensitive and never
-// extractable; the state never held either.
+// following; retire --destroy-root-key destroys the old key pair. The new
+// root key stays in the token, sensitive and never extractable; the
+// state never held either.
 func TestPKCS11RootRotation(t *testing.T) {
 	h := newHSM(t)
-	r := upstreamRotation{name: "pkcs11", bin: h.bin, flags: h.flags(10 * time.Minute)}.run(t, "pkcs11-rotation")
-	keyInToken(t, h, 2, r.next.Upstream.Key)
+	flags := h.flags(10 * time.Minute)
+	r := upstreamRotation{name: "pkcs11", bin: h.bin, flags: flags,
+		retire: append([]string{"--destroy-root-key"}, flags[:len(flags)-2]...)}.run(t, "pkcs11-rotation")
+	// The old root's key pair went with retire --destroy-root-key.
+	keyInToken(t, h, 1, r.next.Upstream.Key)
 }

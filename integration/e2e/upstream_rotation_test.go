@@ -29,8 +29,12 @@ type upstreamRotation struct {
 	// flags select the upstream and give its settings, --upstream and
 	// --intermediate-ttl included: serve and prepare take the same.
 	flags []string
-	// retire are retire's flags beside the guards'.
+	// retire are retire's flags beside the guards' (--destroy-root-key
+	// and the upstream's settings).
 	retire []string
+	// started, when set, is called with the bootstrapped authority
+	// before the fleet starts.
+	started func(t *testing.T, first *keymgr.AuthorityRecord)
 }
 
 // rotatedRoot is what an upstreamRotation left: the authority the
@@ -61,6 +65,9 @@ func (u upstreamRotation) run(t *testing.T, prefix string) rotatedRoot {
 			r.stateDir = s.StateDir
 			store := dirstore.Store{Dir: s.StateDir}
 			r.first = loadState(t, store).Active()
+			if u.started != nil {
+				u.started(t, r.first)
+			}
 			return fleetCA{addrs: []string{s.Addr}, store: store, cli: []string{"--state-dir", s.StateDir}}
 		},
 		rotate: func(t *testing.T, ca fleetCA, f *fleet) {

@@ -44,15 +44,28 @@ func startVault(t *testing.T) (*harness.Vault, string) {
 // with --upstream vault-transit against the real Vault: serve makes the
 // first root's Transit key, prepare the next one's, each non-exportable
 // and without plaintext backup, and each root is the public key of the
-// Transit key and version its Ref names.
+// Transit key and version its Ref names; retire --destroy-root-key
+// deletes the old key, which a Vault operator allowed.
 func TestVaultTransitRootRotation(t *testing.T) {
 	v, token := startVault(t)
 	v.MountTransit(t, "transit")
-	flags := []string{"--upstream", "vault-transit", "--vault-addr", v.Addr, "--vault-token-file", token,
-		"--vault-transit-mount", "transit", "--intermediate-ttl", "10m"}
-	r := upstreamRotation{name: "vault-transit", bin: bin, flags: flags}.run(t, "transit-rotation")
-	for _, a := range []*keymgr.AuthorityRecord{r.first, r.next} {
-		transitKeyHolds(t, v, a)
+	login := []string{"--vault-addr", v.Addr, "--vault-token-file", token, "--vault-transit-mount", "transit"}
+	flags := append([]string{"--upstream", "vault-transit", "--intermediate-ttl", "10m"}, login...)
+	var firstKey string
+	r := upstreamRotation{name: "vault-transit", bin: bin, flags: flags,
+		retire: append([]string{"--destroy-root-key", "--upstream", "vault-transit"}, login...),
+		// A Vault operator allows the old root's key to be deleted.
+		started: func(t *testing.T, first *keymgr.AuthorityRecord) {
+			transitKeyHolds(t, v, first)
+			firstKey, _, _ = strings.Cut(first.Upstream.Key, ":")
+			if _, err := v.Client.Logical().WriteWithContext(context.Background(), "transit/keys/"+firstKey+"/config", map[string]any{"deletion_allowed": true}); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}.run(t, "transit-rotation")
+	transitKeyHolds(t, v, r.next)
+	if s, err := v.Client.Logical().ReadWithContext(context.Background(), "transit/keys/"+firstKey); err != nil || s != nil {
+		t.Fatalf("retire --destroy-root-key left the old root's key %s in Transit (%v)", firstKey, err)
 	}
 }
 
@@ -92,14 +105,19 @@ func transitKeyHolds(t *testing.T, v *harness.Vault, a *keymgr.AuthorityRecord) 
 // --upstream vault-pki against the real Vault: serve makes the first
 // root issuer, prepare a second, and activate and retire move meshca
 // from one issuer to the other: the new issuer is the root of the
-// bundle and signs the intermediate in service.
+// bundle and signs the intermediate in service, and retire
+// --destroy-root-key deletes the old one.
 func TestVaultPKIRootRotation(t *testing.T) {
 	v, token := startVault(t)
 	v.MountPKI(t, "pki-mesh")
-	flags := []string{"--upstream", "vault-pki", "--vault-addr", v.Addr, "--vault-token-file", token,
-		"--vault-pki-mount", "pki-mesh", "--intermediate-ttl", "10m"}
-	r := upstreamRotation{name: "vault-pki", bin: bin, flags: flags}.run(t, "pki-rotation")
-	for _, a := range []*keymgr.AuthorityRecord{r.first, r.next} {
+	login := []string{"--vault-addr", v.Addr, "--vault-token-file", token, "--vault-pki-mount", "pki-mesh"}
+	r := upstreamRotation{name: "vault-pki", bin: bin, flags: append([]string{"--upstream", "vault-pki", "--intermediate-ttl", "10m"}, login...),
+		retire: append([]string{"--destroy-root-key", "--upstream", "vault-pki"}, login...)}.run(t, "pki-rotation")
+	issuers, err := v.Client.Logical().ListWithContext(context.Background(), "pki-mesh/issuers")
+	if err != nil || issuers == nil || len(issuers.Data["keys"].([]any)) != 1 || issuers.Data["keys"].([]any)[0] != r.next.Upstream.Key {
+		t.Fatalf("the mount's issuers are %v, want the new root's alone: retire --destroy-root-key deletes the old one (%v)", issuers, err)
+	}
+	for _, a := range []*keymgr.AuthorityRecord{r.next} {
 		s, err := v.Client.Logical().ReadWithContext(context.Background(), "pki-mesh/issuer/"+a.Upstream.Key+"/json")
 		if err != nil || s == nil {
 			t.Fatalf("issuer %s: %v", a.Upstream.Key, err)
