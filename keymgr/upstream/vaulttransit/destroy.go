@@ -77,7 +77,7 @@ func (u *Upstream) destroyable(ctx context.Context, root *x509.Certificate, ref 
 	if t == nil || !t.DeletionAllowed {
 		return keyRef{}, errorf(upstream.KindRefused, "%s cannot be deleted: its deletion_allowed is false, and meshca never sets it "+
 			"(its policies cannot configure a key); a Vault operator runs `vault write %s/config deletion_allowed=true`, "+
-			"then this again, or deletes the key with `vault delete %s`", path, path, path)
+			"then `vault delete %s` (or, for a root being retired, meshca root retire --destroy-root-key)", path, path, path)
 	}
 	return k, nil
 }
