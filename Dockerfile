@@ -32,6 +32,46 @@ RUN mkdir -p /rootfs/etc /rootfs/tmp && chmod 1777 /rootfs/tmp && \
     printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' > /rootfs/etc/group && \
     chmod 0644 /rootfs/etc/passwd /rootfs/etc/group && chmod 0755 /rootfs/meshca
 
+# The HSM variant (make image-hsm; docs/layout.md): the pkcs11 upstream
+# needs cgo, so meshca is linked to glibc and the image holds the dynamic
+# loader and the libraries the binary names, from Debian 12 (glibc 2.36,
+# the oldest a vendor's PKCS#11 module may need). Built on and for the
+# target's own platform (cgo does not cross-compile here):
+#
+#   docker build --target hsm --build-arg VERSION=... -t meshca-hsm .
+FROM golang:${GO_VERSION}-bookworm AS build-hsm
+ARG VERSION=dev
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+# hack/image's hsm variant's flags (variant.go), so both images hold the
+# same binary.
+RUN CGO_ENABLED=1 go build -trimpath -buildvcs=false -tags pkcs11,netgo,osusergo \
+    -ldflags "-s -w -X main.version=${VERSION}" -o /rootfs/meshca ./cmd/meshca
+RUN mkdir -p /rootfs/etc /rootfs/tmp && chmod 1777 /rootfs/tmp && \
+    printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin' > /rootfs/etc/passwd && \
+    printf '%s\n' 'root:x:0:' 'nonroot:x:65532:' > /rootfs/etc/group && \
+    chmod 0644 /rootfs/etc/passwd /rootfs/etc/group && chmod 0755 /rootfs/meshca
+# The loader and every library the binary needs, at the paths it names.
+RUN for f in $(ldd /rootfs/meshca | sed -n 's/.*=> \(\/[^ ]*\).*/\1/p;t;s/^[[:space:]]*\(\/[^ ]*\).*/\1/p'); do \
+      mkdir -p "/rootfs$(dirname "$f")" && cp -L "$f" "/rootfs$f" && chmod 0755 "/rootfs$f"; \
+    done
+
+FROM scratch AS hsm
+ARG VERSION=dev
+COPY --from=build-hsm /rootfs/ /
+# The vendor's PKCS#11 module and what it needs beyond libc go here.
+ENV LD_LIBRARY_PATH=/opt/hsm/lib
+USER 65532:65532
+WORKDIR /
+EXPOSE 15012 15014
+LABEL org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/meshca/meshca"
+ENTRYPOINT ["/meshca"]
+CMD ["serve"]
+
+# The default image, static: the last stage, what a plain docker build makes.
 FROM scratch
 ARG VERSION=dev
 COPY --from=build /rootfs/ /

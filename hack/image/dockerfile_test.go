@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -87,8 +88,112 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("the Dockerfile's go build %q lacks %q, which hack/image uses", build, flag)
 		}
 	}
-	if froms != 2 {
-		t.Errorf("%d stages, want two: build and scratch", froms)
+	if froms != 4 {
+		t.Errorf("%d stages, want four: build, build-hsm, hsm and the default image last", froms)
+	}
+}
+
+// stage is the instructions of the Dockerfile's stage named name, from its
+// FROM to the next.
+func stage(all []instruction, name string) []instruction {
+	var out []instruction
+	for _, in := range all {
+		if in.Cmd == "FROM" {
+			if len(out) > 0 {
+				break
+			}
+			if strings.HasSuffix(in.Args, " AS "+name) {
+				out = append(out, in)
+			}
+			continue
+		}
+		if len(out) > 0 {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// TestDockerfileHSM checks the Dockerfile's hsm target against hack/image's
+// hsm variant: the same build flags and tags, the same configuration, and
+// a root filesystem of the same files: its RUN that copies the loader and
+// libraries is run on the variant's binary, in a temporary directory, and
+// `/meshca version` runs chrooted into the result (as root) and says
+// pkcs11.
+func TestDockerfileHSM(t *testing.T) {
+	src, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := parseDockerfile(string(src))
+	build, hsm := stage(all, "build-hsm"), stage(all, "hsm")
+	if len(build) == 0 || len(hsm) == 0 {
+		t.Fatal("the Dockerfile has no build-hsm or hsm stage")
+	}
+	has := func(ins []instruction, cmd, want string) string {
+		for _, in := range ins {
+			if in.Cmd == cmd && strings.Contains(in.Args, want) {
+				return in.Args
+			}
+		}
+		t.Errorf("no %s ...%s... in the stage", cmd, want)
+		return ""
+	}
+	v := variants["hsm"]
+	gobuild := has(build, "RUN", "go build")
+	for _, flag := range []string{"CGO_ENABLED=1 ", " -trimpath ", " -buildvcs=false ", " -tags " + v.Tags + " ", ` -ldflags "` + ldflags("${VERSION}") + `" `, " ./cmd/meshca"} {
+		if !strings.Contains(gobuild, flag) {
+			t.Errorf("the hsm build %q lacks %q, which hack/image's hsm variant uses", gobuild, flag)
+		}
+	}
+	has(hsm, "FROM", "scratch AS hsm")
+	has(hsm, "COPY", "--from=build-hsm /rootfs/ /")
+	has(hsm, "USER", imageUser)
+	has(hsm, "ENTRYPOINT", `["/`+binaryPath+`"]`)
+	has(hsm, "CMD", `["serve"]`)
+	for _, env := range v.Env {
+		has(hsm, "ENV", env)
+	}
+	script := has(build, "RUN", "ldd /rootfs/meshca")
+	hsmFixture(t)
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.ReadFile(filepath.Join(hsmBuilt.root, binaryPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, binaryPath), bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("sh", "-ec", strings.ReplaceAll(script, "/rootfs", root)).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	var got, want []string
+	walk := func(dir string, into *[]string) {
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && p != filepath.Join(dir, binaryPath) && !strings.HasPrefix(p, filepath.Join(dir, "etc")) {
+				rel, _ := filepath.Rel(dir, p)
+				*into = append(*into, rel)
+			}
+			return err
+		})
+	}
+	walk(root, &got)
+	walk(hsmBuilt.root, &want)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the Dockerfile's hsm stage copies %v, hack/image's hsm layer holds %v", got, want)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("chrooting into the stage's files needs root")
+	}
+	cmd := exec.Command("/"+binaryPath, "version")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir, cmd.Env = "/", []string{}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), " pkcs11") {
+		t.Fatalf("/meshca version chrooted into the hsm stage's files: %v: %q, want it to end with pkcs11", err, out)
 	}
 }
 
