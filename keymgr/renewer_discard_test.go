@@ -161,3 +161,39 @@ func TestLoadOrBootstrapOrphan(t *testing.T) {
 		}
 	})
 }
+
+// lostAnswer is a store whose first Save is stored but answers an error,
+// as a write whose response a timeout cut.
+type lostAnswer struct {
+	keymgr.StateStore
+	once sync.Once
+}
+
+func (l *lostAnswer) Save(ctx context.Context, s *keymgr.State, base keymgr.Version) (keymgr.Version, error) {
+	v, err := l.StateStore.Save(ctx, s, base)
+	lost := false
+	l.once.Do(func() { lost = true })
+	if lost && err == nil {
+		return "", context.DeadlineExceeded
+	}
+	return v, err
+}
+
+// TestLoadOrBootstrapLostAnswer: a bootstrap that was stored though its
+// update failed keeps its root key: the state, read again, holds it.
+func TestLoadOrBootstrapLostAnswer(t *testing.T) {
+	u := newCustodian()
+	r := &keymgr.Renewer{Upstream: u, Name: "custodian", TrustDomain: renewTD, TTL: time.Hour}
+	store := &lostAnswer{StateStore: &codecStore{}}
+	discarded := 0
+	_, err := keymgr.LoadOrBootstrapDiscarding(t.Context(), store, func() (*keymgr.AuthorityRecord, error) {
+		return r.NewAuthority(t.Context(), keymgr.RootOptions{Organization: "renew.example"})
+	}, func(*keymgr.AuthorityRecord) error { discarded++; return nil }, time.Now())
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the lost answer", err)
+	}
+	st, _, lerr := store.Load(t.Context())
+	if lerr != nil || st.Active() == nil || discarded != 0 || u.held() != 1 {
+		t.Fatalf("stored %v (%v), discarded %d times, the upstream holds %d keys: the stored root's key must stay", st != nil && st.Active() != nil, lerr, discarded, u.held())
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/meshca/meshca/keymgr/upstream"
 )
 
 // maxUpdateAttempts bounds how often Update redoes a change that lost a
@@ -89,12 +91,43 @@ func LoadOrBootstrapDiscarding(ctx context.Context, store StateStore, generate f
 	if errors.Is(err, errBootstrapped) {
 		s, _, err = store.Load(ctx)
 	}
-	if made != nil && discard != nil && (err != nil || !holds(s, made)) {
+	if made == nil || discard == nil || err == nil && holds(s, made) {
+		return s, err
+	}
+	// A failed update may still have been stored (its answer lost): the
+	// store, read again, decides; unread, the key is kept.
+	if unrecorded, uerr := Unrecorded(ctx, store, made); uerr != nil {
+		err = errors.Join(err, uerr)
+	} else if unrecorded {
 		if derr := discard(made); derr != nil {
 			err = errors.Join(err, derr)
 		}
 	}
 	return s, err
+}
+
+// Unrecorded reports whether the state in store, read now, holds no
+// authority of rec's certificate (nor of its root, for a root key to be
+// destroyed): a failed update whose answer was lost may have stored it.
+// An error means it could not tell; the caller keeps what rec names. It
+// reads even when ctx has ended, within upstream.OrphanTimeout.
+func Unrecorded(ctx context.Context, store StateStore, rec *AuthorityRecord) (bool, error) {
+	// The update's context may be what ended: the read gets its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), upstream.OrphanTimeout)
+	defer cancel()
+	s, _, err := store.Load(ctx)
+	switch {
+	case errors.Is(err, ErrNoState):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("keymgr: whether the state holds authority %.16s is unknown (%w): its root's key is kept", rec.ID(), err)
+	}
+	for _, a := range s.Authorities {
+		if a.Cert.Equal(rec.Cert) || a.Root.Equal(rec.Root) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // holds reports whether s has an authority whose certificate is rec's.

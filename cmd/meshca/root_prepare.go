@@ -103,7 +103,7 @@ func (f *prepareFlags) run(cmd *cobra.Command) error {
 	})
 	if err != nil {
 		audit.step(ctx, "prepare", authorityID(added), false, f.reason, err)
-		return rootError(f.discard(ctx, made, err))
+		return rootError(f.discard(ctx, store, made, err))
 	}
 	audit.step(ctx, "prepare", added.ID(), false, f.reason, nil)
 	if added.Renewed() {

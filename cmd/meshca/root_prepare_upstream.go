@@ -68,8 +68,15 @@ func (f *prepareFlags) inUpstream(ctx context.Context, s *keymgr.State, log *slo
 // discard destroys the root key of made, an authority made in an
 // upstream that the CA state did not take, or says which key is left
 // there; nothing without --upstream.
-func (f *prepareFlags) discard(ctx context.Context, made *keymgr.AuthorityRecord, err error) error {
+func (f *prepareFlags) discard(ctx context.Context, store keymgr.StateStore, made *keymgr.AuthorityRecord, err error) error {
 	if f.renewer == nil || made == nil {
+		return err
+	}
+	// The update may have been stored though it failed (its answer lost).
+	if unrecorded, uerr := keymgr.Unrecorded(ctx, store, made); !unrecorded {
+		if uerr != nil {
+			return fmt.Errorf("%w; the new root's key %s may be left there: if meshca root status lists no authority under it, delete it", err, upstreamRef(made))
+		}
 		return err
 	}
 	destroyed, derr := f.renewer.Discard(ctx, made)
