@@ -30,12 +30,17 @@ func meshcaRoot(t *testing.T, args ...string) (string, int) {
 
 // twoLineages prepares two roots in the upstream, activates the second
 // (forced: no leaf was ever issued) and returns the state directory and
-// the authority of the first, now previous.
-func twoLineages(t *testing.T, flags ...string) (string, *keymgr.AuthorityRecord) {
+// the authority of the first, now previous. The first prepare takes
+// first's flags too (an adopted key).
+func twoLineages(t *testing.T, flags []string, first ...string) (string, *keymgr.AuthorityRecord) {
 	t.Helper()
 	state := filepath.Join(t.TempDir(), "state")
-	for range 2 {
-		if out, code := meshcaRoot(t, append([]string{"prepare", "--state-dir", state, "--trust-domain", "cluster.local", "--intermediate-ttl", "24h"}, flags...)...); code != 0 {
+	for i := range 2 {
+		args := append([]string{"prepare", "--state-dir", state, "--trust-domain", "cluster.local", "--intermediate-ttl", "24h"}, flags...)
+		if i == 0 {
+			args = append(args, first...)
+		}
+		if out, code := meshcaRoot(t, args...); code != 0 {
 			t.Fatalf("prepare: exit %d\n%s", code, out)
 		}
 	}
@@ -88,7 +93,7 @@ func TestVaultRetireDestroysRootKey(t *testing.T) {
 	}
 
 	t.Run("vault-transit", func(t *testing.T) {
-		state, old := twoLineages(t, "--upstream", "vault-transit", "--vault-addr", v.Addr, "--vault-token-file", root)
+		state, old := twoLineages(t, []string{"--upstream", "vault-transit", "--vault-addr", v.Addr, "--vault-token-file", root})
 		name, _, _ := strings.Cut(old.Upstream.Key, ":")
 		out, code := retire(state, "--upstream", "vault-transit", "--vault-token-file", transitDestroy)
 		if code != 2 || !strings.Contains(out, "its deletion_allowed is false, and meshca never sets it") || !strings.Contains(out, "vault write transit/keys/"+name+"/config deletion_allowed=true") {
@@ -118,7 +123,7 @@ func TestVaultRetireDestroysRootKey(t *testing.T) {
 	})
 
 	t.Run("vault-pki", func(t *testing.T) {
-		state, old := twoLineages(t, "--upstream", "vault-pki", "--vault-addr", v.Addr, "--vault-token-file", root, "--vault-pki-mount", "pki-mesh")
+		state, old := twoLineages(t, []string{"--upstream", "vault-pki", "--vault-addr", v.Addr, "--vault-token-file", root, "--vault-pki-mount", "pki-mesh"})
 		s, err := v.Client.Logical().ReadWithContext(ctx, "pki-mesh/issuer/"+old.Upstream.Key)
 		if err != nil || s == nil {
 			t.Fatal(err)
@@ -140,6 +145,33 @@ func TestVaultRetireDestroysRootKey(t *testing.T) {
 		issuers, err := v.Client.Logical().ListWithContext(ctx, "pki-mesh/issuers")
 		if err != nil || issuers == nil || len(issuers.Data["keys"].([]any)) != 1 {
 			t.Fatalf("the mount holds issuers %v, want the new root's alone (%v)", issuers, err)
+		}
+	})
+
+	// A key an operator named (--vault-transit-key) or an issuer adopted
+	// (--vault-pki-issuer) is never meshca's to destroy: refused, kept.
+	t.Run("adopted", func(t *testing.T) {
+		if _, err := v.Client.Logical().WriteWithContext(ctx, "pki-mesh/root/generate/internal", map[string]any{"common_name": "org root", "issuer_name": "org-root", "key_type": "ec"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			upstream string
+			flags    []string
+			adopt    []string
+			want     string
+		}{
+			{"vault-transit", []string{"--vault-token-file", transitDestroy}, []string{"--vault-transit-key", "org-root-key"}, "was named by an operator (--vault-transit-key), not made by meshca"},
+			{"vault-pki", []string{"--vault-token-file", pkiDestroy, "--vault-pki-mount", "pki-mesh"}, []string{"--vault-pki-issuer", "org-root"}, `("org-root") was not made by meshca`},
+		} {
+			login := []string{"--upstream", c.upstream, "--vault-addr", v.Addr, "--vault-token-file", root, "--vault-pki-mount", "pki-mesh"}
+			state, old := twoLineages(t, login, c.adopt...)
+			out, code := retire(state, append([]string{"--upstream", c.upstream}, c.flags...)...)
+			if code != 2 || !strings.Contains(out, c.want) || phaseOf(t, state, old.ID()) != keymgr.PhasePrevious {
+				t.Fatalf("%s: retire --destroy-root-key of an adopted key: exit %d, want 2 saying %q, the step not taken\n%s", c.upstream, code, c.want, out)
+			}
+		}
+		if s, err := v.Client.Logical().ReadWithContext(ctx, "transit/keys/org-root-key"); err != nil || s == nil {
+			t.Fatalf("the adopted Transit key is gone (%v)", err)
 		}
 	})
 }
