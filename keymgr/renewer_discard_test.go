@@ -144,6 +144,9 @@ func TestLoadOrBootstrapOrphan(t *testing.T) {
 		var winner *keymgr.State
 		st, err := keymgr.LoadOrBootstrapDiscarding(t.Context(), store, func() (*keymgr.AuthorityRecord, error) {
 			rec, err := gen()
+			if err != nil {
+				return nil, err
+			}
 			// The other replica stores its own while this one made its root.
 			if winner, err = keymgr.LoadOrBootstrap(t.Context(), store, gen, time.Now()); err != nil {
 				return nil, err
