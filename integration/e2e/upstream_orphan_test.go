@@ -9,6 +9,9 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshca/meshca/integration/harness"
+	"github.com/meshca/meshca/keymgr/secretstore"
 )
 
 // readOnlyState is a kubeconfig of a service account that may get the
@@ -81,5 +84,60 @@ func TestUpstreamPrepareOrphan(t *testing.T) {
 	if !strings.Contains(out, "the new root key "+key+":1 in upstream vault-transit is recorded in no CA state and was not destroyed") ||
 		!strings.Contains(out, "deletion_allowed is false") {
 		t.Errorf("vault-transit: the error does not name the key %s left in Vault, and why", key)
+	}
+}
+
+// TestUpstreamFirstStartRace: four replicas of meshca serve --upstream
+// vault-pki start at once on one empty state Secret against the real
+// Vault. Each may make a root issuer before one of them bootstraps the
+// state; the others destroy theirs: afterwards Vault holds exactly the
+// issuer of the state's one root.
+func TestUpstreamFirstStartRace(t *testing.T) {
+	v, token := startVault(t)
+	v.MountPKI(t, "pki-mesh")
+	ns := cluster.Namespace(t, "upstream-race")
+	args := []string{"--state-secret", ns + "/meshca-ca", "--kubeconfig", cluster.Kubeconfig, "--upstream", "vault-pki", "--vault-addr", v.Addr,
+		"--vault-token-file", token, "--vault-pki-mount", "pki-mesh", "--auto-rotate=false", "--trust-lease-namespace", ns}
+	const replicas = 4
+	type started struct {
+		m   *harness.Meshca
+		err error
+	}
+	ch := make(chan started, replicas)
+	for range replicas {
+		go func() {
+			m, err := harness.StartMeshcaProcess(bin, args...)
+			ch <- started{m, err}
+		}()
+	}
+	var servers []*harness.Meshca
+	for range replicas {
+		s := <-ch
+		if s.err != nil {
+			t.Error(s.err)
+			continue
+		}
+		servers = append(servers, s.m)
+		t.Cleanup(s.m.Stop)
+	}
+	if t.Failed() {
+		return
+	}
+	st := loadState(t, &secretstore.Store{Client: cluster.Client, Namespace: ns, Name: "meshca-ca"})
+	if len(st.Authorities) != 1 {
+		t.Fatalf("the state holds %d authorities, want the one bootstrapped", len(st.Authorities))
+	}
+	l, err := v.Client.Logical().ListWithContext(context.Background(), "pki-mesh/issuers")
+	if err != nil || l == nil {
+		t.Fatal(err)
+	}
+	issuers := l.Data["keys"].([]any)
+	destroyed := 0
+	for _, m := range servers {
+		destroyed += strings.Count(m.Logs(), "another replica bootstrapped first; the root key made for this one is destroyed")
+	}
+	harness.Report(t, "%d replicas at once: %d lost the race after making a root and destroyed it; Vault holds %d issuers", replicas, destroyed, len(issuers))
+	if len(issuers) != 1 || issuers[0] != st.Active().Upstream.Key {
+		t.Fatalf("Vault holds issuers %v, want the state's root's alone (%s)", issuers, st.Active().Upstream.Key)
 	}
 }
