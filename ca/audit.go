@@ -75,6 +75,11 @@ type AuditEvent struct {
 	NotAfter time.Time
 	Backend  string
 	Latency  time.Duration
+	// Issuer is the ID (SHA-256 fingerprint, keymgr.Fingerprint) of the
+	// CA certificate that signed the leaf: the issuer a revocation of it
+	// names. ProxyNode is the node whose proxy (a trusted node account)
+	// the leaf was issued through, for meshca revoke --node.
+	Issuer, ProxyNode string
 
 	// Rotation steps: prepare, activate or retire; the authority's id;
 	// whether --force was given; SourceCLI or SourceAuto.
@@ -170,7 +175,7 @@ func (e *AuditEvent) message() string {
 
 // attrs lays the event out in a fixed order, leaving zero fields out.
 func (e *AuditEvent) attrs(host string) []slog.Attr {
-	a := make([]slog.Attr, 0, 24) // every field of a certificate event, in one allocation
+	a := make([]slog.Attr, 0, 26) // every field of a certificate event, in one allocation
 	a = append(a, slog.Bool(logAudit, true), slog.String(logEvent, e.Event), slog.String(logDecision, e.Decision))
 	str := func(key, v string) {
 		if v != "" {
@@ -198,6 +203,8 @@ func (e *AuditEvent) attrs(host string) []slog.Attr {
 	if e.Latency != 0 {
 		a = append(a, slog.Duration(logLatency, e.Latency))
 	}
+	str(logIssuer, e.Issuer)
+	str(logProxyNode, e.ProxyNode)
 	str(logVerb, e.Verb)
 	str(logAuthority, e.Authority)
 	str(logUpstream, e.Upstream)
@@ -243,8 +250,9 @@ func (s *Server) finish(ctx context.Context, r *request, err error, start time.T
 		e.Decision, e.Detail = DecisionDenied, o.Detail
 	}
 	if r.leaf != nil {
-		e.Serial, e.NotAfter = r.leaf.SerialNumber.Text(16), r.leaf.NotAfter
+		e.Serial, e.NotAfter, e.Issuer = r.leaf.SerialNumber.Text(16), r.leaf.NotAfter, r.issuer
 	}
+	e.ProxyNode = r.proxyNode
 	s.c.Audit.Audit(ctx, e)
 	if o.Code == codes.Internal {
 		s.c.Logger.ErrorContext(ctx, "certificate request failed inside the CA", logRequestID, r.id, logReason, o.Reason, logDetail, o.Detail)

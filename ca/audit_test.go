@@ -17,6 +17,7 @@ import (
 	"github.com/meshca/meshca/csr"
 	"github.com/meshca/meshca/internal/pemutil"
 	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
 	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
@@ -109,7 +110,7 @@ func TestAuditEvents(t *testing.T) {
 			id: frontend, code: codes.OK,
 			want: ca.AuditEvent{Event: ca.EventCertificate, Decision: ca.DecisionIssued, RequestID: "ztunnel-7f3a",
 				Caller: frontend.String(), Authn: "token", Pod: "prod/frontend-0", Node: "node-a", Cluster: "Kubernetes",
-				Identity: frontend.String(), Code: "OK", Reason: "ok", Backend: "local"}},
+				Identity: frontend.String(), Code: "OK", Reason: "ok", Backend: "local", Issuer: keymgr.Fingerprint(root.Cert)}},
 		{name: "denied: bad token", md: metadata.Pairs("authorization", "Bearer who-knows", "clusterid", "Kubernetes"),
 			id: frontend, code: codes.Unauthenticated, msg: "bad token",
 			want: ca.AuditEvent{Event: ca.EventCertificate, Decision: ca.DecisionDenied, Cluster: "Kubernetes",
@@ -187,7 +188,7 @@ func TestAuditLogFormat(t *testing.T) {
 	}
 	wantKeys := [][]string{
 		{"time", "level", "msg", "audit", "event", "decision", "request_id", "host", "caller", "authn", "pod", "node", "peer",
-			"identity", "code", "reason", "serial", "not_after", "backend", "latency"},
+			"identity", "code", "reason", "serial", "not_after", "backend", "latency", "issuer"},
 		{"time", "level", "msg", "audit", "event", "decision", "request_id", "host", "peer", "code", "reason", "detail", "backend", "latency"},
 	}
 	for i, line := range lines {

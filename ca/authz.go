@@ -50,20 +50,40 @@ type Step struct {
 	Note string
 }
 
+// Decision is what authorization decided for one request.
+type Decision struct {
+	// ID is the identity the request may receive.
+	ID spiffeid.ID
+	// ProxyNode is the node of the caller when it is a trusted node proxy
+	// (a ztunnel asking for a workload of its node, or for its own
+	// identity): the certificate is issued through that node's proxy, and
+	// a block of the node (NodeBlocks) refuses it. Empty for other callers,
+	// and for a node proxy whose node is not known.
+	ProxyNode string
+}
+
 // Authorize returns the identity the caller may receive for a request that
 // asked for requested ("" for the caller's own identity).
 func (a *NodeAuthorizer) Authorize(ctx context.Context, c *Caller, requested string) (spiffeid.ID, error) {
+	d, err := a.authorize(ctx, c, requested, nil)
+	return d.ID, err
+}
+
+// Decide is Authorize that also says through which node proxy, if any,
+// the identity is issued.
+func (a *NodeAuthorizer) Decide(ctx context.Context, c *Caller, requested string) (Decision, error) {
 	return a.authorize(ctx, c, requested, nil)
 }
 
 // Trace is Authorize that also reports every check it makes.
 func (a *NodeAuthorizer) Trace(ctx context.Context, c *Caller, requested string, trace func(Step)) (spiffeid.ID, error) {
-	return a.authorize(ctx, c, requested, trace)
+	d, err := a.authorize(ctx, c, requested, trace)
+	return d.ID, err
 }
 
 // authorize decides; trace, when not nil, hears every check. Without it
 // (the request path) the inputs and notes of passed checks are not built.
-func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested string, trace func(Step)) (spiffeid.ID, error) {
+func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested string, trace func(Step)) (Decision, error) {
 	tracing := trace != nil
 	check := func(name, input string, err error, note string) error {
 		if tracing {
@@ -72,21 +92,11 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 		return err
 	}
 	if requested == "" {
-		if c.PodName != "" && a.Pods != nil {
-			if _, err := a.callerPod(ctx, c, check, tracing); err != nil {
-				return spiffeid.ID{}, err
-			}
-		}
-		if c.Method == MethodCertificate && a.Pods != nil {
-			if err := a.accountPod(ctx, c, check); err != nil {
-				return spiffeid.ID{}, err
-			}
-		}
-		return c.ID, check("identity", "own identity", nil, c.ID.String())
+		return a.own(ctx, c, check, tracing)
 	}
 	target, err := a.parseTarget(requested)
 	if err != nil {
-		return spiffeid.ID{}, check("requested identity", requested, err, "")
+		return Decision{}, check("requested identity", requested, err, "")
 	}
 	if tracing {
 		_ = check("requested identity", requested, nil, "well-formed, in trust domain "+a.TrustDomain.Name())
@@ -98,48 +108,83 @@ func (a *NodeAuthorizer) authorize(ctx context.Context, c *Caller, requested str
 	account := c.Namespace + "/" + c.ServiceAccount
 	switch {
 	case !a.TrustedNodeAccounts[account]:
-		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "untrusted_caller", denied,
+		return Decision{}, check("trusted node account", account, refuse(codes.PermissionDenied, "untrusted_caller", denied,
 			fmt.Errorf("%s is not a trusted node account (trusted: %v)", account, keys(a.TrustedNodeAccounts))), "")
 	case a.Pods == nil:
-		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "impersonation_not_enabled", denied,
+		return Decision{}, check("trusted node account", account, refuse(codes.PermissionDenied, "impersonation_not_enabled", denied,
 			errors.New("no cluster access to authorize node proxies")), "")
 	case c.PodName == "" || c.PodUID == "":
-		return spiffeid.ID{}, check("trusted node account", account, refuse(codes.PermissionDenied, "caller_not_pod_bound", denied,
+		return Decision{}, check("trusted node account", account, refuse(codes.PermissionDenied, "caller_not_pod_bound", denied,
 			errors.New("node proxy token is not bound to a Pod")), "")
 	}
 	_ = check("trusted node account", account, nil, "trusted")
 	if err := check("identity not denied", target.String(), a.denied(target), "not in the node proxy deny list"); err != nil {
-		return spiffeid.ID{}, err
+		return Decision{}, err
 	}
 	pod, err := a.callerPod(ctx, c, check, tracing)
 	if err != nil {
-		return spiffeid.ID{}, err
+		return Decision{}, err
 	}
 	node, source := c.Node, "token's node-name extra"
 	if node == "" {
 		node, source = pod.Node, "caller Pod's spec.nodeName"
 	}
 	if node == "" {
-		return spiffeid.ID{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(codes.PermissionDenied, "caller_node_unknown", denied,
+		return Decision{}, check("caller node", pod.Namespace+"/"+pod.Name, refuse(codes.PermissionDenied, "caller_node_unknown", denied,
 			fmt.Errorf("node proxy Pod %s/%s is not scheduled", pod.Namespace, pod.Name)), "")
 	}
 	if tracing {
 		_ = check("caller node", pod.Namespace+"/"+pod.Name, nil, node+" (from the "+source+")")
 	}
+	if err := a.onNode(ctx, target, node, check, tracing); err != nil {
+		return Decision{}, err
+	}
+	return Decision{ID: target, ProxyNode: node}, nil
+}
+
+// own decides a request for the caller's own identity: its Pod, when its
+// token is bound to one, must be live; a renewal by certificate needs a
+// live Pod of its account. A trusted node proxy's node is its token's, or
+// its Pod's.
+func (a *NodeAuthorizer) own(ctx context.Context, c *Caller, check func(name, input string, err error, note string) error, tracing bool) (Decision, error) {
+	d := Decision{ID: c.ID}
+	if c.PodName != "" && a.Pods != nil {
+		pod, err := a.callerPod(ctx, c, check, tracing)
+		if err != nil {
+			return Decision{}, err
+		}
+		if a.TrustedNodeAccounts[c.Namespace+"/"+c.ServiceAccount] {
+			d.ProxyNode = c.Node
+			if d.ProxyNode == "" {
+				d.ProxyNode = pod.Node
+			}
+		}
+	}
+	if c.Method == MethodCertificate && a.Pods != nil {
+		if err := a.accountPod(ctx, c, check); err != nil {
+			return Decision{}, err
+		}
+	}
+	return d, check("identity", "own identity", nil, c.ID.String())
+}
+
+// onNode checks that a Pod of target's service account runs on node.
+func (a *NodeAuthorizer) onNode(ctx context.Context, target spiffeid.ID, node string, check func(name, input string, err error, note string) error, tracing bool) error {
+	const denied = "this caller may not request other identities"
 	ns, sa, _ := parseWorkloadID(target)
 	input := func() string { return fmt.Sprintf("%s/%s on node %s", ns, sa, node) }
 	pods, err := a.Pods.OnNode(ctx, ns, sa, node)
 	if err != nil {
-		return spiffeid.ID{}, check("workload on node", input(), podLookupError(err), "")
+		return check("workload on node", input(), podLookupError(err), "")
 	}
 	if len(pods) == 0 {
-		return spiffeid.ID{}, check("workload on node", input(), refuse(codes.PermissionDenied, "not_on_node", denied,
+		return check("workload on node", input(), refuse(codes.PermissionDenied, "not_on_node", denied,
 			fmt.Errorf("no running Pod of %s/%s on node %s", ns, sa, node)), "")
 	}
 	if tracing {
 		_ = check("workload on node", input(), nil, fmt.Sprintf("Pod %s runs it", pods[0].Name))
 	}
-	return target, nil
+	return nil
 }
 
 func keys(m map[string]bool) []string {

@@ -49,6 +49,7 @@ func (d *DNSIssuer) IssueDNS(ctx context.Context, r *istiodcert.IssueRequest) (*
 		Backend: s.c.SignerName, Latency: s.c.Now().Sub(start)}
 	if out != nil {
 		e.Serial, e.NotAfter = out.Leaf.SerialNumber.Text(16), out.Leaf.NotAfter
+		e.Issuer = leafIssuer(&signer.Response{Leaf: out.Leaf, Intermediates: out.Intermediates}, out.Roots)
 	}
 	if err != nil {
 		o := classify(err)

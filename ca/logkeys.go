@@ -21,6 +21,8 @@ const (
 	logNotAfter   = "not_after"
 	logBackend    = "backend"
 	logLatency    = "latency"
+	logIssuer     = "issuer"
+	logProxyNode  = "proxy_node"
 	logPeer       = "peer"
 	logVerb       = "verb"
 	logAuthority  = "authority"

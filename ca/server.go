@@ -105,6 +105,9 @@ type Config struct {
 	// address has spent its authentication failures waits for its review
 	// turn (Limits). A timer when nil.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// NodeBlocks are the nodes blocked by a revocation, whose proxies get
+	// no certificate; nil blocks none.
+	NodeBlocks NodeBlocks
 }
 
 // Server implements IstioCertificateService.
@@ -192,7 +195,12 @@ type request struct {
 	caller    *Caller
 	requested string
 	identity  spiffeid.ID
+	// proxyNode is the node of the node proxy the identity is issued
+	// through, if any (Decision.ProxyNode).
+	proxyNode string
 	leaf      *x509.Certificate
+	// issuer is the ID of the CA certificate that signed leaf, when known.
+	issuer string
 }
 
 // CreateCertificate implements IstioCertificateService.
@@ -247,7 +255,12 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 	if err := checkCertSigner(in, s.c.CertSigners); err != nil {
 		return nil, err
 	}
-	if r.identity, err = cluster.Authorizer.Authorize(ctx, r.caller, r.requested); err != nil {
+	d, err := cluster.Authorizer.Decide(ctx, r.caller, r.requested)
+	if err != nil {
+		return nil, err
+	}
+	r.identity, r.proxyNode = d.ID, d.ProxyNode
+	if err := s.checkNodeBlock(d); err != nil {
 		return nil, err
 	}
 	req, err := csr.ParseFor([]byte(in.GetCsr()), &s.c.Policy.Keys)
@@ -271,7 +284,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 		return nil, err
 	}
 	r.leaf = res.Leaf
-	return s.respond(r.identity, res)
+	return s.respond(r, res)
 }
 
 // budgetOf is c, authenticated for cluster, as its budget sees it: a
@@ -333,7 +346,8 @@ const reasonTTL = "ttl_too_long"
 // lays it out as Istio's clients expect: leaf, intermediates, then every
 // trusted root in one PEM string (issuedChains keeps what it can per
 // bundle).
-func (s *Server) respond(id spiffeid.ID, res *signer.Response) (*authpb.IstioCertificateResponse, error) {
+func (s *Server) respond(r *request, res *signer.Response) (*authpb.IstioCertificateResponse, error) {
+	id := r.identity
 	bundle, err := s.c.Bundles.GetX509BundleForTrustDomain(s.c.TrustDomain)
 	if err != nil {
 		return nil, refuse(codes.Unavailable, "no_trust_bundle", "CA has no trust bundle yet, retry later", err)
@@ -345,5 +359,6 @@ func (s *Server) respond(id spiffeid.ID, res *signer.Response) (*authpb.IstioCer
 	if got != id {
 		return nil, refuse(codes.Internal, "issued_wrong_identity", "issued certificate failed verification", fmt.Errorf("issued %s, authorized %s", got, id))
 	}
+	r.issuer = leafIssuer(res, bundle.X509Authorities())
 	return &authpb.IstioCertificateResponse{CertChain: out}, nil
 }

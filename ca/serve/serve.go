@@ -145,7 +145,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 		DefaultTTL: c.DefaultTTL, MaxTTL: c.MaxTTL, CertRenewalTTL: c.CertRenewalTTL,
 		MaxInFlight: c.MaxInFlight, MaxAuthnPerPeer: c.MaxAuthnPerPeer, RequestTimeout: c.RequestTimeout,
 		MaxTokenBytes: c.MaxTokenBytes, MaxHeaderBytes: c.MaxHeaderBytes, Limits: c.Limits, Conn: c.Conn, CertSigners: c.CertSigners,
-		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger, Audit: c.Audit,
+		Metrics: ca.NewMetrics(reg, be.expiry, nil), Logger: c.Logger, Audit: c.Audit, NodeBlocks: be,
 	})
 	if err != nil {
 		return nil, err
