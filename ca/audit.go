@@ -23,6 +23,9 @@ const (
 	// EventIntermediate is one signing intermediate issued by an upstream
 	// (meshca serve --upstream), or a renewal that failed.
 	EventIntermediate = "intermediate"
+	// EventRevocation is one meshca revoke run: certificates revoked or
+	// taken back, a node blocked or unblocked.
+	EventRevocation = "revocation"
 )
 
 // Decisions of audit events.
@@ -169,6 +172,10 @@ func (e *AuditEvent) message() string {
 		return "intermediate renewal failed"
 	case e.Event == EventIntermediate:
 		return "intermediate issued"
+	case e.Event == EventRevocation && e.Decision == DecisionRefused:
+		return "revocation refused"
+	case e.Event == EventRevocation:
+		return "revocation"
 	}
 	return "audit"
 }

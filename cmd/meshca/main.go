@@ -35,7 +35,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newServeCommand(), newIssueCommand(), newExplainCommand(), newRootCACommand(), newVersionCommand())
+	cmd.AddCommand(newServeCommand(), newIssueCommand(), newExplainCommand(), newRootCACommand(), newRevokeCommand(), newVersionCommand())
 	return cmd
 }
 
