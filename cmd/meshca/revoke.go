@@ -97,6 +97,7 @@ func (f *revokeFlags) groups(cmd *cobra.Command) []flagGroup {
 // run checks the flags, works out the change, and makes it (or prints
 // it, --dry-run), audited.
 func (f *revokeFlags) run(cmd *cobra.Command) error {
+	f.stdin = cmd.InOrStdin()
 	verb, err := f.check()
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
@@ -156,11 +157,7 @@ func (f *revokeFlags) check() (string, error) {
 // openAuditLog opens --audit-log: a file, or standard input for -.
 func (f *revokeFlags) openAuditLog() (io.Reader, string, func(), error) {
 	if f.auditLog == "-" {
-		in := f.stdin
-		if in == nil {
-			in = os.Stdin
-		}
-		return in, "standard input", func() {}, nil
+		return f.stdin, "standard input", func() {}, nil
 	}
 	file, err := os.Open(f.auditLog)
 	if err != nil {

@@ -142,21 +142,22 @@ func issuerOfIntermediate(rec *keymgr.AuthorityRecord) *x509.Certificate {
 func planIntermediate(s *keymgr.State, idOrPrefix string, force bool) (keymgr.Revocation, error) {
 	rec, err := s.View().Lookup(idOrPrefix)
 	if err != nil {
-		return keymgr.Revocation{}, err
+		return keymgr.Revocation{}, &exitError{code: exitUsage, err: err}
 	}
+	refused := func(err error) (keymgr.Revocation, error) { return keymgr.Revocation{}, &exitError{code: exitRefused, err: err} }
 	switch {
 	case rec.Cert.Equal(rec.Root):
-		return keymgr.Revocation{}, fmt.Errorf("authority %s signs with its root: no CRL revokes a root; rotate it away (meshca root prepare, activate, retire)", shortID(rec))
+		return refused(fmt.Errorf("authority %s signs with its root: no CRL revokes a root; rotate it away (meshca root prepare, activate, retire)", shortID(rec)))
 	case rec.Phase == keymgr.PhaseRetired:
-		return keymgr.Revocation{}, fmt.Errorf("authority %s is retired: its key is destroyed and every leaf it signed has expired", shortID(rec))
+		return refused(fmt.Errorf("authority %s is retired: its key is destroyed and every leaf it signed has expired", shortID(rec)))
 	case rec.Phase == keymgr.PhaseActive && !force:
-		return keymgr.Revocation{}, fmt.Errorf("authority %s is the active one: once its intermediate is revoked, every certificate it signs is refused; "+
-			"make another authority active first (meshca root prepare, activate), or give --force", shortID(rec))
+		return refused(fmt.Errorf("authority %s is the active one: once its intermediate is revoked, every certificate it signs is refused; "+
+			"make another authority active first (meshca root prepare, activate), or give --force", shortID(rec)))
 	}
 	issuer := issuerOfIntermediate(rec)
 	id := keymgr.Fingerprint(issuer)
 	if err := signsCRLs(id, issuer); err != nil {
-		return keymgr.Revocation{}, err
+		return refused(err)
 	}
 	return keymgr.Revocation{Serial: rec.Cert.SerialNumber, Issuer: id, NotAfter: rec.Cert.NotAfter, Subject: rec.Cert.Subject.String()}, nil
 }
