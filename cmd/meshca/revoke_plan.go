@@ -144,7 +144,9 @@ func planIntermediate(s *keymgr.State, idOrPrefix string, force bool) (keymgr.Re
 	if err != nil {
 		return keymgr.Revocation{}, &exitError{code: exitUsage, err: err}
 	}
-	refused := func(err error) (keymgr.Revocation, error) { return keymgr.Revocation{}, &exitError{code: exitRefused, err: err} }
+	refused := func(err error) (keymgr.Revocation, error) {
+		return keymgr.Revocation{}, &exitError{code: exitRefused, err: err}
+	}
 	switch {
 	case rec.Cert.Equal(rec.Root):
 		return refused(fmt.Errorf("authority %s signs with its root: no CRL revokes a root; rotate it away (meshca root prepare, activate, retire)", shortID(rec)))
