@@ -68,7 +68,7 @@ func (f *revokeFlags) do(ctx context.Context, cmd *cobra.Command, verb string) (
 	res.saved = true
 	tell(cmd.ErrOrStderr(), notice)
 	writeRevocations(cmd.OutOrStdout(), res.planned)
-	fmt.Fprintf(cmd.OutOrStdout(), "%s; CA state saved (%d revocations, %d blocked nodes): the serving leader reissues the CRLs\n",
+	fmt.Fprintf(cmd.OutOrStdout(), "%s; CA state saved (%d revocation(s), %d blocked node(s)): the serving leader reissues the CRLs\n",
 		res.summary(verb, f.node), len(saved.Revocations), len(saved.Blocked))
 	return res, nil
 }
@@ -307,8 +307,11 @@ func (r *revokeResult) summary(verb, node string) string {
 			s += " (" + strings.Join(notes, ", ") + ")"
 		}
 	}
-	if r.block != nil {
+	switch {
+	case r.block != nil && r.saved:
 		s += fmt.Sprintf("; node %s blocked: its proxy gets no certificate until meshca revoke --node %s --undo", node, node)
+	case r.block != nil:
+		s += fmt.Sprintf("; node %s to block: its proxy would get no certificate until meshca revoke --node %s --undo", node, node)
 	}
 	return s
 }

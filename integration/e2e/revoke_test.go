@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshca/meshca/ca/caclient"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// revokeCmd runs `meshca revoke args...` and returns its combined output
+// and exit code.
+func revokeCmd(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	out, err := exec.Command(bin, append([]string{"revoke"}, args...)...).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(out), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+// TestRevokeNode: against the real apiserver, meshca revoke --node finds
+// in the audit log meshca wrote what node-a's ztunnel was issued, revokes
+// it and blocks the node; the running server, which follows the CA state,
+// then refuses node-a's ztunnel with a message naming the block, while
+// node-b's is served; --undo lifts the block. An unknown node and a serial
+// meshca never issued are clear errors (exit 3) that change nothing.
+func TestRevokeNode(t *testing.T) {
+	file := t.TempDir() + "/audit.log"
+	m := newMesh(t, "--audit-log-file", file)
+	cluster.NewWorkload(t, m.apps, "web", "node-a")
+	cluster.NewWorkload(t, m.apps, "db", "node-b")
+	fetch := func(token, sa string) error {
+		_, err := m.s.client(t, token).Fetch(context.Background(), m.id(sa), caclient.Options{Impersonate: true})
+		return err
+	}
+	webSVID, err := m.s.client(t, m.ztunnelA.Token).Fetch(context.Background(), m.id("web"), caclient.Options{Impersonate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fetch(m.ztunnelB.Token, "db"); err != nil {
+		t.Fatal(err)
+	}
+	serial := webSVID.Chain[0].SerialNumber.Text(16)
+	readAudit(t, file, 3) // the configuration and the two issued
+
+	st := "--state-dir=" + m.s.stateDir
+	out, code := revokeCmd(t, st, "--node", "node-z", "--since", "1h", "--reason", "keyCompromise", "--audit-log", file)
+	if code != 3 || !strings.Contains(out, `meshca has no record of node "node-z"`) {
+		t.Fatalf("unknown node: exit %d\n%s", code, out)
+	}
+	out, code = revokeCmd(t, st, "--serial", "0x7777", "--reason", "keyCompromise", "--audit-log", file)
+	if code != 3 || !strings.Contains(out, "meshca has no record of issuing serial 7777 in "+file) {
+		t.Fatalf("serial never issued: exit %d\n%s", code, out)
+	}
+	out, code = revokeCmd(t, st, "--node", "node-a", "--since", "1h", "--reason", "keyCompromise", "--audit-log", file, "--dry-run")
+	t.Logf("meshca revoke --node node-a --since 1h --reason keyCompromise --audit-log audit.log --dry-run\n%s", out)
+	if code != 0 || !strings.Contains(out, serial) || !strings.Contains(out, "nothing changed") {
+		t.Fatalf("dry run: exit %d, want the web SVID's serial %s\n%s", code, serial, out)
+	}
+	if err := fetch(m.ztunnelA.Token, "web"); err != nil {
+		t.Fatalf("after the dry run: %v", err)
+	}
+	out, code = revokeCmd(t, st, "--node", "node-a", "--since", "1h", "--reason", "keyCompromise", "--audit-log", file, "--audit-log-file", file)
+	t.Logf("meshca revoke --node node-a --since 1h --reason keyCompromise --audit-log audit.log\n%s", out)
+	if code != 0 || !strings.Contains(out, serial) || !strings.Contains(out, "node node-a blocked") {
+		t.Fatalf("revoke --node: exit %d\n%s", code, out)
+	}
+	// The server follows the CA state: the block is in force within its
+	// follow interval.
+	err = awaitErr(t, func() error { return fetch(m.ztunnelA.Token, "web") }, func(err error) bool { return status.Code(err) == codes.PermissionDenied })
+	t.Logf("node-a's ztunnel: %v", err)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "node node-a is blocked by a revocation since") ||
+		!strings.Contains(msg, "meshca revoke --node node-a --undo") {
+		t.Fatalf("blocked node's ztunnel: %v", err)
+	}
+	if err := fetch(m.ztunnelB.Token, "db"); err != nil {
+		t.Fatalf("node-b's ztunnel while node-a is blocked: %v", err)
+	}
+	out, code = revokeCmd(t, st, "--node", "node-a", "--undo", "--audit-log-file", file)
+	t.Logf("meshca revoke --node node-a --undo\n%s", out)
+	if code != 0 {
+		t.Fatalf("undo: exit %d\n%s", code, out)
+	}
+	if err := awaitErr(t, func() error { return fetch(m.ztunnelA.Token, "web") }, func(err error) bool { return err == nil }); err != nil {
+		t.Fatalf("node-a's ztunnel after --undo: %v", err)
+	}
+	events := readAudit(t, file, 7)
+	var revocations int
+	for _, e := range events {
+		if e.Event == "revocation" {
+			revocations++
+		}
+		if e.Event == "certificate" && e.Decision == "denied" && e.Reason != "node_blocked" {
+			t.Errorf("denied for %q, want node_blocked: %+v", e.Reason, e)
+		}
+	}
+	if revocations != 2 {
+		t.Errorf("%d revocation events in the audit log, want 2 (revoke and undo)", revocations)
+	}
+}
+
+// awaitErr calls try until done says its error is the awaited one, for
+// up to 15 s, and returns that error.
+func awaitErr(t *testing.T, try func() error, done func(error) bool) error {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err = try(); done(err) {
+			return err
+		}
+	}
+	t.Fatalf("still %v after 15s", err)
+	return err
+}
