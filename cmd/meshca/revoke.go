@@ -52,7 +52,7 @@ Exit codes: 0 done; 1 refused (the CA state does not allow it); 2 usage; 3 the a
 of the serial or the node.`
 
 const revokeExamples = `  meshca revoke --state-secret istio-system/meshca-ca-state --serial 5f1c0e... --reason keyCompromise --audit-log audit.log
-  kubectl logs -n istio-system -l app.kubernetes.io/name=meshca --prefix=false | meshca revoke --state-secret istio-system/meshca-ca-state --node worker-3 --since 24h --reason keyCompromise --audit-log -
+  kubectl logs -n istio-system -l app.kubernetes.io/name=meshca --tail=-1 | meshca revoke --state-secret istio-system/meshca-ca-state --node worker-3 --since 24h --reason keyCompromise --audit-log -
   meshca revoke --state-dir /var/lib/meshca --node worker-3 --undo`
 
 func newRevokeCommand() *cobra.Command {

@@ -91,7 +91,19 @@ func TestRevokeNode(t *testing.T) {
 	if err := awaitErr(t, func() error { return fetch(m.ztunnelA.Token, "web") }, func(err error) bool { return err == nil }); err != nil {
 		t.Fatalf("node-a's ztunnel after --undo: %v", err)
 	}
-	events := readAudit(t, file, 7)
+	// A leaked key: one serial, its issuer and NotAfter from the log.
+	dbSerial := lastIssued(t, file, m.id("db").String())
+	out, code = revokeCmd(t, st, "--serial", dbSerial, "--reason", "keyCompromise", "--audit-log", file, "--audit-log-file", file)
+	t.Logf("meshca revoke --serial %s --reason keyCompromise --audit-log audit.log\n%s", dbSerial, out)
+	if code != 0 || !strings.Contains(out, "revoked 1 certificate(s)") {
+		t.Fatalf("revoke --serial: exit %d\n%s", code, out)
+	}
+	out, code = revokeCmd(t, st, "--serial", dbSerial, "--undo", "--audit-log-file", file)
+	t.Logf("meshca revoke --serial %s --undo\n%s", dbSerial, out)
+	if code != 0 || !strings.Contains(out, "took back 1 revocation(s)") {
+		t.Fatalf("revoke --serial --undo: exit %d\n%s", code, out)
+	}
+	events := readAudit(t, file, 9)
 	var revocations int
 	for _, e := range events {
 		if e.Event == "revocation" {
@@ -101,9 +113,25 @@ func TestRevokeNode(t *testing.T) {
 			t.Errorf("denied for %q, want node_blocked: %+v", e.Reason, e)
 		}
 	}
-	if revocations != 2 {
-		t.Errorf("%d revocation events in the audit log, want 2 (revoke and undo)", revocations)
+	if revocations != 4 {
+		t.Errorf("%d revocation events in the audit log, want 4 (node, undo, serial, undo)", revocations)
 	}
+}
+
+// lastIssued is the serial of the last certificate the audit log file
+// says meshca issued to identity.
+func lastIssued(t *testing.T, file, identity string) string {
+	t.Helper()
+	serial := ""
+	for _, e := range readAudit(t, file, 1) {
+		if e.Event == "certificate" && e.Decision == "issued" && e.Identity == identity {
+			serial = e.Serial
+		}
+	}
+	if serial == "" {
+		t.Fatalf("no certificate of %s in the audit log", identity)
+	}
+	return serial
 }
 
 // awaitErr calls try until done says its error is the awaited one, for
