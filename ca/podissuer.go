@@ -57,6 +57,13 @@ func NewPodIssuer(s *Server, reg prometheus.Registerer) *PodIssuer {
 // not verified is returned in a *podcert.SignedError, for its serial.
 func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*podcert.Issued, error) {
 	s := p.s
+	if s.c.NodeBlocks != nil {
+		// A blocked node's kubelet gets no certificate for its Pods, as
+		// its proxy gets none: both act for the node.
+		if b, blocked := s.c.NodeBlocks.NodeBlocked(r.Node); blocked {
+			return nil, podcert.NodeBlocked(r.Node, b.At)
+		}
+	}
 	release, err := p.admit(r.Node)
 	if err != nil {
 		return nil, err

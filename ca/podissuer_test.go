@@ -232,3 +232,40 @@ func TestPodIssuerRefusesStubsWithNames(t *testing.T) {
 		t.Fatal("the backend was called for a refused stub")
 	}
 }
+
+// TestPodIssuerNodeBlocked: the kubelet of a node blocked by a
+// revocation gets no Pod certificate (a *podcert.Refusal, Denied
+// NodeBlocked, naming the block and how to lift it), before the backend
+// is called; another node's is served.
+func TestPodIssuerNodeBlocked(t *testing.T) {
+	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
+	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
+	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
+	at := time.Date(2026, 12, 6, 23, 0, 0, 0, time.UTC)
+	srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
+		Signer: local.New(local.Config{Authorities: mgr}), SignerName: "local", Bundles: mgr, Audit: &podAudit{},
+		NodeBlocks: blocks{"node-a": {Node: "node-a", At: at}},
+		Metrics:    ca.NewMetrics(prometheus.NewRegistry(), podExpiry{mgr}, nil), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ca.NewPodIssuer(srv, prometheus.NewRegistry())
+	stub := podStub(t, &x509.CertificateRequest{})
+	tests := []struct {
+		node, msg string
+	}{
+		{node: "node-a", msg: "node node-a is blocked by a revocation since 2026-12-06T23:00:00Z; an operator lifts it with meshca revoke --node node-a --undo"},
+		{node: "node-b"},
+	}
+	for _, tt := range tests {
+		_, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour, Node: tt.node})
+		var ref *podcert.Refusal
+		switch {
+		case tt.msg == "" && err != nil:
+			t.Errorf("%s: %v, want it signed", tt.node, err)
+		case tt.msg != "" && (!errors.As(err, &ref) || ref.Condition != certv1.PodCertificateRequestConditionTypeDenied ||
+			ref.Reason != podcert.ReasonNodeBlocked || ref.Word != "node_blocked" || ref.Message != tt.msg):
+			t.Errorf("%s: %v, want Denied NodeBlocked %q", tt.node, err, tt.msg)
+		}
+	}
+}

@@ -35,7 +35,8 @@ import (
 type Issuer interface {
 	// IssuePod signs req. Its errors are typed: *csr.Error for a key the
 	// policy refuses, *signer.Error for a backend failure, *Busy for a
-	// request over a budget of the CA.
+	// request over a budget of the CA, *Refusal for a request the CA
+	// refuses as such (a blocked node: NodeBlocked).
 	IssuePod(ctx context.Context, req *IssueRequest) (*Issued, error)
 	// RecordPod audits and counts one decision.
 	RecordPod(ctx context.Context, d *Decision)

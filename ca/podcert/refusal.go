@@ -52,7 +52,15 @@ const (
 	ReasonSignerRefused       = "SignerRefused"
 	ReasonSigningFailed       = "SigningFailed"
 	ReasonLifetime            = "LifetimeOutOfRange"
+	ReasonNodeBlocked         = "NodeBlocked"
 )
+
+// NodeBlocked is the refusal of a Pod certificate asked for by the
+// kubelet of a node blocked by a revocation (meshca revoke --node).
+func NodeBlocked(node string, since time.Time) *Refusal {
+	return denied(ReasonNodeBlocked, "node_blocked", fmt.Sprintf("node %s is blocked by a revocation since %s; an operator lifts it with meshca revoke --node %s --undo",
+		node, since.UTC().Format(time.RFC3339), node))
+}
 
 // SignedError is an IssuePod failure after the backend signed: the
 // certificate exists but is not delivered (its chain failed verification,
@@ -120,10 +128,13 @@ func transient(err error) bool {
 // is unavailable, or this is not yet the maxFailedAttempts-th failure).
 func refusalOf(err error, failures int) *Refusal {
 	var (
-		re *csr.Error
-		se *signer.Error
+		re  *csr.Error
+		se  *signer.Error
+		ref *Refusal
 	)
 	switch {
+	case errors.As(err, &ref):
+		return ref
 	case errors.As(err, &re) && re.Reason == csr.ReasonKey:
 		return denied(certv1.PodCertificateRequestConditionUnsupportedKeyType, "csr_"+string(re.Reason),
 			"meshca does not sign this key type: "+re.Detail)
