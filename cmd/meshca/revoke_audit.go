@@ -42,13 +42,17 @@ type issuance struct {
 	Requested string
 }
 
-// throughProxyOf reports whether the certificate was issued through the
-// proxy of node: its proxy_node, or, in an event of a meshca that did not
-// record one, an impersonation by a caller of that node (only a trusted
-// node proxy is ever issued another identity).
-func (c *issuance) throughProxyOf(node string) bool {
-	if c.ProxyNode != "" {
+// throughNode reports whether the certificate was issued through node:
+// through its proxy (proxy_node; in an event of a meshca that did not
+// record it, an impersonation by a caller of that node, as only a trusted
+// node proxy is ever issued another identity), or to a Pod of the node
+// at its kubelet's request (a pod certificate).
+func (c *issuance) throughNode(node string) bool {
+	switch {
+	case c.ProxyNode != "":
 		return c.ProxyNode == node
+	case c.Event == "pod_certificate":
+		return c.Node == node
 	}
 	return c.Requested != "" && c.Node == node && c.Event == "certificate"
 }

@@ -58,7 +58,7 @@ func TestReadAuditLog(t *testing.T) {
 				t.Fatalf("found %d broken %d at %v nodes %v; want %d %d %v %d", len(found), scan.Broken, scan.BrokenAt, scan.Nodes, tt.found, tt.broken, tt.shown, tt.nodes)
 			}
 			for _, c := range found {
-				if c.Serial.Cmp(big.NewInt(0x9c1e0a)) != 0 || c.ProxyNode != "node-a" || !c.NotAfter.Equal(now.Add(time.Hour)) || !c.throughProxyOf("node-a") {
+				if c.Serial.Cmp(big.NewInt(0x9c1e0a)) != 0 || c.ProxyNode != "node-a" || !c.NotAfter.Equal(now.Add(time.Hour)) || !c.throughNode("node-a") {
 					t.Errorf("found %+v", c)
 				}
 			}

@@ -203,7 +203,7 @@ func (f *revokeFlags) planNode(w io.Writer, now time.Time) ([]keymgr.Revocation,
 	if err != nil {
 		return nil, &exitError{code: exitUsage, err: err}
 	}
-	found, scan, name, err := f.readIssued(w, func(c *issuance) bool { return c.throughProxyOf(f.node) })
+	found, scan, name, err := f.readIssued(w, func(c *issuance) bool { return c.throughNode(f.node) })
 	if err != nil {
 		return nil, err
 	}

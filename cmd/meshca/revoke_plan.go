@@ -205,7 +205,7 @@ func planSerial(s *keymgr.State, serial *big.Int, found []*issuance, issuer stri
 func planNode(node string, since, now time.Time, found []*issuance) []keymgr.Revocation {
 	var out []keymgr.Revocation
 	for _, c := range found {
-		if !c.throughProxyOf(node) || c.Time.Before(since) || !c.NotAfter.After(now) {
+		if !c.throughNode(node) || c.Time.Before(since) || !c.NotAfter.After(now) {
 			continue
 		}
 		out = append(out, keymgr.Revocation{Serial: c.Serial, Issuer: c.Issuer, NotAfter: c.NotAfter, Subject: c.Identity, Node: node})

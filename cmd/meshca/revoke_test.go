@@ -100,6 +100,9 @@ func TestRevokeCLI(t *testing.T) {
 		issuedLine("c0ffee", s.activeID, "node-a", "node-a", "spiffe://cluster.local/ns/shop/sa/old", now.Add(-48*time.Hour), day),
 		issuedLine("dead", s.activeID, "node-a", "node-a", "spiffe://cluster.local/ns/shop/sa/expired", now.Add(-time.Hour), now.Add(-time.Minute)),
 		issuedLine("f00d", s.activeID, "node-b", "node-b", "spiffe://cluster.local/ns/shop/sa/web", now.Add(-time.Hour), day),
+		// A pod certificate the kubelet of node-a asked for.
+		strings.Replace(issuedLine("beef", "", "node-a", "", "spiffe://cluster.local/ns/shop/sa/pod", now.Add(-time.Hour), day),
+			`"event":"certificate"`, `"event":"pod_certificate"`, 1),
 	}, "\n") + "\n"
 	// The older meshca's impersonated event.
 	log = strings.Replace(log, `"serial":"12345"`, `"requested":"spiffe://cluster.local/ns/shop/sa/db","serial":"12345"`, 1)
@@ -128,7 +131,7 @@ func TestRevokeCLI(t *testing.T) {
 		{name: "dry run", args: []string{st, "--serial", "9C:1E:0A", "--reason", "keyCompromise", "--audit-log", logFile, "--dry-run"},
 			want: []string{"SERIAL", "9c1e0a", "shop/sa/cart", s.activeID[:16], "dry run: 1 certificate(s) to revoke; nothing changed"}},
 		{name: "serial from the log", args: []string{st, "--serial", "9c1e0a", "--reason", "keyCompromise", "--audit-log", logFile},
-			want: []string{"revoked 1 certificate(s)", "1 of 7 lines could not be read"}, revoked: 1},
+			want: []string{"revoked 1 certificate(s)", "1 of 8 lines could not be read"}, revoked: 1},
 		{name: "serial again", args: []string{st, "--serial", "9c1e0a", "--reason", "keyCompromise", "--audit-log", logFile},
 			want: []string{"revoked 0 certificate(s) (1 already revoked or expired)"}, revoked: 1},
 		{name: "serial by --issuer and --not-after", args: []string{st, "--serial", "abc", "--reason", "superseded", "--issuer", s.preparedID[:12],
@@ -149,11 +152,11 @@ func TestRevokeCLI(t *testing.T) {
 		{name: "unknown node", args: []string{st, "--node", "node-z", "--since", "24h", "--reason", "keyCompromise", "--audit-log", logFile}, code: 3,
 			want: []string{`meshca has no record of node "node-z"`, "nothing changed"}, revoked: 1},
 		{name: "node, dry run, log on stdin", stdin: log, args: []string{st, "--node", "node-a", "--since", "24h", "--reason", "keyCompromise", "--audit-log", "-", "--dry-run"},
-			want: []string{"9c1e0a", "12345", "(any: not recorded)", "2 certificate(s) to revoke", "standard input: 1 of 7 lines"}, revoked: 1},
+			want: []string{"9c1e0a", "12345", "beef", "(any: not recorded)", "3 certificate(s) to revoke", "standard input: 1 of 8 lines"}, revoked: 1},
 		{name: "node", args: []string{st, "--node", "node-a", "--since", now.Add(-24 * time.Hour).UTC().Format(time.RFC3339), "--reason", "keyCompromise", "--audit-log", logFile},
-			want: []string{"revoked 1 certificate(s) (1 already revoked or expired)", "node node-a blocked"}, revoked: 2, blocked: 1},
-		{name: "unblock", args: []string{st, "--node", "node-a", "--undo"}, want: []string{"node node-a unblocked", "stays revoked"}, revoked: 2},
-		{name: "unblock again", args: []string{st, "--node", "node-a", "--undo"}, code: 1, want: []string{"the node is not blocked"}, revoked: 2},
+			want: []string{"revoked 2 certificate(s) (1 already revoked or expired)", "node node-a blocked"}, revoked: 3, blocked: 1},
+		{name: "unblock", args: []string{st, "--node", "node-a", "--undo"}, want: []string{"node node-a unblocked", "stays revoked"}, revoked: 3},
+		{name: "unblock again", args: []string{st, "--node", "node-a", "--undo"}, code: 1, want: []string{"the node is not blocked"}, revoked: 3},
 	}
 	for _, step := range steps {
 		out, code := revokeCmd(t, step.stdin, step.args...)
