@@ -100,7 +100,7 @@ func (p *PodIssuer) IssuePod(ctx context.Context, r *podcert.IssueRequest) (*pod
 	}
 	// out is the leaf, the intermediates, then the bundle: the Pod mounts
 	// the roots from the ClusterTrustBundle.
-	return &podcert.Issued{Leaf: res.Leaf, ChainPEM: strings.Join(out[:len(out)-1], "")}, nil
+	return &podcert.Issued{Leaf: res.Leaf, ChainPEM: strings.Join(out[:len(out)-1], ""), Issuer: leafIssuer(res, bundle.X509Authorities())}, nil
 }
 
 // admit takes a turn of the node proxy budget for the request's node and
@@ -153,7 +153,7 @@ func (p *PodIssuer) RecordPod(ctx context.Context, d *podcert.Decision) {
 		e.Identity = d.Identity.String()
 	}
 	if d.Leaf != nil {
-		e.Serial, e.NotAfter = d.Leaf.SerialNumber.Text(16), d.Leaf.NotAfter
+		e.Serial, e.NotAfter, e.Issuer = d.Leaf.SerialNumber.Text(16), d.Leaf.NotAfter, d.Issuer
 	}
 	p.s.c.Audit.Audit(ctx, e)
 }

@@ -236,11 +236,12 @@ func TestPodIssuerRefusesStubsWithNames(t *testing.T) {
 // TestPodIssuerNodeBlocked: the kubelet of a node blocked by a
 // revocation gets no Pod certificate (a *podcert.Refusal, Denied
 // NodeBlocked, naming the block and how to lift it), before the backend
-// is called; another node's is served.
+// is called; another node's is served, with the issuer to audit.
 func TestPodIssuerNodeBlocked(t *testing.T) {
 	podTD := spiffeid.RequireTrustDomainFromString("cluster.local")
 	web := spiffeid.RequireFromPath(podTD, "/ns/shop/sa/web")
-	mgr := keymgr.NewManager(podTD, testca.NewRoot(t, "root", testca.Options{}).Authority())
+	root := testca.NewRoot(t, "root", testca.Options{})
+	mgr := keymgr.NewManager(podTD, root.Authority())
 	at := time.Date(2026, 12, 6, 23, 0, 0, 0, time.UTC)
 	srv, err := ca.New(ca.Config{TrustDomain: podTD, Clusters: ca.NewClusterSet(&ca.Cluster{ID: "Kubernetes"}),
 		Signer: local.New(local.Config{Authorities: mgr}), SignerName: "local", Bundles: mgr, Audit: &podAudit{},
@@ -258,11 +259,11 @@ func TestPodIssuerNodeBlocked(t *testing.T) {
 		{node: "node-b"},
 	}
 	for _, tt := range tests {
-		_, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour, Node: tt.node})
+		iss, err := p.IssuePod(context.Background(), &podcert.IssueRequest{StubPKCS10: stub, ID: web, Lifetime: time.Hour, Node: tt.node})
 		var ref *podcert.Refusal
 		switch {
-		case tt.msg == "" && err != nil:
-			t.Errorf("%s: %v, want it signed", tt.node, err)
+		case tt.msg == "" && (err != nil || iss.Issuer != keymgr.Fingerprint(root.Cert)):
+			t.Errorf("%s: %v, want it signed, by the root (issuer %.16s)", tt.node, err, keymgr.Fingerprint(root.Cert))
 		case tt.msg != "" && (!errors.As(err, &ref) || ref.Condition != certv1.PodCertificateRequestConditionTypeDenied ||
 			ref.Reason != podcert.ReasonNodeBlocked || ref.Word != "node_blocked" || ref.Message != tt.msg):
 			t.Errorf("%s: %v, want Denied NodeBlocked %q", tt.node, err, tt.msg)

@@ -63,6 +63,9 @@ type Issued struct {
 	Leaf *x509.Certificate
 	// ChainPEM is the leaf then its intermediates, without any root.
 	ChainPEM string
+	// Issuer is the ID (keymgr.Fingerprint) of the CA certificate that
+	// signed Leaf, when known: audited, for meshca revoke.
+	Issuer string
 }
 
 // Decision is one answer given to a PodCertificateRequest, for the audit
@@ -82,6 +85,8 @@ type Decision struct {
 	// serial is audited.
 	Leaf    *x509.Certificate
 	Latency time.Duration
+	// Issuer is the Issued one's (Issued.Issuer).
+	Issuer string
 }
 
 // Defaults of Config.

@@ -134,7 +134,7 @@ func (ctl *Controller) decide(ctx context.Context, r *certv1.PodCertificateReque
 		}
 		return nil, out
 	}
-	d.Leaf = iss.Leaf
+	d.Leaf, d.Issuer = iss.Leaf, iss.Issuer
 	nb, na := iss.Leaf.NotBefore, iss.Leaf.NotAfter
 	if life := na.Sub(nb); life < MinLifetime || life > maxLife {
 		d.Detail = fmt.Sprintf("issued for %v, outside [%v, %v]", life, MinLifetime, maxLife)
