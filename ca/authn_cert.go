@@ -3,6 +3,10 @@ package ca
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
+	"math/big"
+
+	"github.com/meshca/meshca/keymgr"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -24,6 +28,18 @@ type CertAuthenticator struct {
 	// under a root another authority signs under): their leaves verify
 	// against the bundle, and renew nothing.
 	Retired RetiredIssuers
+	// Revoked, when set, names the certificates revoked in the CA state
+	// (meshca revoke): a revoked leaf, or one under a revoked
+	// intermediate, renews nothing, or revoking it would be undone by
+	// the next renewal.
+	Revoked RevokedCerts
+}
+
+// RevokedCerts tells a revoked certificate by its serial and the ID
+// (keymgr.Fingerprint) of the CA certificate that signed it. The server
+// asks on every renewal: an implementation answers from memory.
+type RevokedCerts interface {
+	Revoked(serial *big.Int, issuer string) bool
 }
 
 // VerifiesInProcess marks a as deciding without asking anyone
@@ -49,6 +65,10 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	if a.Retired != nil && !issuedByLiveAuthority(chains, a.Retired) {
 		return nil, refuse(codes.Unauthenticated, "cert_retired_issuer", "client certificate was issued by a retired authority: authenticate with a token", nil)
 	}
+	if a.Revoked != nil && !unrevokedChain(chains, a.Revoked) {
+		return nil, refuse(codes.Unauthenticated, "cert_revoked", "client certificate is revoked: authenticate with a service-account token",
+			fmt.Errorf("serial %s, or a CA above it, is revoked in the CA state", c.PeerCerts[0].SerialNumber.Text(16)))
+	}
 	if !id.MemberOf(a.TrustDomain) {
 		return nil, refuse(codes.Unauthenticated, "cert_foreign_trust_domain", "client certificate belongs to another trust domain", nil)
 	}
@@ -59,6 +79,21 @@ func (a *CertAuthenticator) Authenticate(_ context.Context, c *Credentials) (*Ca
 	leaf := c.PeerCerts[0]
 	return &Caller{ID: id, Namespace: ns, ServiceAccount: sa, Method: MethodCertificate,
 		CertLifetime: leaf.NotAfter.Sub(leaf.NotBefore)}, nil
+}
+
+// unrevokedChain reports whether one of the verified chains (leaf first,
+// root last) has no certificate revoked by the one above it.
+func unrevokedChain(chains [][]*x509.Certificate, revoked RevokedCerts) bool {
+	for _, ch := range chains {
+		ok := true
+		for i := 0; ok && i+1 < len(ch); i++ {
+			ok = !revoked.Revoked(ch[i].SerialNumber, keymgr.Fingerprint(ch[i+1]))
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // issuedByLiveAuthority reports whether one of the verified chains (leaf

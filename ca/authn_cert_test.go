@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"crypto/x509"
+	"math/big"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/meshca/meshca/internal/testca"
+	"github.com/meshca/meshca/keymgr"
 )
 
 type retiredSet []*x509.Certificate
@@ -53,6 +55,56 @@ func TestCertAuthenticatorRetiredIssuer(t *testing.T) {
 			}
 			if err == nil && caller.ID != issuedID {
 				t.Fatalf("caller %+v", caller)
+			}
+		})
+	}
+}
+
+// revokedSet is a RevokedCerts of issuer/serial keys; an empty issuer
+// matches any.
+type revokedSet map[string]bool
+
+func (r revokedSet) Revoked(serial *big.Int, issuer string) bool {
+	return r["/"+serial.Text(16)] || r[issuer+"/"+serial.Text(16)]
+}
+
+// TestCertAuthenticatorRevoked: a certificate revoked in the CA state
+// (meshca revoke) renews nothing, nor does a leaf under a revoked
+// intermediate, or revoking it would be undone by the next renewal; the
+// same serial revoked under another issuer does not count, and a leaf
+// beside it renews.
+func TestCertAuthenticatorRevoked(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("cluster.local")
+	root := testca.NewRoot(t, "root", testca.Options{})
+	inter, other := root.NewIntermediate(t, "inter", testca.Options{}), root.NewIntermediate(t, "other", testca.Options{})
+	bundles := x509bundle.FromX509Authorities(td, []*x509.Certificate{root.Cert})
+	leaf, fine := leafUnder(t, inter, nil), leafUnder(t, inter, nil)
+	key := func(issuer *x509.Certificate, c *x509.Certificate) string {
+		return keymgr.Fingerprint(issuer) + "/" + c.SerialNumber.Text(16)
+	}
+	tests := []struct {
+		name    string
+		chain   []*x509.Certificate
+		revoked revokedSet
+		code    codes.Code
+		reason  string
+	}{
+		{"revoked leaf", []*x509.Certificate{leaf, inter.Cert}, revokedSet{key(inter.Cert, leaf): true}, codes.Unauthenticated, "cert_revoked"},
+		{"revoked leaf, issuer not recorded", []*x509.Certificate{leaf, inter.Cert}, revokedSet{"/" + leaf.SerialNumber.Text(16): true}, codes.Unauthenticated, "cert_revoked"},
+		{"revoked intermediate", []*x509.Certificate{leaf, inter.Cert}, revokedSet{key(root.Cert, inter.Cert): true}, codes.Unauthenticated, "cert_revoked"},
+		{"its serial revoked by another CA", []*x509.Certificate{leaf, inter.Cert}, revokedSet{key(other.Cert, leaf): true}, codes.OK, "ok"},
+		{"another leaf of the same CA", []*x509.Certificate{fine, inter.Cert}, revokedSet{key(inter.Cert, leaf): true}, codes.OK, "ok"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := &CertAuthenticator{TrustDomain: td, Bundles: bundles, Revoked: tt.revoked}
+			_, err := a.Authenticate(context.Background(), &Credentials{PeerCerts: tt.chain})
+			o := classify(err)
+			if o.Code != tt.code || o.Reason != tt.reason {
+				t.Fatalf("code %v, reason %s (%v); want %v, %s", o.Code, o.Reason, err, tt.code, tt.reason)
+			}
+			if err != nil && o.Msg != "client certificate is revoked: authenticate with a service-account token" {
+				t.Errorf("message %q", o.Msg)
 			}
 		})
 	}

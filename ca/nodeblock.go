@@ -22,20 +22,25 @@ type NodeBlocks interface {
 // reasonNodeBlocked is the refusal of a blocked node's proxy.
 const reasonNodeBlocked = "node_blocked"
 
-// checkNodeBlock refuses a certificate issued through the proxy of a
-// blocked node.
-func (s *Server) checkNodeBlock(d Decision) error {
-	if d.ProxyNode == "" || s.c.NodeBlocks == nil {
+// checkNodeBlock refuses a certificate asked for from a blocked node:
+// through its proxy, or by a caller whose token is bound to a Pod on it
+// (the keys and tokens of a stolen node's Pods are the thief's).
+func (s *Server) checkNodeBlock(d Decision, c *Caller) error {
+	node, who := d.ProxyNode, "its proxy"
+	if node == "" && c != nil {
+		node, who = c.Node, "a caller bound to a Pod on it"
+	}
+	if node == "" || s.c.NodeBlocks == nil {
 		return nil
 	}
-	b, ok := s.c.NodeBlocks.NodeBlocked(d.ProxyNode)
+	b, ok := s.c.NodeBlocks.NodeBlocked(node)
 	if !ok {
 		return nil
 	}
 	at := b.At.UTC().Format(time.RFC3339)
 	return refuse(codes.PermissionDenied, reasonNodeBlocked,
-		fmt.Sprintf("node %s is blocked by a revocation since %s; an operator lifts it with meshca revoke --node %s --undo", d.ProxyNode, at, d.ProxyNode),
-		fmt.Errorf("node %s blocked at %s by %q (reason %q); %s asked for %s", d.ProxyNode, at, b.By, b.Reason, "its proxy", d.ID))
+		fmt.Sprintf("node %s is blocked by a revocation since %s; an operator lifts it with meshca revoke --node %s --undo", node, at, node),
+		fmt.Errorf("node %s blocked at %s by %q (reason %q); %s asked for %s", node, at, b.By, b.Reason, who, d.ID))
 }
 
 // leafIssuer is the ID (keymgr.Fingerprint) of the CA certificate that

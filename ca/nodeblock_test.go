@@ -51,11 +51,11 @@ func (b blocks) NodeBlocked(node string) (keymgr.NodeBlock, bool) {
 }
 
 // TestNodeBlock: the proxy of a node blocked by a revocation gets no
-// certificate, for a workload of its node or for itself, with a message
+// certificate, for a workload of its node or for itself, nor does a
+// workload whose token is bound to a Pod on that node, with a message
 // that names the block and how to lift it, a metric label and the detail
-// in the audit event; other nodes' proxies and the blocked node's
-// workloads asking for themselves are served, and every issued leaf's
-// event names its issuer and the proxy's node.
+// in the audit event; other nodes' proxies and workloads are served, and
+// every issued leaf's event names its issuer and the proxy's node.
 func TestNodeBlock(t *testing.T) {
 	root := testca.NewRoot(t, "root", testca.Options{})
 	inter := root.NewIntermediate(t, "inter", testca.Options{})
@@ -74,6 +74,7 @@ func TestNodeBlock(t *testing.T) {
 		"ztunnel-a": {ID: ztunnel, Namespace: "istio-system", ServiceAccount: "ztunnel", PodName: "ztunnel-a", PodUID: "za", Method: "token"},
 		"ztunnel-b": {ID: ztunnel, Namespace: "istio-system", ServiceAccount: "ztunnel", PodName: "ztunnel-b", PodUID: "zb", Node: "node-b", Method: "token"},
 		"web-a":     {ID: web, Namespace: "prod", ServiceAccount: "web", PodName: "web-a", PodUID: "wa", Node: "node-a", Method: "token"},
+		"db-b":      {ID: db, Namespace: "prod", ServiceAccount: "db", PodName: "db-b", PodUID: "db", Node: "node-b", Method: "token"},
 	}
 	at := time.Date(2026, 12, 6, 23, 0, 0, 0, time.UTC)
 	f := newFixture(t, inter.Authority(), options{config: func(c *ca.Config) {
@@ -95,7 +96,8 @@ func TestNodeBlock(t *testing.T) {
 			msg: "node node-a is blocked by a revocation since 2026-12-06T23:00:00Z; an operator lifts it with meshca revoke --node node-a --undo", proxyNode: "node-a"},
 		{name: "blocked node's proxy for itself", token: "ztunnel-a", id: ztunnel, code: codes.PermissionDenied, msg: "node node-a is blocked", proxyNode: "node-a"},
 		{name: "another node's proxy", token: "ztunnel-b", id: db, impersonate: db.String(), code: codes.OK, proxyNode: "node-b"},
-		{name: "a workload of the blocked node for itself", token: "web-a", id: web, code: codes.OK},
+		{name: "a workload of the blocked node for itself", token: "web-a", id: web, code: codes.PermissionDenied, msg: "node node-a is blocked"},
+		{name: "a workload of another node for itself", token: "db-b", id: db, code: codes.OK},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,5 +124,5 @@ func TestNodeBlock(t *testing.T) {
 			}
 		})
 	}
-	wantSample(t, f.reg, "meshca_requests_total", map[string]string{"code": "PermissionDenied", "reason": "node_blocked"}, 2)
+	wantSample(t, f.reg, "meshca_requests_total", map[string]string{"code": "PermissionDenied", "reason": "node_blocked"}, 3)
 }

@@ -260,7 +260,7 @@ func (s *Server) serve(ctx context.Context, in *authpb.IstioCertificateRequest, 
 		return nil, err
 	}
 	r.identity, r.proxyNode = d.ID, d.ProxyNode
-	if err := s.checkNodeBlock(d); err != nil {
+	if err := s.checkNodeBlock(d, r.caller); err != nil {
 		return nil, err
 	}
 	req, err := csr.ParseFor([]byte(in.GetCsr()), &s.c.Policy.Keys)

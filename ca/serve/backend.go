@@ -112,10 +112,9 @@ type backend struct {
 	// crl is the CA state in service's revocation lists with its
 	// version, stored together before version (nil without a state).
 	crl atomic.Pointer[trust.Bundle]
-	// blocked are the node blocks of the CA state in service (keymgr
-	// NodeBlock by node), which the server reads on each request of a
-	// node proxy (NodeBlocked).
-	blocked atomic.Pointer[map[string]keymgr.NodeBlock]
+	// revoked is what the CA state in service revokes, which the server
+	// reads on each request (NodeBlocked, Revoked).
+	revoked atomic.Pointer[revokedSet]
 }
 
 // crlBundle is the CRLs to publish as istio-ca-crl, and their version;
@@ -125,16 +124,6 @@ func (be *backend) crlBundle() trust.Bundle {
 		return *b
 	}
 	return trust.Bundle{}
-}
-
-// NodeBlocked implements ca.NodeBlocks from the CA state in service.
-func (be *backend) NodeBlocked(node string) (keymgr.NodeBlock, bool) {
-	m := be.blocked.Load()
-	if m == nil {
-		return keymgr.NodeBlock{}, false
-	}
-	b, ok := (*m)[node]
-	return b, ok
 }
 
 // name is the backend's name: --signer's value.
@@ -427,11 +416,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 			}
 			be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: *v})
 			be.version.Store(v)
-			blocked := make(map[string]keymgr.NodeBlock, len(s.Blocked))
-			for _, b := range s.Blocked {
-				blocked[b.Node] = b
-			}
-			be.blocked.Store(&blocked)
+			be.revoked.Store(newRevokedSet(s))
 			for _, f := range be.onChange {
 				f()
 			}

@@ -137,7 +137,7 @@ func Assemble(ctx context.Context, c Config) (_ *Parts, err error) {
 	var auths []ca.Authenticator
 	if c.CertRenewal {
 		retired, _ := be.bundles.(ca.RetiredIssuers)
-		auths = append(auths, &ca.CertAuthenticator{TrustDomain: c.TrustDomain, Bundles: be.bundles, Retired: retired})
+		auths = append(auths, &ca.CertAuthenticator{TrustDomain: c.TrustDomain, Bundles: be.bundles, Retired: retired, Revoked: be})
 	}
 	srv, err := ca.New(ca.Config{
 		TrustDomain: c.TrustDomain, Authenticators: auths, Clusters: cl.set,

@@ -42,9 +42,9 @@ reissues its CRLs when the state changes.
                                 audit log), or --issuer and --not-after when meshca has no record of it
   --intermediate ID --reason R  a signing intermediate of the CA state (not a root; not the active one
                                 without --force), on its issuer's CRL
-  --node N --since T --reason R every certificate still valid that meshca issued through node N's proxy,
-                                or to its Pods at its kubelet's request, since T (from --audit-log); N's
-                                proxy and kubelet then get no new certificate
+  --node N --since T --reason R every certificate still valid that meshca issued on node N since T (to
+                                its proxy or through it, to callers bound to its Pods, to its Pods at its
+                                kubelet's request; from --audit-log); then nothing on N gets a certificate
   --undo                        takes it back: a serial or intermediate leaves the CRL; a node is unblocked
                                 (what was revoked with it stays revoked)
   --dry-run                     prints what would be revoked and changes nothing
@@ -77,7 +77,7 @@ func (f *revokeFlags) groups(cmd *cobra.Command) []flagGroup {
 		{title: "What", key: []string{"serial", "intermediate", "node", "undo", "dry-run"}, register: func(fl *pflag.FlagSet) {
 			fl.StringVar(&f.serial, "serial", "", "revoke the certificate of this serial number: hex (as the audit log and openssl x509 -serial write it), or decimal; hex:... or dec:... when digits alone could be either")
 			fl.StringVar(&f.intermediate, "intermediate", "", "revoke the signing intermediate of this authority (its id or a prefix, as meshca root status lists it)")
-			fl.StringVar(&f.node, "node", "", "revoke every certificate issued through this node's proxy (or to its Pods at its kubelet's request) since --since, and block the node")
+			fl.StringVar(&f.node, "node", "", "revoke every certificate issued on this node since --since (through its proxy, to its Pods), and block the node")
 			fl.BoolVar(&f.undo, "undo", false, "take back the revocation of --serial or --intermediate, or unblock --node")
 			fl.BoolVar(&f.dryRun, "dry-run", false, "print what would be revoked; change nothing")
 		}},

@@ -42,19 +42,12 @@ type issuance struct {
 	Requested string
 }
 
-// throughNode reports whether the certificate was issued through node:
-// through its proxy (proxy_node; in an event of a meshca that did not
-// record it, an impersonation by a caller of that node, as only a trusted
-// node proxy is ever issued another identity), or to a Pod of the node
-// at its kubelet's request (a pod certificate).
+// throughNode reports whether the certificate was issued from node: to
+// its proxy or through it (proxy_node), to a caller whose token is bound
+// to a Pod on it (node), or to a Pod of the node at its kubelet's request
+// (a pod certificate's node). Its key was on the node.
 func (c *issuance) throughNode(node string) bool {
-	switch {
-	case c.ProxyNode != "":
-		return c.ProxyNode == node
-	case c.Event == "pod_certificate":
-		return c.Node == node
-	}
-	return c.Requested != "" && c.Node == node && c.Event == "certificate"
+	return c.Event != "istiod_certificate" && (c.ProxyNode == node || c.Node == node)
 }
 
 // auditScan is what reading an audit log found besides its issuances.

@@ -291,7 +291,7 @@ func (r *revokeResult) summary(verb, node string) string {
 	case keymgr.VerbUnrevoke:
 		return fmt.Sprintf("took back %d revocation(s)", len(r.planned))
 	case keymgr.VerbUnblock:
-		return fmt.Sprintf("node %s unblocked: its proxy may get certificates again (what was revoked with it stays revoked)", node)
+		return fmt.Sprintf("node %s unblocked: certificates may be issued on it again (what was revoked with it stays revoked)", node)
 	}
 	s := fmt.Sprintf("%d certificate(s) to revoke", len(r.planned))
 	if r.added > 0 || len(r.gone) > 0 || r.saved {
@@ -309,9 +309,9 @@ func (r *revokeResult) summary(verb, node string) string {
 	}
 	switch {
 	case r.block != nil && r.saved:
-		s += fmt.Sprintf("; node %s blocked: its proxy gets no certificate until meshca revoke --node %s --undo", node, node)
+		s += fmt.Sprintf("; node %s blocked: nothing on it gets a certificate until meshca revoke --node %s --undo", node, node)
 	case r.block != nil:
-		s += fmt.Sprintf("; node %s to block: its proxy would get no certificate until meshca revoke --node %s --undo", node, node)
+		s += fmt.Sprintf("; node %s to block: nothing on it would get a certificate until meshca revoke --node %s --undo", node, node)
 	}
 	return s
 }

@@ -152,11 +152,11 @@ func TestRevokeCLI(t *testing.T) {
 		{name: "unknown node", args: []string{st, "--node", "node-z", "--since", "24h", "--reason", "keyCompromise", "--audit-log", logFile}, code: 3,
 			want: []string{`meshca has no record of node "node-z"`, "nothing changed"}, revoked: 1},
 		{name: "node, dry run, log on stdin", stdin: log, args: []string{st, "--node", "node-a", "--since", "24h", "--reason", "keyCompromise", "--audit-log", "-", "--dry-run"},
-			want: []string{"9c1e0a", "12345", "beef", "(any: not recorded)", "3 certificate(s) to revoke", "standard input: 1 of 8 lines"}, revoked: 1},
+			want: []string{"9c1e0a", "bee5", "12345", "beef", "(any: not recorded)", "4 certificate(s) to revoke", "standard input: 1 of 8 lines"}, revoked: 1},
 		{name: "node", args: []string{st, "--node", "node-a", "--since", now.Add(-24 * time.Hour).UTC().Format(time.RFC3339), "--reason", "keyCompromise", "--audit-log", logFile},
-			want: []string{"revoked 2 certificate(s) (1 already revoked or expired)", "node node-a blocked"}, revoked: 3, blocked: 1},
-		{name: "unblock", args: []string{st, "--node", "node-a", "--undo"}, want: []string{"node node-a unblocked", "stays revoked"}, revoked: 3},
-		{name: "unblock again", args: []string{st, "--node", "node-a", "--undo"}, code: 1, want: []string{"the node is not blocked"}, revoked: 3},
+			want: []string{"revoked 3 certificate(s) (1 already revoked or expired)", "node node-a blocked"}, revoked: 4, blocked: 1},
+		{name: "unblock", args: []string{st, "--node", "node-a", "--undo"}, want: []string{"node node-a unblocked", "stays revoked"}, revoked: 4},
+		{name: "unblock again", args: []string{st, "--node", "node-a", "--undo"}, code: 1, want: []string{"the node is not blocked"}, revoked: 4},
 	}
 	for _, step := range steps {
 		out, code := revokeCmd(t, step.stdin, step.args...)

@@ -26,16 +26,21 @@ func revokeCmd(t *testing.T, args ...string) (string, int) {
 }
 
 // TestRevokeNode: against the real apiserver, meshca revoke --node finds
-// in the audit log meshca wrote what node-a's ztunnel was issued, revokes
-// it and blocks the node; the running server, which follows the CA state,
-// then refuses node-a's ztunnel with a message naming the block, while
-// node-b's is served; --undo lifts the block. An unknown node and a serial
+// in the audit log meshca wrote what was issued on node-a (through its
+// ztunnel, and to a workload there by its own token), revokes it and
+// blocks the node; the running server, which follows the CA state, then
+// refuses node-a's ztunnel and that workload with a message naming the
+// block, while node-b's ztunnel is served; --undo lifts the block. An unknown node and a serial
 // meshca never issued are clear errors (exit 3) that change nothing.
 func TestRevokeNode(t *testing.T) {
 	file := t.TempDir() + "/audit.log"
 	m := newMesh(t, "--audit-log-file", file)
-	cluster.NewWorkload(t, m.apps, "web", "node-a")
+	web := cluster.NewWorkload(t, m.apps, "web", "node-a")
 	cluster.NewWorkload(t, m.apps, "db", "node-b")
+	own := func() error { // web's sidecar, by its own token
+		_, err := m.s.client(t, web.Token).Fetch(context.Background(), m.id("web"), caclient.Options{})
+		return err
+	}
 	fetch := func(token, sa string) error {
 		_, err := m.s.client(t, token).Fetch(context.Background(), m.id(sa), caclient.Options{Impersonate: true})
 		return err
@@ -47,8 +52,11 @@ func TestRevokeNode(t *testing.T) {
 	if err := fetch(m.ztunnelB.Token, "db"); err != nil {
 		t.Fatal(err)
 	}
+	if err := own(); err != nil {
+		t.Fatal(err)
+	}
 	serial := webSVID.Chain[0].SerialNumber.Text(16)
-	readAudit(t, file, 3) // the configuration and the two issued
+	readAudit(t, file, 4) // the configuration and the three issued
 
 	st := "--state-dir=" + m.s.stateDir
 	out, code := revokeCmd(t, st, "--node", "node-z", "--since", "1h", "--reason", "keyCompromise", "--audit-log", file)
@@ -80,6 +88,9 @@ func TestRevokeNode(t *testing.T) {
 		!strings.Contains(msg, "meshca revoke --node node-a --undo") {
 		t.Fatalf("blocked node's ztunnel: %v", err)
 	}
+	if err := own(); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "node node-a is blocked") {
+		t.Fatalf("a workload of node-a by its own token while node-a is blocked: %v", err)
+	}
 	if err := fetch(m.ztunnelB.Token, "db"); err != nil {
 		t.Fatalf("node-b's ztunnel while node-a is blocked: %v", err)
 	}
@@ -103,7 +114,7 @@ func TestRevokeNode(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "took back 1 revocation(s)") {
 		t.Fatalf("revoke --serial --undo: exit %d\n%s", code, out)
 	}
-	events := readAudit(t, file, 9)
+	events := readAudit(t, file, 10)
 	var revocations int
 	for _, e := range events {
 		if e.Event == "revocation" {
