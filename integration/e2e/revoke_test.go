@@ -158,3 +158,46 @@ func awaitErr(t *testing.T, try func() error, done func(error) bool) error {
 	t.Fatalf("still %v after 15s", err)
 	return err
 }
+
+// TestRevokedCannotRenew: against the real apiserver, a workload's SVID
+// revoked with meshca revoke --serial (its issuer and NotAfter from the
+// audit log) no longer renews itself by certificate once the server has
+// followed the state (Unauthenticated, cert_revoked), while another SVID
+// of the same workload still does; --undo lets it renew again.
+func TestRevokedCannotRenew(t *testing.T) {
+	file := t.TempDir() + "/audit.log"
+	s := startServer(t, "--audit-log-file", file)
+	w := cluster.NewWorkload(t, cluster.Namespace(t, "revoke"), "ratings", "node-a")
+	id := workloadID(w)
+	stolen, err := s.client(t, w.Token).Fetch(context.Background(), id, caclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := s.client(t, w.Token).Fetch(context.Background(), id, caclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func(svid *caclient.SVID) error {
+		_, err := s.renewalClient(t, svid).Fetch(context.Background(), id, caclient.Options{})
+		return err
+	}
+	serial := stolen.Chain[0].SerialNumber.Text(16)
+	readAudit(t, file, 3)
+	st := "--state-dir=" + s.stateDir
+	if out, code := revokeCmd(t, st, "--serial", "hex:"+serial, "--reason", "keyCompromise", "--audit-log", file); code != 0 {
+		t.Fatalf("revoke: exit %d\n%s", code, out)
+	}
+	err = awaitErr(t, func() error { return renew(stolen) }, func(err error) bool { return status.Code(err) == codes.Unauthenticated })
+	if msg := status.Convert(err).Message(); msg != "client certificate is revoked: authenticate with a service-account token" {
+		t.Fatalf("renewal by the revoked SVID: %v", err)
+	}
+	if err := renew(kept); err != nil {
+		t.Fatalf("renewal by another SVID of the workload: %v", err)
+	}
+	if out, code := revokeCmd(t, st, "--serial", "hex:"+serial, "--undo"); code != 0 {
+		t.Fatalf("undo: exit %d\n%s", code, out)
+	}
+	if err := awaitErr(t, func() error { return renew(stolen) }, func(err error) bool { return err == nil }); err != nil {
+		t.Fatalf("renewal after --undo: %v", err)
+	}
+}
