@@ -22,7 +22,12 @@ import (
 // oldest connection not yet authenticated (handshaking, or serving with
 // no request authenticated) of the address holding the most connections,
 // unless the newcomer's own address holds as many: only then, or when no
-// connection may be closed, is the newcomer refused. The connections it
+// connection may be closed, is the newcomer refused. Connections not yet
+// authenticated have a smaller budget of their own,
+// MaxUnauthenticatedConnections(PerPeer), past which a newcomer is
+// admitted and the oldest of its own address's (past the address's cap)
+// or of the address holding the most of them (past the total) is closed
+// in its place. The connections it
 // admits are closed when their TLS handshake and HTTP/2 preface take
 // longer than TLSHandshakeTimeout, and, until one of their requests
 // authenticates, when they have had no RPC in progress for
@@ -38,12 +43,14 @@ import (
 // meshca_connections_refused_total{reason} or
 // meshca_streams_refused_total{reason} and logged at debug level, at
 // most once a second; meshca_connections_open is the connections it
-// holds, meshca_streams_unauthenticated the streams it counts.
+// holds, meshca_connections_unauthenticated those of them not yet
+// authenticated, meshca_streams_unauthenticated the streams it counts.
 type ConnGuard struct {
 	lim            ConnLimits
 	log            *slog.Logger
 	refused        *prometheus.CounterVec
 	open           prometheus.Gauge
+	unauthOpen     prometheus.Gauge
 	streamsRefused *prometheus.CounterVec
 	unauthStreams  prometheus.Gauge
 
@@ -51,10 +58,15 @@ type ConnGuard struct {
 	total  int
 	byPeer map[netip.Addr]*connPeer
 	byAddr map[connAddrs]*guardedConn
+	// unauthed is the connections not yet authenticated, of all
+	// addresses.
+	unauthed int
 	// heavy weighs each address that has a connection not yet
-	// authenticated by its number of connections.
-	heavy   *heaviest[netip.Addr]
-	streams streamCounts
+	// authenticated by its number of connections, heavyUnauthed by its
+	// number of connections not yet authenticated.
+	heavy         *heaviest[netip.Addr]
+	heavyUnauthed *heaviest[netip.Addr]
+	streams       streamCounts
 
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	suppressed atomic.Int64 // refusals not logged since
@@ -70,7 +82,8 @@ type connPeer struct {
 
 // ConnGuardConfig is what NewConnGuard takes.
 type ConnGuardConfig struct {
-	// Limits: MaxConnections, MaxConnectionsPerPeer, TLSHandshakeTimeout,
+	// Limits: MaxConnections(PerPeer),
+	// MaxUnauthenticatedConnections(PerPeer), TLSHandshakeTimeout,
 	// MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
 	// RequestMessageTimeout, MaxUnauthenticatedStreams(PerPeer),
 	// MaxHealthWatches(PerPeer) and KeepaliveTimeout are used; zero
@@ -85,6 +98,8 @@ const (
 	refusedTotal          = "total"
 	refusedPerPeer        = "per_peer"
 	refusedEvicted        = "evicted"
+	refusedUnauthTotal    = "evicted_unauthenticated"
+	refusedUnauthPerPeer  = "evicted_unauthenticated_per_peer"
 	refusedHandshake      = "handshake_timeout"
 	refusedUnauthIdle     = "unauthenticated_idle"
 	refusedUnauthAge      = "unauthenticated_age"
@@ -104,23 +119,30 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 			Name: "meshca_connections_refused_total",
 			Help: "gRPC connections closed by meshca's connection guard: at accept, past --max-connections-per-peer (per_peer) or --max-connections with nothing to close in their place (total); " +
 				"closed to make room for a connection from an address holding fewer (evicted); " +
+				"not yet authenticated, closed to make room for a newer one of their address past --max-unauthenticated-connections-per-peer (evicted_unauthenticated_per_peer), " +
+				"or for one from an address holding as many or fewer past --max-unauthenticated-connections (evicted_unauthenticated); " +
 				"later, past --tls-handshake-timeout (handshake_timeout), --max-connection-idle-unauthenticated (unauthenticated_idle) or --max-connection-age-unauthenticated (unauthenticated_age), " +
 				"or after 32 of their streams were refused (streams_refused).",
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_connections_open", Help: "gRPC connections open (accepted and not yet closed).",
 		}),
-		byPeer: map[netip.Addr]*connPeer{},
-		byAddr: map[connAddrs]*guardedConn{},
-		heavy:  newHeaviest[netip.Addr](),
+		unauthOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshca_connections_unauthenticated", Help: "gRPC connections open on which no request has authenticated yet (handshaking included).",
+		}),
+		byPeer:        map[netip.Addr]*connPeer{},
+		byAddr:        map[connAddrs]*guardedConn{},
+		heavy:         newHeaviest[netip.Addr](),
+		heavyUnauthed: newHeaviest[netip.Addr](),
 	}
 	g.streams.init()
 	g.streamsRefused, g.unauthStreams = newStreamMetrics()
-	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused} {
+	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedUnauthTotal, refusedUnauthPerPeer,
+		refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused} {
 		g.refused.WithLabelValues(r)
 	}
 	if c.Registerer != nil {
-		c.Registerer.MustRegister(g.refused, g.open, g.streamsRefused, g.unauthStreams)
+		c.Registerer.MustRegister(g.refused, g.open, g.unauthOpen, g.streamsRefused, g.unauthStreams)
 	}
 	return g
 }
@@ -165,58 +187,71 @@ func (g *ConnGuard) admit(c net.Conn) *guardedConn {
 	peer := addrs.remote.Addr()
 	g.mu.Lock()
 	p := g.byPeer[peer]
-	held := 0
-	if p != nil {
-		held = p.n
+	if p == nil {
+		p = &connPeer{}
 	}
-	reason := ""
-	var evicted *guardedConn
-	switch {
-	case g.lim.MaxConnectionsPerPeer > 0 && held >= g.lim.MaxConnectionsPerPeer:
-		reason = refusedPerPeer
-	case g.lim.MaxConnections > 0 && g.total >= g.lim.MaxConnections:
-		if evicted = g.evictLocked(held); evicted == nil {
-			reason = refusedTotal
+	evicted, why := g.makeRoomLocked(peer, p)
+	if evicted == nil && why != "" {
+		if p.n == 0 {
+			delete(g.byPeer, peer)
 		}
-	}
-	if reason != "" {
 		g.mu.Unlock()
-		g.refuse(g.refused, "connection refused", reason, peer)
+		g.refuse(g.refused, "connection refused", why, peer)
 		reset(c)
 		return nil
 	}
-	if p == nil {
-		p = &connPeer{}
-		g.byPeer[peer] = p
-	}
+	g.byPeer[peer] = p
 	gc := &guardedConn{Conn: c, g: g, peer: peer, addrs: addrs, accepted: time.Now()}
 	g.total++
 	p.n++
 	gc.unauthed = p.unauthed.PushBack(gc)
-	g.heavy.set(peer, p.n)
+	g.unauthed++
+	g.weighLocked(peer, p)
 	g.byAddr[addrs] = gc
 	g.mu.Unlock()
 	g.open.Inc()
+	g.unauthOpen.Inc()
 	if evicted != nil {
-		evicted.closeEvicted()
+		evicted.closeEvicted(why)
 	}
 	setUserTimeout(c, g.lim.KeepaliveTimeout)
 	gc.arm(gc.handshakeDeadline())
 	return gc
 }
 
-// evictLocked makes room for a connection from an address holding held
-// connections: it takes the oldest connection not yet authenticated of
-// the address holding the most, if that holds more than held, out of
-// the counts and returns it for closeEvicted. It returns nil when there
-// is none to take.
-func (g *ConnGuard) evictLocked(held int) *guardedConn {
+// makeRoomLocked finds room for a connection from peer, which holds p:
+// it returns "" when there is room; or a connection not yet
+// authenticated that it took out of the counts for closeEvicted, and
+// why; or nil and why the newcomer is refused. One connection taken out
+// frees a place under every cap.
+func (g *ConnGuard) makeRoomLocked(peer netip.Addr, p *connPeer) (*guardedConn, string) {
+	lim := g.lim
 	for {
-		peer, n, ok := g.heavy.top()
-		if !ok || n <= held {
-			return nil
+		var from netip.Addr
+		why := ""
+		switch {
+		case lim.MaxConnectionsPerPeer > 0 && p.n >= lim.MaxConnectionsPerPeer:
+			return nil, refusedPerPeer
+		case lim.MaxUnauthenticatedConnectionsPerPeer > 0 && p.unauthed.Len() >= lim.MaxUnauthenticatedConnectionsPerPeer:
+			from, why = peer, refusedUnauthPerPeer
+		case lim.MaxConnections > 0 && g.total >= lim.MaxConnections:
+			top, n, ok := g.heavy.top()
+			if !ok || n <= p.n {
+				return nil, refusedTotal
+			}
+			from, why = top, refusedEvicted
+		case lim.MaxUnauthenticatedConnections > 0 && g.unauthed >= lim.MaxUnauthenticatedConnections:
+			// The address holding the most, the newcomer's own when it
+			// holds as many: a newcomer is never refused for this cap.
+			from = peer
+			if top, n, ok := g.heavyUnauthed.top(); ok && n > p.unauthed.Len() {
+				from = top
+			}
+			why = refusedUnauthTotal
+		default:
+			return nil, ""
 		}
-		c := g.byPeer[peer].unauthed.Front().Value.(*guardedConn)
+		c := g.byPeer[from].unauthed.Front().Value.(*guardedConn)
 		// A connection authenticating or closing meanwhile leaves the
 		// list once it has the lock: take it out now and look again.
 		if !c.state.CompareAndSwap(connHandshake, connClosed) && !c.state.CompareAndSwap(connUnauthenticated, connClosed) {
@@ -224,7 +259,7 @@ func (g *ConnGuard) evictLocked(held int) *guardedConn {
 			continue
 		}
 		g.releaseLocked(c)
-		return c
+		return c, why
 	}
 }
 
@@ -248,35 +283,47 @@ func (g *ConnGuard) releaseLocked(c *guardedConn) {
 	g.total--
 	p := g.byPeer[c.peer]
 	p.n--
-	if c.unauthed != nil {
-		p.unauthed.Remove(c.unauthed)
-		c.unauthed = nil
-	}
-	switch {
-	case p.n == 0:
+	g.dropUnauthedLocked(c, p)
+	if p.n == 0 {
 		delete(g.byPeer, c.peer)
-		g.heavy.set(c.peer, 0)
-	case p.unauthed.Len() == 0:
-		g.heavy.set(c.peer, 0)
-	default:
-		g.heavy.set(c.peer, p.n)
 	}
+	g.weighLocked(c.peer, p)
 	delete(g.byAddr, c.addrs)
 	g.open.Dec()
 }
 
-// authedLocked takes c out of its address's connections that a full
-// server may close.
+// authedLocked takes c out of its address's connections not yet
+// authenticated, those that a full server may close.
 func (g *ConnGuard) authedLocked(c *guardedConn) {
-	if c.unauthed == nil {
-		return
-	}
 	p := g.byPeer[c.peer]
+	if g.dropUnauthedLocked(c, p) {
+		g.weighLocked(c.peer, p)
+	}
+}
+
+// dropUnauthedLocked takes c, of p, out of the connections not yet
+// authenticated; false if it was not one.
+func (g *ConnGuard) dropUnauthedLocked(c *guardedConn, p *connPeer) bool {
+	if c.unauthed == nil {
+		return false
+	}
 	p.unauthed.Remove(c.unauthed)
 	c.unauthed = nil
-	if p.unauthed.Len() == 0 {
-		g.heavy.set(c.peer, 0)
+	g.unauthed--
+	g.unauthOpen.Dec()
+	return true
+}
+
+// weighLocked updates the weights of peer, which holds p, in heavy and
+// heavyUnauthed.
+func (g *ConnGuard) weighLocked(peer netip.Addr, p *connPeer) {
+	n := p.unauthed.Len()
+	g.heavyUnauthed.set(peer, n)
+	if n == 0 {
+		g.heavy.set(peer, 0)
+		return
 	}
+	g.heavy.set(peer, p.n)
 }
 
 // refuse counts a refusal in counter and logs it as msg, unless one was

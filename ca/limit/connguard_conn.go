@@ -172,10 +172,11 @@ func (c *guardedConn) closeFor(reason string) {
 	c.Conn.Close()
 }
 
-// closeEvicted closes a connection evictLocked took out of the counts.
-func (c *guardedConn) closeEvicted() {
+// closeEvicted closes a connection makeRoomLocked took out of the
+// counts, for reason.
+func (c *guardedConn) closeEvicted(reason string) {
 	c.stop()
-	c.g.refuse(c.g.refused, "connection closed", refusedEvicted, c.peer)
+	c.g.refuse(c.g.refused, "connection closed", reason, c.peer)
 	reset(c.Conn)
 }
 

@@ -114,7 +114,8 @@ func (s *guarded) dialFrom(t *testing.T, from string) (net.Conn, bool) {
 // TestConnGuardCaps: a connection past the per-address cap is closed as
 // soon as it is accepted and counted, another address keeps its own cap;
 // past the total, the newcomer is refused only when its own address
-// holds the most; the defaults cap one address at 256.
+// holds the most; the defaults cap one address at 256 (its connections
+// not yet authenticated at 64: TestConnGuardUnauthenticatedBudget).
 func TestConnGuardCaps(t *testing.T) {
 	const a, b = "127.0.0.1", "127.0.0.2"
 	many := func(from string, n int) []string {
@@ -140,9 +141,9 @@ func TestConnGuardCaps(t *testing.T) {
 			from: []string{a, a, a, b, b, a}, refused: []int{5}, reasons: map[string]float64{"evicted": 1, "total": 1}, wantOpen: 4},
 		{name: "per address before total", lim: ConnLimits{MaxConnections: 2, MaxConnectionsPerPeer: 2},
 			from: []string{a, a, a}, refused: []int{2}, reasons: map[string]float64{"per_peer": 1}, wantOpen: 2},
-		{name: "default per address", from: many(a, DefaultMaxConnectionsPerPeer+1),
+		{name: "default per address", lim: ConnLimits{MaxUnauthenticatedConnections: NoLimit, MaxUnauthenticatedConnectionsPerPeer: NoLimit}, from: many(a, DefaultMaxConnectionsPerPeer+1),
 			refused: []int{DefaultMaxConnectionsPerPeer}, reasons: map[string]float64{"per_peer": 1}, wantOpen: DefaultMaxConnectionsPerPeer},
-		{name: "no limits", lim: ConnLimits{MaxConnections: NoLimit, MaxConnectionsPerPeer: NoLimit},
+		{name: "no limits", lim: ConnLimits{MaxConnections: NoLimit, MaxConnectionsPerPeer: NoLimit, MaxUnauthenticatedConnections: NoLimit, MaxUnauthenticatedConnectionsPerPeer: NoLimit},
 			from: many(a, DefaultMaxConnectionsPerPeer+1), wantOpen: DefaultMaxConnectionsPerPeer + 1},
 	}
 	for _, tt := range tests {

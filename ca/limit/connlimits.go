@@ -11,7 +11,7 @@ import (
 // handshake, idle and age limits, and the streams of one connection and
 // of the connections that have not authenticated. Zero fields take the
 // defaults below; NoLimit turns MaxConnections, MaxConnectionsPerPeer,
-// TLSHandshakeTimeout, MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
+// MaxUnauthenticatedConnections(PerPeer), TLSHandshakeTimeout, MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
 // RequestMessageTimeout, MaxUnauthenticatedStreams(PerPeer),
 // MaxHealthWatches(PerPeer), MaxConnectionIdle, MaxConnectionAge or
 // MaxConcurrentStreams off. The caps, the handshake deadline, the limits
@@ -54,6 +54,17 @@ type ConnLimits struct {
 	// connection past either is closed as soon as it is accepted, before
 	// its TLS handshake.
 	MaxConnections, MaxConnectionsPerPeer int
+	// MaxUnauthenticatedConnections bounds the connections open at once
+	// that have not authenticated (yet), from their accept until one of
+	// their requests authenticates, and
+	// MaxUnauthenticatedConnectionsPerPeer those of one client address;
+	// they count against MaxConnections(PerPeer) too. Past either a new
+	// connection is admitted all the same, and the oldest such connection
+	// of its own address (past the address's cap) or of the address
+	// holding the most (past the total; its own when it holds as many)
+	// is closed in its place: a client that would authenticate is never
+	// refused for them, and an authenticated connection never closed.
+	MaxUnauthenticatedConnections, MaxUnauthenticatedConnectionsPerPeer int
 	// TLSHandshakeTimeout bounds a connection's TLS handshake and HTTP/2
 	// preface, from its accept.
 	TLSHandshakeTimeout time.Duration
@@ -107,6 +118,20 @@ const (
 	// platforms), as clients behind a node's SNAT do, while one client
 	// alone can take no more than a sixteenth of DefaultMaxConnections.
 	DefaultMaxConnectionsPerPeer = 256
+	// DefaultMaxUnauthenticatedConnections: a connection that has not
+	// authenticated is one a client without credentials can hold, and
+	// costs more than an idle authenticated one: up to ~150 KiB with its
+	// TLS and HTTP/2 state and grpc-go's goroutines, so 512 of them hold
+	// ~75 MiB at most. Sixteen addresses under their per-address caps
+	// took ~3,500 connections of --max-connections and 330-370 MiB of a
+	// replica before it (TestSoak). A client authenticates with its
+	// first request, milliseconds after its handshake: a mesh holds
+	// few connections in that state at once, whatever its size.
+	DefaultMaxUnauthenticatedConnections = 512
+	// DefaultMaxUnauthenticatedConnectionsPerPeer: Pods behind one
+	// address (a node's SNAT) reconnecting at once each hold one for the
+	// milliseconds of their handshake and first request.
+	DefaultMaxUnauthenticatedConnectionsPerPeer = 64
 	// DefaultTLSHandshakeTimeout is ample for a handshake over a slow
 	// link (a few round trips), and 24 times shorter than grpc-go's
 	// 120 s: a connection that never finishes its handshake holds a slot
@@ -163,6 +188,8 @@ func (c ConnLimits) WithDefaults(requestTimeout time.Duration) ConnLimits {
 	defInt(&c.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
 	defInt(&c.MaxConnections, DefaultMaxConnections)
 	defInt(&c.MaxConnectionsPerPeer, DefaultMaxConnectionsPerPeer)
+	defInt(&c.MaxUnauthenticatedConnections, DefaultMaxUnauthenticatedConnections)
+	defInt(&c.MaxUnauthenticatedConnectionsPerPeer, DefaultMaxUnauthenticatedConnectionsPerPeer)
 	defInt(&c.MaxUnauthenticatedStreams, DefaultMaxUnauthenticatedStreams)
 	defInt(&c.MaxUnauthenticatedStreamsPerPeer, DefaultMaxUnauthenticatedStreamsPerPeer)
 	defInt(&c.MaxHealthWatches, DefaultMaxHealthWatches)
