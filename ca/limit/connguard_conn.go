@@ -19,7 +19,8 @@ const (
 )
 
 // maxRefusedStreamsPerConn closes a connection once this many of its
-// streams have been refused by a cap: a client that keeps opening
+// streams have been refused by a cap, or, before it authenticates,
+// cancelled to make room (streamEvicted): a client that keeps opening
 // streams past a cap without backing off is not one to keep. It also
 // bounds what the refused streams leave behind until the connection
 // closes (grpc-go does not cancel the context of a stream its tap
@@ -204,6 +205,17 @@ func (c *guardedConn) authenticated() {
 	c.g.mu.Lock()
 	c.g.authedLocked(c)
 	c.g.mu.Unlock()
+}
+
+// streamEvicted counts a stream of c cancelled to make room for another
+// connection's: as a refused one while c has not authenticated, not at
+// all once it has. The newcomer's own connection did it, and an
+// evicted stream leaves nothing behind; an authenticated connection is
+// never closed for its neighbours' streams.
+func (c *guardedConn) streamEvicted() {
+	if c.state.Load() != connAuthed {
+		c.streamRefused()
+	}
 }
 
 // streamRefused counts a refused stream of c, and closes c at

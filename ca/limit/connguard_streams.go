@@ -212,16 +212,17 @@ func (g *ConnGuard) makeStreamRoomLocked(peer netip.Addr, held, w int, evictOwn 
 }
 
 // cancelEvicted cancels the streams makeStreamRoomLocked took out of the
-// counts. Each counts against its connection as a refused stream does:
-// a connection whose streams keep being pushed out (a client opening
-// streams that never authenticate, as fast as the caps let it) is closed,
-// so that it does not keep what grpc-go holds for each of them until the
-// connection ends.
+// counts. Each counts against its connection as a refused stream does
+// until the connection authenticates: a connection whose streams keep
+// being pushed out (a client opening streams that never authenticate,
+// as fast as the caps let it) is closed, so that it does not keep what
+// grpc-go holds for each of them until the connection ends. An
+// authenticated connection is not closed for them (streamEvicted).
 func (g *ConnGuard) cancelEvicted(evicted []*guardedStream) {
 	for _, e := range evicted {
 		e.cancel(ErrStreamEvicted)
 		g.refuse(g.streamsRefused, "stream cancelled", streamsEvicted, e.c.peer)
-		e.c.streamRefused()
+		e.c.streamEvicted()
 	}
 }
 

@@ -201,6 +201,45 @@ func TestStreamRefusalsCloseTheConnection(t *testing.T) {
 	wantSample(t, a.reg, "meshca_connections_refused_total", map[string]string{"reason": "streams_refused"}, 1)
 }
 
+// TestEvictionsSpareAnAuthenticatedConnection: streams pushed out by
+// other connections' newer ones count against a connection not yet
+// authenticated, which is closed at the 32nd, but not against an
+// authenticated one: a neighbour opening streams that never
+// authenticate (the same address, or, at the total, any lighter one)
+// must not get a client's authenticated connection, and the requests
+// it has in progress, cut. An evicted stream leaves nothing behind.
+func TestEvictionsSpareAnAuthenticatedConnection(t *testing.T) {
+	a := newStreamArena(t, ConnLimits{MaxUnauthenticatedStreamsPerPeer: 1, RequestMessageTimeout: NoLimit})
+	conn := func() (context.Context, *guardedConn) {
+		c, ok := a.s.dialFrom(t, "127.0.0.1")
+		if !ok {
+			t.Fatal("a connection was refused")
+		}
+		return served(a.g, c), c.(*guardedConn)
+	}
+	clientCtx, client := conn()
+	ConnAuthenticated(clientCtx)
+	neighbourCtx, neighbour := conn()
+	for i := range 2 * maxRefusedStreamsPerConn {
+		// Each takes the place of the other's stream, the address's
+		// oldest, in turn.
+		if _, err := a.g.AdmitStream(clientCtx, 0); err != nil {
+			t.Fatalf("round %d: the client's stream: %v", i, err)
+		}
+		if _, err := a.g.AdmitStream(neighbourCtx, 0); err != nil {
+			t.Fatalf("round %d: the neighbour's stream: %v", i, err)
+		}
+		if closed(neighbour) {
+			break
+		}
+	}
+	if closed(client) {
+		t.Fatal("the authenticated connection was closed for streams its neighbour pushed out")
+	}
+	waitFor(t, func() bool { return closed(neighbour) }, "the unauthenticated neighbour's connection to close")
+	wantSample(t, a.reg, "meshca_connections_refused_total", map[string]string{"reason": "streams_refused"}, 1)
+}
+
 // TestHealthWatchCaps: watches are capped per address and in all; one
 // that ends gives its place back.
 func TestHealthWatchCaps(t *testing.T) {
