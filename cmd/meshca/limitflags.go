@@ -22,6 +22,7 @@ type limitFlags struct {
 	// The connection guard: caps, handshake deadline, the limits of
 	// unauthenticated connections and streams, the message deadline.
 	maxConns, maxConnsPerPeer                     int
+	maxUnauthConns, maxUnauthConnsPerPeer         int
 	handshakeTimeout, maxUnauthIdle, maxUnauthAge time.Duration
 	messageTimeout                                time.Duration
 	maxUnauthStreams, maxUnauthStreamsPerPeer     int
@@ -46,6 +47,8 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxStreams, "max-concurrent-streams", limit.DefaultMaxConcurrentStreams, "requests one connection may have in progress at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client queues the rest); 0: no limit")
 	fl.IntVar(&f.maxConns, "max-connections", limit.DefaultMaxConnections, "gRPC connections open at once; more are closed as soon as accepted, before TLS (meshca_connections_refused_total{reason=\"total\"}); about 35 KiB each: size it with the memory limit; 0: no limit")
 	fl.IntVar(&f.maxConnsPerPeer, "max-connections-per-peer", limit.DefaultMaxConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP); more are closed as soon as accepted (per_peer); raise it for clients behind one address (SNAT, an east-west gateway); 0: no limit")
+	fl.IntVar(&f.maxUnauthConns, "max-unauthenticated-connections", limit.DefaultMaxUnauthenticatedConnections, "gRPC connections open at once on which no request has authenticated yet (handshaking included), counted in --max-connections too; up to ~150 KiB each; past it a new one is admitted and the oldest such connection of the address holding the most is closed, the newcomer's own when it holds as many (evicted_unauthenticated); authenticated connections are never closed for it; 0: no limit")
+	fl.IntVar(&f.maxUnauthConnsPerPeer, "max-unauthenticated-connections-per-peer", limit.DefaultMaxUnauthenticatedConnectionsPerPeer, "gRPC connections open at once from one client address (exact IP) on which no request has authenticated yet; past it a new one is admitted and the address's oldest such connection closed (evicted_unauthenticated_per_peer); raise it for many clients behind one address that connect at once; 0: no limit")
 	fl.DurationVar(&f.handshakeTimeout, "tls-handshake-timeout", limit.DefaultTLSHandshakeTimeout, "close a connection whose TLS handshake and HTTP/2 preface are not done this long after it was accepted (handshake_timeout); 0: grpc-go's 120s")
 	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", limit.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
 	fl.DurationVar(&f.maxUnauthAge, "max-connection-age-unauthenticated", limit.DefaultMaxUnauthenticatedAge, "close a connection on which no request has authenticated yet this long after it was accepted, whatever it has in progress (unauthenticated_age); one that has gets --max-connection-age; 0: off")
@@ -87,6 +90,9 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 	case f.maxUnauthAge < 0 || f.messageTimeout < 0 || f.maxUnauthStreams < 0 || f.maxUnauthStreamsPerPeer < 0:
 		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-age-unauthenticated (%v), --request-message-timeout (%v), --max-unauthenticated-streams (%d) and --max-unauthenticated-streams-per-peer (%d) must not be negative (0: no limit)",
 			f.maxUnauthAge, f.messageTimeout, f.maxUnauthStreams, f.maxUnauthStreamsPerPeer)
+	case f.maxUnauthConns < 0 || f.maxUnauthConnsPerPeer < 0:
+		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-unauthenticated-connections (%d) and --max-unauthenticated-connections-per-peer (%d) must not be negative (0: no limit)",
+			f.maxUnauthConns, f.maxUnauthConnsPerPeer)
 	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
 		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
 			f.maxIdle, f.maxAge, f.maxAgeGrace)
@@ -107,6 +113,7 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, KeepaliveMinTime: f.minPing,
 		MaxConnectionIdle: idle, MaxConnectionAge: age, MaxConnectionAgeGrace: f.maxAgeGrace, MaxConcurrentStreams: off(f.maxStreams),
 		MaxConnections: off(f.maxConns), MaxConnectionsPerPeer: off(f.maxConnsPerPeer),
+		MaxUnauthenticatedConnections: off(f.maxUnauthConns), MaxUnauthenticatedConnectionsPerPeer: off(f.maxUnauthConnsPerPeer),
 		TLSHandshakeTimeout: offDuration(f.handshakeTimeout), MaxUnauthenticatedIdle: offDuration(f.maxUnauthIdle),
 		MaxUnauthenticatedAge: offDuration(f.maxUnauthAge), RequestMessageTimeout: offDuration(f.messageTimeout),
 		MaxUnauthenticatedStreams: off(f.maxUnauthStreams), MaxUnauthenticatedStreamsPerPeer: off(f.maxUnauthStreamsPerPeer),

@@ -27,7 +27,7 @@ func TestLimitFlags(t *testing.T) {
 	defaultConn := limit.ConnLimits{
 		KeepaliveTime: 30 * time.Second, KeepaliveTimeout: 10 * time.Second, KeepaliveMinTime: 15 * time.Second,
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
-		MaxConnections: 4096, MaxConnectionsPerPeer: 256, TLSHandshakeTimeout: 5 * time.Second, MaxUnauthenticatedIdle: 30 * time.Second,
+		MaxConnections: 4096, MaxConnectionsPerPeer: 256, MaxUnauthenticatedConnections: 512, MaxUnauthenticatedConnectionsPerPeer: 64, TLSHandshakeTimeout: 5 * time.Second, MaxUnauthenticatedIdle: 30 * time.Second,
 		MaxUnauthenticatedAge: time.Minute, RequestMessageTimeout: 5 * time.Second, MaxUnauthenticatedStreams: 4096, MaxUnauthenticatedStreamsPerPeer: 256,
 	}
 	tests := []struct {
@@ -69,6 +69,16 @@ func TestLimitFlags(t *testing.T) {
 			conn: func(c *limit.ConnLimits) {
 				c.MaxUnauthenticatedAge, c.RequestMessageTimeout, c.MaxUnauthenticatedStreamsPerPeer, c.MaxUnauthenticatedStreams = 2*time.Minute, limit.NoLimit, 512, limit.NoLimit
 			}},
+		{name: "unauthenticated connection caps", args: []string{"--max-unauthenticated-connections", "1024"},
+			env: []string{"MESHCA_MAX_UNAUTHENTICATED_CONNECTIONS_PER_PEER=0"},
+			conn: func(c *limit.ConnLimits) {
+				c.MaxUnauthenticatedConnections, c.MaxUnauthenticatedConnectionsPerPeer = 1024, limit.NoLimit
+			}},
+		{name: "unauthenticated connection caps from the config file", file: "maxUnauthenticatedConnections: 0\nmaxUnauthenticatedConnectionsPerPeer: 16\n",
+			conn: func(c *limit.ConnLimits) {
+				c.MaxUnauthenticatedConnections, c.MaxUnauthenticatedConnectionsPerPeer = limit.NoLimit, 16
+			}},
+		{name: "negative unauthenticated connection cap", file: "maxUnauthenticatedConnectionsPerPeer: -4\n", err: "--max-unauthenticated-connections-per-peer (-4) must not be negative"},
 		{name: "negative stream cap", args: []string{"--max-unauthenticated-streams", "-2"}, err: "--max-unauthenticated-streams (-2)"},
 		{name: "negative message timeout", file: "requestMessageTimeout: -1s\n", err: "--request-message-timeout (-1s)"},
 		{name: "negative connection cap", env: []string{"MESHCA_MAX_CONNECTIONS_PER_PEER=-1"}, err: "--max-connections-per-peer (-1)"},

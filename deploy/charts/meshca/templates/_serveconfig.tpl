@@ -104,6 +104,8 @@ istio.namespace; meshca denies its own account itself. */}}
 {{- with .Values.connections }}
 - --max-connections={{ int .max }}
 - --max-connections-per-peer={{ int .maxPerPeer }}
+- --max-unauthenticated-connections={{ int .maxUnauthenticated }}
+- --max-unauthenticated-connections-per-peer={{ int .maxUnauthenticatedPerPeer }}
 - --tls-handshake-timeout={{ .tlsHandshakeTimeout }}
 - --max-connection-idle-unauthenticated={{ .maxIdleUnauthenticated }}
 - --max-connection-age-unauthenticated={{ .maxAgeUnauthenticated }}
