@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +68,7 @@ func (b *arena) connChecks(t *testing.T) []check {
 				t.Errorf("GOAWAY code %d %q, want ENHANCE_YOUR_CALM (11) too_many_pings", code, f.payload[8:])
 			}
 		}},
-	}, unauthChecks(t)...)
+	}, slices.Concat(unauthChecks(t), unauthConnChecks(t))...)
 }
 
 // unauthChecks (issue 28, items 1 and 2): a peer without credentials
