@@ -36,7 +36,8 @@ const (
 // idleUncapped are the flags that let one address hold every connection
 // these measurements open, and hold it without a request: the connection
 // guard's caps and unauthenticated idle and age limits off.
-var idleUncapped = []string{"--max-connections=0", "--max-connections-per-peer=0", "--max-connection-idle-unauthenticated=0", "--max-connection-age-unauthenticated=0"}
+var idleUncapped = []string{"--max-connections=0", "--max-connections-per-peer=0", "--max-unauthenticated-connections=0",
+	"--max-unauthenticated-connections-per-peer=0", "--max-connection-idle-unauthenticated=0", "--max-connection-age-unauthenticated=0"}
 
 // BenchmarkIdleConnections (`make bench`): 10,000 concurrent idle
 // connections, each a TLS handshake and an HTTP/2 (gRPC) connection set
