@@ -59,43 +59,8 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 
 // config checks the flags and returns them as ca takes them.
 func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
-	for _, r := range []struct {
-		name  string
-		rate  float64
-		burst int
-	}{
-		{"caller-rate", f.callerRate, f.callerBurst},
-		{"node-proxy-rate", f.nodeRate, f.nodeBurst},
-		{"authn-failure-rate-per-peer", f.peerFailRate, f.peerFailBurst},
-	} {
-		switch {
-		case math.IsNaN(r.rate) || math.IsInf(r.rate, 0) || r.rate < 0:
-			return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--%s %v must be a number of requests a second, at least 0 (0: no limit)", r.name, r.rate)
-		case r.rate > 0 && r.burst < 1:
-			return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--%s %v needs a burst of at least 1, not %d", r.name, r.rate, r.burst)
-		}
-	}
-	switch {
-	case f.callerInFlight < 0 || f.nodeInFlight < 0 || f.maxStreams < 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--caller-max-in-flight (%d), --node-proxy-max-in-flight (%d) and --max-concurrent-streams (%d) must not be negative (0: no limit)",
-			f.callerInFlight, f.nodeInFlight, f.maxStreams)
-	case f.maxStreams > math.MaxUint32:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-concurrent-streams %d is above %d", f.maxStreams, uint32(math.MaxUint32))
-	case f.keepaliveTime < time.Second || f.keepaliveTimeout <= 0 || f.minPing <= 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--keepalive-time (%v) must be at least 1s, --keepalive-timeout (%v) and --keepalive-min-time (%v) positive",
-			f.keepaliveTime, f.keepaliveTimeout, f.minPing)
-	case f.maxConns < 0 || f.maxConnsPerPeer < 0 || f.handshakeTimeout < 0 || f.maxUnauthIdle < 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
-			f.maxConns, f.maxConnsPerPeer, f.handshakeTimeout, f.maxUnauthIdle)
-	case f.maxUnauthAge < 0 || f.messageTimeout < 0 || f.maxUnauthStreams < 0 || f.maxUnauthStreamsPerPeer < 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-age-unauthenticated (%v), --request-message-timeout (%v), --max-unauthenticated-streams (%d) and --max-unauthenticated-streams-per-peer (%d) must not be negative (0: no limit)",
-			f.maxUnauthAge, f.messageTimeout, f.maxUnauthStreams, f.maxUnauthStreamsPerPeer)
-	case f.maxUnauthConns < 0 || f.maxUnauthConnsPerPeer < 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-unauthenticated-connections (%d) and --max-unauthenticated-connections-per-peer (%d) must not be negative (0: no limit)",
-			f.maxUnauthConns, f.maxUnauthConnsPerPeer)
-	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
-		return limit.Limits{}, limit.ConnLimits{}, fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
-			f.maxIdle, f.maxAge, f.maxAgeGrace)
+	if err := f.check(); err != nil {
+		return limit.Limits{}, limit.ConnLimits{}, err
 	}
 	limits := limit.Limits{
 		Caller:          limit.Budget{Rate: offRate(f.callerRate), Burst: f.callerBurst, MaxInFlight: off(f.callerInFlight)},
@@ -119,6 +84,49 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 		MaxUnauthenticatedStreams: off(f.maxUnauthStreams), MaxUnauthenticatedStreamsPerPeer: off(f.maxUnauthStreamsPerPeer),
 	}
 	return limits, conn, nil
+}
+
+// check refuses the flags' values that are not limits.
+func (f *limitFlags) check() error {
+	for _, r := range []struct {
+		name  string
+		rate  float64
+		burst int
+	}{
+		{"caller-rate", f.callerRate, f.callerBurst},
+		{"node-proxy-rate", f.nodeRate, f.nodeBurst},
+		{"authn-failure-rate-per-peer", f.peerFailRate, f.peerFailBurst},
+	} {
+		switch {
+		case math.IsNaN(r.rate) || math.IsInf(r.rate, 0) || r.rate < 0:
+			return fmt.Errorf("--%s %v must be a number of requests a second, at least 0 (0: no limit)", r.name, r.rate)
+		case r.rate > 0 && r.burst < 1:
+			return fmt.Errorf("--%s %v needs a burst of at least 1, not %d", r.name, r.rate, r.burst)
+		}
+	}
+	switch {
+	case f.callerInFlight < 0 || f.nodeInFlight < 0 || f.maxStreams < 0:
+		return fmt.Errorf("--caller-max-in-flight (%d), --node-proxy-max-in-flight (%d) and --max-concurrent-streams (%d) must not be negative (0: no limit)",
+			f.callerInFlight, f.nodeInFlight, f.maxStreams)
+	case f.maxStreams > math.MaxUint32:
+		return fmt.Errorf("--max-concurrent-streams %d is above %d", f.maxStreams, uint32(math.MaxUint32))
+	case f.keepaliveTime < time.Second || f.keepaliveTimeout <= 0 || f.minPing <= 0:
+		return fmt.Errorf("--keepalive-time (%v) must be at least 1s, --keepalive-timeout (%v) and --keepalive-min-time (%v) positive",
+			f.keepaliveTime, f.keepaliveTimeout, f.minPing)
+	case f.maxConns < 0 || f.maxConnsPerPeer < 0 || f.handshakeTimeout < 0 || f.maxUnauthIdle < 0:
+		return fmt.Errorf("--max-connections (%d), --max-connections-per-peer (%d), --tls-handshake-timeout (%v) and --max-connection-idle-unauthenticated (%v) must not be negative (0: no limit)",
+			f.maxConns, f.maxConnsPerPeer, f.handshakeTimeout, f.maxUnauthIdle)
+	case f.maxUnauthAge < 0 || f.messageTimeout < 0 || f.maxUnauthStreams < 0 || f.maxUnauthStreamsPerPeer < 0:
+		return fmt.Errorf("--max-connection-age-unauthenticated (%v), --request-message-timeout (%v), --max-unauthenticated-streams (%d) and --max-unauthenticated-streams-per-peer (%d) must not be negative (0: no limit)",
+			f.maxUnauthAge, f.messageTimeout, f.maxUnauthStreams, f.maxUnauthStreamsPerPeer)
+	case f.maxUnauthConns < 0 || f.maxUnauthConnsPerPeer < 0:
+		return fmt.Errorf("--max-unauthenticated-connections (%d) and --max-unauthenticated-connections-per-peer (%d) must not be negative (0: no limit)",
+			f.maxUnauthConns, f.maxUnauthConnsPerPeer)
+	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
+		return fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
+			f.maxIdle, f.maxAge, f.maxAgeGrace)
+	}
+	return nil
 }
 
 // off is a limit given on the command line as ca takes it: 0, no limit,
