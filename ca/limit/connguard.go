@@ -23,11 +23,12 @@ import (
 // no request authenticated) of the address holding the most connections,
 // unless the newcomer's own address holds as many: only then, or when no
 // connection may be closed, is the newcomer refused. Connections not yet
-// authenticated have a smaller budget of their own,
-// MaxUnauthenticatedConnections(PerPeer), past which a newcomer is
-// admitted and the oldest of its own address's (past the address's cap)
-// or of the address holding the most of them (past the total) is closed
-// in its place. The connections it
+// authenticated have a smaller budget of their own: past
+// MaxUnauthenticatedConnectionsPerPeer a newcomer is refused at accept;
+// past MaxUnauthenticatedConnections the oldest such connection of the
+// address holding the most is closed in its place if that address holds
+// at least two more than the newcomer's, else the newcomer is refused.
+// The connections it
 // admits are closed when their TLS handshake and HTTP/2 preface take
 // longer than TLSHandshakeTimeout, and, until one of their requests
 // authenticates, when they have had no RPC in progress for
@@ -98,8 +99,9 @@ const (
 	refusedTotal          = "total"
 	refusedPerPeer        = "per_peer"
 	refusedEvicted        = "evicted"
-	refusedUnauthTotal    = "evicted_unauthenticated"
-	refusedUnauthPerPeer  = "evicted_unauthenticated_per_peer"
+	refusedUnauthTotal    = "unauthenticated_total"
+	refusedUnauthPerPeer  = "unauthenticated_per_peer"
+	refusedUnauthEvicted  = "evicted_unauthenticated"
 	refusedHandshake      = "handshake_timeout"
 	refusedUnauthIdle     = "unauthenticated_idle"
 	refusedUnauthAge      = "unauthenticated_age"
@@ -119,8 +121,8 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 			Name: "meshca_connections_refused_total",
 			Help: "gRPC connections closed by meshca's connection guard: at accept, past --max-connections-per-peer (per_peer) or --max-connections with nothing to close in their place (total); " +
 				"closed to make room for a connection from an address holding fewer (evicted); " +
-				"not yet authenticated, closed to make room for a newer one of their address past --max-unauthenticated-connections-per-peer (evicted_unauthenticated_per_peer), " +
-				"or for one from an address holding as many or fewer past --max-unauthenticated-connections (evicted_unauthenticated); " +
+				"past --max-unauthenticated-connections-per-peer (unauthenticated_per_peer) or --max-unauthenticated-connections with no address holding two more to close one of (unauthenticated_total), at accept; " +
+				"not yet authenticated, closed to make room for a connection from an address holding at least two fewer past --max-unauthenticated-connections (evicted_unauthenticated); " +
 				"later, past --tls-handshake-timeout (handshake_timeout), --max-connection-idle-unauthenticated (unauthenticated_idle) or --max-connection-age-unauthenticated (unauthenticated_age), " +
 				"or after 32 of their streams were refused (streams_refused).",
 		}, []string{"reason"}),
@@ -137,7 +139,7 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 	}
 	g.streams.init()
 	g.streamsRefused, g.unauthStreams = newStreamMetrics()
-	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedUnauthTotal, refusedUnauthPerPeer,
+	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedUnauthTotal, refusedUnauthPerPeer, refusedUnauthEvicted,
 		refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused} {
 		g.refused.WithLabelValues(r)
 	}
@@ -233,7 +235,7 @@ func (g *ConnGuard) makeRoomLocked(peer netip.Addr, p *connPeer) (*guardedConn, 
 		case lim.MaxConnectionsPerPeer > 0 && p.n >= lim.MaxConnectionsPerPeer:
 			return nil, refusedPerPeer
 		case lim.MaxUnauthenticatedConnectionsPerPeer > 0 && p.unauthed.Len() >= lim.MaxUnauthenticatedConnectionsPerPeer:
-			from, why = peer, refusedUnauthPerPeer
+			return nil, refusedUnauthPerPeer
 		case lim.MaxConnections > 0 && g.total >= lim.MaxConnections:
 			top, n, ok := g.heavy.top()
 			if !ok || n <= p.n {
@@ -241,13 +243,14 @@ func (g *ConnGuard) makeRoomLocked(peer netip.Addr, p *connPeer) (*guardedConn, 
 			}
 			from, why = top, refusedEvicted
 		case lim.MaxUnauthenticatedConnections > 0 && g.unauthed >= lim.MaxUnauthenticatedConnections:
-			// The address holding the most, the newcomer's own when it
-			// holds as many: a newcomer is never refused for this cap.
-			from = peer
-			if top, n, ok := g.heavyUnauthed.top(); ok && n > p.unauthed.Len() {
-				from = top
+			// Only for an address holding at least two fewer: addresses
+			// within one of each other do not take each other's places,
+			// which would turn a flood's every dial into a TLS handshake.
+			top, n, ok := g.heavyUnauthed.top()
+			if !ok || n < p.unauthed.Len()+2 {
+				return nil, refusedUnauthTotal
 			}
-			why = refusedUnauthTotal
+			from, why = top, refusedUnauthEvicted
 		default:
 			return nil, ""
 		}

@@ -58,12 +58,15 @@ type ConnLimits struct {
 	// that have not authenticated (yet), from their accept until one of
 	// their requests authenticates, and
 	// MaxUnauthenticatedConnectionsPerPeer those of one client address;
-	// they count against MaxConnections(PerPeer) too. Past either a new
-	// connection is admitted all the same, and the oldest such connection
-	// of its own address (past the address's cap) or of the address
-	// holding the most (past the total; its own when it holds as many)
-	// is closed in its place: a client that would authenticate is never
-	// refused for them, and an authenticated connection never closed.
+	// they count against MaxConnections(PerPeer) too. A connection past
+	// the address's cap is refused at accept, before its TLS handshake.
+	// Past the total, the oldest such connection of the address holding
+	// the most is closed in its place if that address holds at least two
+	// more than the newcomer's, else the newcomer is refused at accept:
+	// a client from an address holding fewer is never refused, addresses
+	// within one of each other do not take each other's places (a flood's
+	// every dial would cost a TLS handshake), and an authenticated
+	// connection is never closed.
 	MaxUnauthenticatedConnections, MaxUnauthenticatedConnectionsPerPeer int
 	// TLSHandshakeTimeout bounds a connection's TLS handshake and HTTP/2
 	// preface, from its accept.
@@ -130,7 +133,8 @@ const (
 	DefaultMaxUnauthenticatedConnections = 512
 	// DefaultMaxUnauthenticatedConnectionsPerPeer: Pods behind one
 	// address (a node's SNAT) reconnecting at once each hold one for the
-	// milliseconds of their handshake and first request.
+	// milliseconds of their handshake and first request; one client
+	// alone holds at most an eighth of DefaultMaxUnauthenticatedConnections.
 	DefaultMaxUnauthenticatedConnectionsPerPeer = 64
 	// DefaultTLSHandshakeTimeout is ample for a handshake over a slow
 	// link (a few round trips), and 24 times shorter than grpc-go's
