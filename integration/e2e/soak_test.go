@@ -132,7 +132,10 @@ func startSoakReplicas(t *testing.T, system string) ([]*harness.Meshca, *x509.Ce
 	t.Helper()
 	args := []string{"--state-secret", system + "/meshca-ca", "--kubeconfig", cluster.Kubeconfig,
 		"--trust-lease-namespace", system, "--trusted-node-accounts", system + "/ztunnel",
-		"--node-proxy-deny", "kube-system," + system + "/istiod"}
+		"--node-proxy-deny", "kube-system," + system + "/istiod",
+		// As the chart runs it: its memory limit sets the Go runtime's
+		// soft limit.
+		fmt.Sprintf("--memory-limit=%d", chartMemoryLimit)}
 	replicas := make([]*harness.Meshca, 2)
 	var wg sync.WaitGroup
 	for i := range replicas {
