@@ -172,16 +172,21 @@ func checkCRLAccess(t *testing.T, kubeconfig, ns string) {
 	} else {
 		w.Stop()
 	}
-	cm, err := sa.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: trust.CRLConfigMapName, Namespace: ns},
-		Data: map[string]string{trust.CRLDataKey: ""}}, metav1.CreateOptions{})
-	if err != nil {
+	// meshca itself may have published it already: the checks are dry
+	// runs, which the apiserver authorizes as it would the writes, and
+	// AlreadyExists comes only after authorization.
+	dry := []string{metav1.DryRunAll}
+	_, err = sa.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: trust.CRLConfigMapName, Namespace: ns},
+		Data: map[string]string{trust.CRLDataKey: ""}}, metav1.CreateOptions{DryRun: dry})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("create %s as meshca: %v", trust.CRLConfigMapName, err)
 	}
-	t.Cleanup(func() {
-		_ = cluster.Client.CoreV1().ConfigMaps(ns).Delete(context.Background(), trust.CRLConfigMapName, metav1.DeleteOptions{})
+	var cm *corev1.ConfigMap
+	waitFor(t, "meshca publishing "+trust.CRLConfigMapName+" in "+ns, func() bool {
+		cm, err = cluster.Client.CoreV1().ConfigMaps(ns).Get(ctx, trust.CRLConfigMapName, metav1.GetOptions{})
+		return err == nil
 	})
-	cm.Data[trust.CRLDataKey] = "-"
-	if _, err := sa.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+	if _, err := sa.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{DryRun: dry}); err != nil {
 		t.Errorf("update %s as meshca: %v", trust.CRLConfigMapName, err)
 	}
 }
