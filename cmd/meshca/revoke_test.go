@@ -40,6 +40,7 @@ type revokeState struct {
 	dir                       string
 	root, active, prepared    *testca.CA
 	activeID, preparedID, own string
+	selfID, selfSubject       string
 }
 
 func newRevokeState(t *testing.T) *revokeState {
@@ -58,8 +59,14 @@ func newRevokeState(t *testing.T) *revokeState {
 	if out, code := rootCmd(t, "prepare", "--state-dir="+s.dir); code != 0 {
 		t.Fatalf("prepare: exit %d\n%s", code, out)
 	}
+	// An intermediate under a root whose key the state holds: the one
+	// meshca can revoke, since it signs that root's CRL.
+	if out, code := rootCmd(t, "prepare", "--state-dir="+s.dir, "--upstream", "self", "--trust-domain", "cluster.local"); code != 0 {
+		t.Fatalf("prepare --upstream self: exit %d\n%s", code, out)
+	}
 	st := s.load(t)
 	s.activeID, s.preparedID, s.own = keymgr.Fingerprint(s.active.Cert), keymgr.Fingerprint(s.prepared.Cert), st.Authorities[2].ID()
+	s.selfID, s.selfSubject = st.Authorities[3].ID(), st.Authorities[3].Cert.Subject.String()
 	return s
 }
 
@@ -144,9 +151,11 @@ func TestRevokeCLI(t *testing.T) {
 			want: []string{"signs with its root: no CRL revokes a root"}, revoked: 1},
 		{name: "the active intermediate", args: []string{st, "--intermediate", s.activeID[:16], "--reason", "caCompromise"}, code: 1,
 			want: []string{"is the active one", "give --force"}, revoked: 1},
-		{name: "a prepared intermediate", args: []string{st, "--intermediate", s.preparedID[:16], "--reason", "caCompromise"},
-			want: []string{"revoked 1 certificate(s)", "CN=revoke prepared"}, revoked: 2},
-		{name: "undo the intermediate", args: []string{st, "--intermediate", s.preparedID[:16], "--undo"}, want: []string{"took back 1"}, revoked: 1},
+		{name: "an imported intermediate whose root's key meshca lacks", args: []string{st, "--intermediate", s.preparedID[:16], "--reason", "caCompromise"},
+			code: 1, want: []string{"meshca cannot publish a CRL of", "CN=revoke root", "its CRL must come from where its key is"}, revoked: 1},
+		{name: "a prepared intermediate", args: []string{st, "--intermediate", s.selfID[:16], "--reason", "caCompromise"},
+			want: []string{"revoked 1 certificate(s)", s.selfSubject}, revoked: 2},
+		{name: "undo the intermediate", args: []string{st, "--intermediate", s.selfID[:16], "--undo"}, want: []string{"took back 1"}, revoked: 1},
 		{name: "node without --since", args: []string{st, "--node", "node-a", "--reason", "keyCompromise", "--audit-log", logFile}, code: 2,
 			want: []string{"--node needs --since"}, revoked: 1},
 		{name: "unknown node", args: []string{st, "--node", "node-z", "--since", "24h", "--reason", "keyCompromise", "--audit-log", logFile}, code: 3,
