@@ -115,6 +115,11 @@ type backend struct {
 	// revoked is what the CA state in service revokes, which the server
 	// reads on each request (NodeBlocked, Revoked).
 	revoked atomic.Pointer[revokedSet]
+	// revoker is an external backend that keeps its own CRLs (Vault);
+	// nil otherwise. crlSource, set before Run when they are published,
+	// keeps crl on them in place of the CA state's.
+	revoker   signer.Revoker
+	crlSource *crlSource
 }
 
 // crlBundle is the CRLs to publish as istio-ca-crl, and their version;
@@ -164,6 +169,7 @@ func newBackend(ctx context.Context, c Backend, td spiffeid.TrustDomain, names [
 		return nil, err
 	}
 	be.signer, be.runners = opened.Signer, append(be.runners, opened.Runners...)
+	be.revoker, _ = opened.Signer.(signer.Revoker)
 	if opened.Remote {
 		// The backend's own answers, before the CA state judges them.
 		be.health, health.probe = health, opened.Probe
@@ -414,7 +420,9 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 				// one process has seen: not comparable across replicas.
 				v.Lineage = ""
 			}
-			be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: *v})
+			if be.crlSource == nil {
+				be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: *v})
+			}
 			be.version.Store(v)
 			be.revoked.Store(newRevokedSet(s))
 			for _, f := range be.onChange {

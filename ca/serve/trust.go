@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -31,8 +32,12 @@ type Trust struct {
 	Publish bool
 	// CRL publishes the CA state's revocation lists as the istio-ca-crl
 	// ConfigMap in the same namespaces (keymgr.View.CRLBundlePEM); nothing
-	// is written while the state has none.
-	CRL bool
+	// is written while the state has none. With an external backend that
+	// keeps its own CRLs (Vault), they are the backend's, read every
+	// CRLPoll (DefaultCRLPoll when zero); with another external backend,
+	// refused.
+	CRL     bool
+	CRLPoll time.Duration
 	// ClusterTrustBundle publishes the bundle as a ClusterTrustBundle too,
 	// when the apiserver serves that API.
 	ClusterTrustBundle bool
@@ -98,7 +103,11 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 			return nil, nil, err
 		}
 	}
+	var src *crlSource
 	if c.CRL {
+		if src, err = newBackendCRLs(c, be, reg, log); err != nil {
+			return nil, nil, err
+		}
 		expiry, err := trustprom.NewCRLExpiry(reg)
 		if err != nil {
 			return nil, nil, err
@@ -133,7 +142,39 @@ func newTrustRunner(c Trust, td spiffeid.TrustDomain, client kubernetes.Interfac
 	run := func(ctx context.Context) error {
 		return campaign(ctx, client, c.LeaseNamespace, TrustLease, t.lead, leaders, log)
 	}
-	return run, t.bundleChanged, nil
+	if src == nil {
+		return run, t.bundleChanged, nil
+	}
+	// Every replica reads the backend's CRLs, so that a new leader
+	// publishes them at once; a new CA state has them read again.
+	src.changed = t.bundleChanged
+	both := func(ctx context.Context) error {
+		g, ctx := errgroup.WithContext(ctx)
+		g.Go(func() error { return src.Run(ctx) })
+		g.Go(func() error { return run(ctx) })
+		return g.Wait()
+	}
+	return both, func() { src.Kick(); t.bundleChanged() }, nil
+}
+
+// newBackendCRLs is the source of the CRLs to publish when an external
+// backend keeps them (Vault), nil for the built-in CA (whose CRLs are the
+// CA state's), and refuses a backend that keeps none.
+func newBackendCRLs(c Trust, be *backend, reg prometheus.Registerer, log *slog.Logger) (*crlSource, error) {
+	if be.name == BackendLocal {
+		return nil, nil
+	}
+	if be.revoker == nil {
+		return nil, &FieldError{Field: "publish-crl", Err: fmt.Errorf("--signer %s keeps no CRL meshca can publish: "+
+			"only the built-in CA (--crl) and Vault have them (docs/backends.md)", be.name)}
+	}
+	metrics, err := trustprom.NewCRLSource(reg, be.name)
+	if err != nil {
+		return nil, err
+	}
+	src := newCRLSource(be, be.revoker, c.CRLPoll, metrics, log)
+	be.crlSource = src
+	return src, nil
 }
 
 // addConfigMapPublisher checks cfg and adds the build of a Publisher of

@@ -1,0 +1,102 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"log/slog"
+	"time"
+
+	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/ca/trust/trustprom"
+	"github.com/meshca/meshca/signer"
+)
+
+// DefaultCRLPoll is how often a backend that keeps its own CRLs (Vault
+// PKI) is read for them when publishing CRLs: a revocation made there
+// (meshca revoke --signer vault) is published within it.
+const DefaultCRLPoll = 30 * time.Second
+
+// crlSource keeps be.crl on the CRLs a backend keeps itself
+// (signer.Revoker.CRLs), read every interval and whenever the CA state in
+// service changes (kick). Their version is the CA state's in service, so
+// that the publishers' Lease record takes them as it takes the trust
+// bundle; a new read replaces them only when it has CRLs: while the
+// backend fails, or answers none, the last ones stay published.
+type crlSource struct {
+	be       *backend
+	src      signer.Revoker
+	interval time.Duration
+	metrics  *trustprom.CRLSource
+	changed  func() // tells the publishers
+	now      func() time.Time
+	log      *slog.Logger
+	kick     chan struct{}
+}
+
+func newCRLSource(be *backend, src signer.Revoker, interval time.Duration, metrics *trustprom.CRLSource, log *slog.Logger) *crlSource {
+	if interval <= 0 {
+		interval = DefaultCRLPoll
+	}
+	return &crlSource{be: be, src: src, interval: interval, metrics: metrics, changed: func() {}, now: time.Now, log: log,
+		kick: make(chan struct{}, 1)}
+}
+
+// Kick asks for a read now.
+func (s *crlSource) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run reads the CRLs until ctx ends.
+func (s *crlSource) Run(ctx context.Context) error {
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		s.read(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-s.kick:
+		}
+	}
+}
+
+// read reads the CRLs once and, when they or the state's version
+// changed, stores them and tells the publishers.
+func (s *crlSource) read(ctx context.Context) {
+	ders, err := s.src.CRLs(ctx)
+	if err == nil && len(ders) == 0 {
+		err = signer.Errorf(s.be.name, signer.KindInternal, "no CRL")
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		s.metrics.Read(trustprom.CRLSourceError, s.now())
+		published := "none published yet"
+		if old := s.be.crl.Load(); old != nil && len(old.PEM) > 0 {
+			published = "the last ones read stay published"
+		}
+		s.log.Warn("the signing backend's CRLs not read; "+published, "backend", s.be.name, "error", err)
+		return
+	}
+	s.metrics.Read(trustprom.CRLSourceOK, s.now())
+	var buf bytes.Buffer
+	for _, der := range ders {
+		_ = pem.Encode(&buf, &pem.Block{Type: "X509 CRL", Bytes: der})
+	}
+	b := &trust.Bundle{PEM: buf.Bytes()}
+	if v := s.be.version.Load(); v != nil {
+		b.Version = *v
+	}
+	if old := s.be.crl.Load(); old != nil && bytes.Equal(old.PEM, b.PEM) && old.Version == b.Version {
+		return
+	}
+	s.be.crl.Store(b)
+	s.log.Info("the signing backend's CRLs read", "backend", s.be.name, "crls", len(ders), "sequence", b.Version.Sequence)
+	s.changed()
+}

@@ -1,0 +1,129 @@
+package serve
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshca/meshca/ca/trust"
+	"github.com/meshca/meshca/ca/trust/trustprom"
+	"github.com/meshca/meshca/signer"
+)
+
+// answers is a Revoker whose CRLs are the next of its answers.
+type answers struct {
+	crls [][][]byte
+	errs []error
+}
+
+func (*answers) Revoke(context.Context, signer.Revocation) error { return nil }
+
+func (a *answers) CRLs(context.Context) ([][]byte, error) {
+	crls, err := a.crls[0], a.errs[0]
+	a.crls, a.errs = a.crls[1:], a.errs[1:]
+	return crls, err
+}
+
+// TestCRLSourceKeepsLast: the backend's CRLs are published with the CA
+// state's version; a failed read, or one with no CRL, keeps the last ones
+// (and is counted), never an empty bundle.
+func TestCRLSourceKeepsLast(t *testing.T) {
+	down := signer.Errorf("vault", signer.KindUnavailable, "connection refused")
+	crlA, crlB := []byte("crl-a"), []byte("crl-b")
+	tests := []struct {
+		name    string
+		crls    [][][]byte
+		errs    []error
+		want    [][]byte // the published CRLs after each read; nil: none
+		changes int
+		errors  float64
+	}{
+		{"first read fails", [][][]byte{nil, {crlA}}, []error{down, nil}, [][]byte{nil, crlA}, 1, 1},
+		{"backend away keeps the last", [][][]byte{{crlA}, nil, nil}, []error{nil, down, down}, [][]byte{crlA, crlA, crlA}, 1, 2},
+		{"no CRL keeps the last", [][][]byte{{crlA}, {}}, []error{nil, nil}, [][]byte{crlA, crlA}, 1, 1},
+		{"a new CRL replaces it", [][][]byte{{crlA}, {crlA}, {crlB}}, []error{nil, nil, nil}, [][]byte{crlA, crlA, crlB}, 2, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m, err := trustprom.NewCRLSource(reg, "vault")
+			if err != nil {
+				t.Fatal(err)
+			}
+			be := &backend{name: "vault"}
+			be.version.Store(&trust.BundleVersion{Lineage: "l", Sequence: 7})
+			src := newCRLSource(be, &answers{crls: tt.crls, errs: tt.errs}, time.Hour, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			changes := 0
+			src.changed = func() { changes++ }
+			for i, want := range tt.want {
+				src.read(t.Context())
+				got := be.crlBundle()
+				if want == nil {
+					if len(got.PEM) != 0 {
+						t.Fatalf("read %d: published %q, want nothing", i, got.PEM)
+					}
+					continue
+				}
+				block, _ := pem.Decode(got.PEM)
+				if block == nil || block.Type != "X509 CRL" || string(block.Bytes) != string(want) {
+					t.Fatalf("read %d: published %q, want the CRL %q", i, got.PEM, want)
+				}
+				if got.Version != (trust.BundleVersion{Lineage: "l", Sequence: 7}) {
+					t.Fatalf("read %d: version %+v, want the CA state's", i, got.Version)
+				}
+			}
+			if changes != tt.changes {
+				t.Errorf("publishers told %d times, want %d", changes, tt.changes)
+			}
+			if got := errorReads(t, reg); got != tt.errors {
+				t.Errorf("error reads = %v, want %v", got, tt.errors)
+			}
+		})
+	}
+}
+
+// TestPublishCRLNeedsASource: --publish-crl with a backend that keeps no
+// CRL is refused, naming the flag and docs/backends.md.
+func TestPublishCRLNeedsASource(t *testing.T) {
+	be := &backend{name: "cfssl"}
+	_, err := newBackendCRLs(Trust{CRL: true}, be, prometheus.NewRegistry(), slog.Default())
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "publish-crl" || !strings.Contains(err.Error(), "docs/backends.md") {
+		t.Fatalf("err = %v, want a FieldError on publish-crl naming docs/backends.md", err)
+	}
+	be = &backend{name: BackendLocal}
+	if src, err := newBackendCRLs(Trust{CRL: true}, be, prometheus.NewRegistry(), slog.Default()); src != nil || err != nil {
+		t.Fatalf("built-in CA: %v, %v; want no source (its CRLs are the CA state's)", src, err)
+	}
+}
+
+
+// errorReads is meshca_trust_crl_source_reads_total{result="error"} in reg.
+func errorReads(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "meshca_trust_crl_source_reads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == trustprom.CRLSourceError {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatal("no meshca_trust_crl_source_reads_total{result=\"error\"}")
+	return 0
+}
