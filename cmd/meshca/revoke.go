@@ -28,6 +28,7 @@ type revokeFlags struct {
 	issuer, notAfter           string
 	auditLog                   string
 	store                      storeFlags
+	backend                    revokeBackendFlags
 	audit                      auditFlags
 	stdin                      io.Reader
 	now                        func() time.Time
@@ -45,6 +46,9 @@ reissues its CRLs when the state changes.
   --node N --since T --reason R every certificate still valid that meshca issued on node N since T (to
                                 its proxy or through it, to callers bound to its Pods, to its Pods at its
                                 kubelet's request; from --audit-log); then nothing on N gets a certificate
+  --signer vault --cert FILE    certificates Vault signed: revoked in Vault's PKI mount, by the
+                                certificate (its meshca roles keep no serials), at once; meshca serve
+                                --publish-crl publishes Vault's CRLs. No --undo: Vault cannot take it back
   --undo                        takes it back: a serial or intermediate leaves the CRL; a node is unblocked
                                 (what was revoked with it stays revoked)
   --dry-run                     prints what would be revoked and changes nothing
@@ -54,12 +58,14 @@ of the serial or the node.`
 
 const revokeExamples = `  meshca revoke --state-secret istio-system/meshca-ca-state --serial 5f1c0e... --reason keyCompromise --audit-log audit.log
   kubectl logs -n istio-system -l app.kubernetes.io/name=meshca --tail=-1 | meshca revoke --state-secret istio-system/meshca-ca-state --node worker-3 --since 24h --reason keyCompromise --audit-log -
-  meshca revoke --state-dir /var/lib/meshca --node worker-3 --undo`
+  meshca revoke --state-dir /var/lib/meshca --node worker-3 --undo
+  istioctl proxy-config secret pod-a.app -o json | jq -r '.dynamicActiveSecrets[0].secret.tlsCertificate.certificateChain.inlineBytes' | base64 -d |
+    meshca revoke --signer vault --cert - --vault-addr https://vault:8200 --vault-token-file token --reason keyCompromise`
 
 func newRevokeCommand() *cobra.Command {
 	f := &revokeFlags{now: time.Now}
 	cmd := &cobra.Command{
-		Use:     "revoke (--serial S | --intermediate ID | --node N) [--undo] [--dry-run]",
+		Use:     "revoke (--serial S | --intermediate ID | --node N | --signer vault --cert FILE) [--undo] [--dry-run]",
 		Short:   "Revoke a certificate, a signing intermediate, or everything a node's proxy was given",
 		Long:    revokeLong,
 		Example: revokeExamples,
@@ -91,6 +97,7 @@ func (f *revokeFlags) groups(cmd *cobra.Command) []flagGroup {
 			fl.StringVar(&f.by, "by", "", "who revokes, for the CA state and the audit trail; default: the OS user")
 		}},
 		{title: "CA state", key: []string{"state-dir", "state-secret"}, register: func(*pflag.FlagSet) { f.store.register(cmd) }},
+		{title: "Vault backend", key: []string{"signer", "cert", "vault-addr"}, register: f.backend.register},
 		{title: "Audit", key: []string{"audit-log-file"}, register: func(fl *pflag.FlagSet) { f.audit.register(fl, "standard error") }},
 	}
 }
@@ -101,6 +108,10 @@ func (f *revokeFlags) run(cmd *cobra.Command) error {
 	f.stdin = cmd.InOrStdin()
 	verb, err := f.check()
 	if err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return err
+		}
 		return &exitError{code: exitUsage, err: err}
 	}
 	audit, err := f.audit.stepAuditor(cmd, "")
@@ -110,7 +121,12 @@ func (f *revokeFlags) run(cmd *cobra.Command) error {
 	defer audit.close()
 	ctx, cancel := contextWithTimeout(cmd, 5*time.Minute)
 	defer cancel()
-	res, err := f.do(ctx, cmd, verb)
+	var res *revokeResult
+	if f.backend.local() {
+		res, err = f.do(ctx, cmd, verb)
+	} else {
+		res, err = f.backend.do(ctx, cmd, f)
+	}
 	if !f.dryRun {
 		audit.revocation(ctx, verb, f, res, err)
 	}
@@ -119,6 +135,15 @@ func (f *revokeFlags) run(cmd *cobra.Command) error {
 
 // check refuses flags that do not go together; it returns the verb.
 func (f *revokeFlags) check() (string, error) {
+	if err := f.backend.check(f); err != nil {
+		return "", err
+	}
+	if !f.backend.local() {
+		if f.by == "" {
+			f.by = operator()
+		}
+		return keymgr.VerbRevoke, nil
+	}
 	n := 0
 	for _, v := range []string{f.serial, f.intermediate, f.node} {
 		if v != "" {

@@ -15,7 +15,8 @@ import (
 
 var _ signer.Revoker = (*Signer)(nil)
 
-// Revoke implements signer.Revoker with <mount>/revoke: by the
+// Revoke implements signer.Revoker with <mount>/revoke (logging in
+// first when not yet logged in): by the
 // certificate when r has it (a role with no_store, as docs/signers/vault.md
 // configures them, keeps no serials), else by its serial number.
 func (s *Signer) Revoke(ctx context.Context, r signer.Revocation) error {
@@ -30,6 +31,9 @@ func (s *Signer) Revoke(ctx context.Context, r signer.Revocation) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.c.Timeout)
 	defer cancel()
+	if _, err := s.sess.Current(ctx); err != nil {
+		return signerError(err)
+	}
 	if _, err := s.client.Logical().WriteWithContext(ctx, s.c.Mount+"/revoke", data); err != nil {
 		switch {
 		case r.Cert == nil && strings.Contains(err.Error(), "not found"):
@@ -63,6 +67,9 @@ func vaultSerial(b []byte) string {
 func (s *Signer) CRLs(ctx context.Context) ([][]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.c.Timeout)
 	defer cancel()
+	if _, err := s.sess.Current(ctx); err != nil {
+		return nil, signerError(err)
+	}
 	crls, stale, err := s.readCRLs(ctx)
 	if err != nil || !stale {
 		return crls, err

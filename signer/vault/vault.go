@@ -91,11 +91,20 @@ var _ signer.Signer = (*Signer)(nil)
 
 // New returns a Vault signer; it does no I/O. Run logs in.
 func New(c Config) (*Signer, error) {
+	if c.Role == "" {
+		return nil, errors.New("vault: role is required")
+	}
+	return newSigner(c)
+}
+
+// NewRevoker returns the Revoker of c's mount, which needs no role
+// (meshca revoke); it does no I/O, and logs in on its first call.
+func NewRevoker(c Config) (signer.Revoker, error) { return newSigner(c) }
+
+func newSigner(c Config) (*Signer, error) {
 	switch {
 	case c.Address == "":
 		return nil, errors.New("vault: address is required")
-	case c.Role == "":
-		return nil, errors.New("vault: role is required")
 	case c.Auth == nil:
 		return nil, errors.New("vault: a login method is required")
 	}
