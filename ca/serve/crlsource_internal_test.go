@@ -104,7 +104,6 @@ func TestPublishCRLNeedsASource(t *testing.T) {
 	}
 }
 
-
 // errorReads is meshca_trust_crl_source_reads_total{result="error"} in reg.
 func errorReads(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()

@@ -53,4 +53,3 @@ func (s *CRLSource) Read(result string, t time.Time) {
 		s.last.WithLabelValues(s.backend).Set(float64(t.Unix()))
 	}
 }
-
