@@ -195,12 +195,20 @@ for the release's namespace too.
 {{- end -}}
 
 {{/*
-Whether meshca writes istio-ca-crl: as asked, else (null) in Istio mode.
+Whether meshca writes istio-ca-crl: as asked, else (null) in Istio mode
+when there are CRLs to publish (meshca.crlSource); asked with none,
+meshca.validate fails.
 */}}
 {{- define "meshca.crlConfigMaps" -}}
 {{- $on := .Values.trust.crlConfigMaps.enabled -}}
-{{- if kindIs "invalid" $on }}{{ $on = .Values.istio.enabled }}{{ end -}}
+{{- if kindIs "invalid" $on }}{{ $on = and .Values.istio.enabled (include "meshca.crlSource" .) }}{{ end -}}
 {{- if $on }}true{{ end -}}
+{{- end -}}
+
+{{/* Whether there are CRLs to publish: the built-in CA's (meshca.crl), or
+Vault's (signer.type vault). */}}
+{{- define "meshca.crlSource" -}}
+{{- if or (include "meshca.crl" .) (eq .Values.signer.type "vault") }}true{{ end -}}
 {{- end -}}
 
 {{/* Whether meshca writes istio-ca-root-cert: Istio mode, or asked alone. */}}

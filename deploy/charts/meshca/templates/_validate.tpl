@@ -21,6 +21,9 @@ across two keys. Each message names the keys and what to do.
 {{- if and $v.revocation.enabled (not (include "meshca.crl" .)) -}}
 {{- fail (printf "revocation.enabled needs the built-in CA on a CA state (signer.type local, state.type secret or directory), not signer.type %s with state.type %s: meshca signs the CRLs of its own authorities (docs/backends.md)" $v.signer.type $v.state.type) -}}
 {{- end -}}
+{{- if and (eq (toString $v.trust.crlConfigMaps.enabled) "true") (not (include "meshca.crlSource" .)) -}}
+{{- fail (printf "trust.crlConfigMaps.enabled publishes CRLs, and signer.type %s with revocation.enabled false makes none: set revocation.enabled (the built-in CA on a CA state signs them), or use signer.type vault (Vault's CRLs are published); cfssl and k8scsr keep no CRL meshca can publish (docs/backends.md)" $v.signer.type) -}}
+{{- end -}}
 {{- if and $v.rootRotation.cronJob.steps.retire.destroyRootKey (not $v.upstream.type) -}}
 {{- fail "rootRotation.cronJob.steps.retire.destroyRootKey destroys a retired root's key where upstream.type keeps it: set upstream.type, or leave it false (retire destroys a key the CA state keeps by itself)" -}}
 {{- end -}}
