@@ -15,7 +15,7 @@ import (
 // DefaultCRLPoll is how often a backend that keeps its own CRLs (Vault
 // PKI) is read for them when publishing CRLs: a revocation made there
 // (meshca revoke --signer vault) is published within it.
-const DefaultCRLPoll = 30 * time.Second
+const DefaultCRLPoll = 15 * time.Second
 
 // crlSource keeps be.crl on the CRLs a backend keeps itself
 // (signer.Revoker.CRLs), read every interval and whenever the CA state in
