@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"log/slog"
 	"time"
@@ -32,6 +33,36 @@ type crlSource struct {
 	now      func() time.Time
 	log      *slog.Logger
 	kick     chan struct{}
+}
+
+// covers refuses CRLs that leave out the CA that signs the leaves
+// (signing), or, when signing is an intermediate, the CA over it: a
+// verifier that checks the whole chain with unknown status refused
+// (ztunnel) would refuse every certificate meshca issues, where
+// publishing no CRL only leaves revocation unchecked. signing nil
+// (pinned trust anchors): not known, not checked.
+func covers(backend string, ders [][]byte, signing *x509.Certificate) error {
+	if signing == nil {
+		return nil
+	}
+	byName := map[string]bool{}
+	for _, der := range ders {
+		l, err := x509.ParseRevocationList(der)
+		if err != nil {
+			return signer.Errorf(backend, signer.KindInternal, "a CRL does not parse: %v", err)
+		}
+		byName[string(l.RawIssuer)] = true
+	}
+	if !byName[string(signing.RawSubject)] {
+		return signer.Errorf(backend, signer.KindRefused, "no CRL of %q, which signs the certificates: "+
+			"publishing the others would have ztunnel refuse them all (docs/backends.md)", signing.Subject)
+	}
+	if !bytes.Equal(signing.RawIssuer, signing.RawSubject) && !byName[string(signing.RawIssuer)] {
+		return signer.Errorf(backend, signer.KindRefused, "no CRL of %q, which signs the intermediate %q: "+
+			"publishing the others would have ztunnel refuse every certificate under it; put its issuer in the same PKI mount (docs/backends.md)",
+			signing.Issuer, signing.Subject)
+	}
+	return nil
 }
 
 func newCRLSource(be *backend, src signer.Revoker, interval time.Duration, metrics *trustprom.CRLSource, log *slog.Logger) *crlSource {
@@ -72,6 +103,9 @@ func (s *crlSource) read(ctx context.Context) {
 	if err == nil && len(ders) == 0 {
 		err = signer.Errorf(s.be.name, signer.KindInternal, "no CRL")
 	}
+	if err == nil && s.be.signing != nil {
+		err = covers(s.be.name, ders, s.be.signing())
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -81,7 +115,7 @@ func (s *crlSource) read(ctx context.Context) {
 		if old := s.be.crl.Load(); old != nil && len(old.PEM) > 0 {
 			published = "the last ones read stay published"
 		}
-		s.log.Warn("the signing backend's CRLs not read; "+published, "backend", s.be.name, "error", err)
+		s.log.Warn("the signing backend's CRLs not taken; "+published, "backend", s.be.name, "error", err)
 		return
 	}
 	s.metrics.Read(trustprom.CRLSourceOK, s.now())

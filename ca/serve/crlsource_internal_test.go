@@ -2,10 +2,13 @@ package serve
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
+	"github.com/meshca/meshca/internal/testca"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -125,4 +129,47 @@ func errorReads(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	t.Fatal("no meshca_trust_crl_source_reads_total{result=\"error\"}")
 	return 0
+}
+
+// TestCRLSourceCovers: Vault's CRLs are taken only when they include the
+// CA that signs the leaves and, for an intermediate, the CA over it:
+// without, ztunnel would refuse every certificate.
+func TestCRLSourceCovers(t *testing.T) {
+	root := testca.NewRoot(t, "cover root", testca.Options{})
+	inter := root.NewIntermediate(t, "cover intermediate", testca.Options{})
+	crl := func(ca *testca.CA) []byte {
+		der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1),
+			ThisUpdate: time.Now(), NextUpdate: time.Now().Add(time.Hour)}, ca.Cert, ca.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	tests := []struct {
+		name    string
+		signing *x509.Certificate
+		crls    [][]byte
+		want    string
+	}{
+		{"a root signing, its CRL", root.Cert, [][]byte{crl(root)}, ""},
+		{"an intermediate with the root's CRL", inter.Cert, [][]byte{crl(inter), crl(root)}, ""},
+		{"an intermediate without the root's CRL", inter.Cert, [][]byte{crl(inter)},
+			`no CRL of "CN=cover root,O=meshca test", which signs the intermediate "CN=cover intermediate,O=meshca test"`},
+		{"none of the signing CA", inter.Cert, [][]byte{crl(root)}, `no CRL of "CN=cover intermediate,O=meshca test", which signs the certificates`},
+		{"pinned anchors: not known", nil, [][]byte{crl(root)}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := covers("vault", tt.crls, tt.signing)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) || signer.KindOf(err) != signer.KindRefused {
+				t.Fatalf("err = %v, want a refusal with %q", err, tt.want)
+			}
+		})
+	}
 }

@@ -105,7 +105,7 @@ func TestVaultCRLPublished(t *testing.T) {
 	last := published()
 	mark := len(m.Logs())
 	v.Stop()
-	if !m.WaitForLogAfter(mark, 40*time.Second, "the signing backend's CRLs not read; the last ones read stay published") {
+	if !m.WaitForLogAfter(mark, 40*time.Second, "the signing backend's CRLs not taken; the last ones read stay published") {
 		t.Fatalf("no log of the failed read within 40s\n%s", m.Logs())
 	}
 	if got := published(); got != last {
