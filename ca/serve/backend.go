@@ -115,9 +115,8 @@ type backend struct {
 	// revoked is what the CA state in service revokes, which the server
 	// reads on each request (NodeBlocked, Revoked).
 	revoked atomic.Pointer[revokedSet]
-	// revoker is an external backend that keeps its own CRLs (Vault);
-	// nil otherwise. crlSource, set before Run when they are published,
-	// keeps crl on them in place of the CA state's.
+	// revoker: an external backend's own CRLs (Vault); crlSource, set
+	// before Run, keeps crl on them in place of the CA state's.
 	revoker   signer.Revoker
 	crlSource *crlSource
 }
@@ -420,9 +419,7 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 				// one process has seen: not comparable across replicas.
 				v.Lineage = ""
 			}
-			if be.crlSource == nil {
-				be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: *v})
-			}
+			be.stateCRLs(s, *v)
 			be.version.Store(v)
 			be.revoked.Store(newRevokedSet(s))
 			for _, f := range be.onChange {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/ca/trust/trustprom"
+	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/signer"
 )
 
@@ -71,6 +72,14 @@ func newCRLSource(be *backend, src signer.Revoker, interval time.Duration, metri
 	}
 	return &crlSource{be: be, src: src, interval: interval, metrics: metrics, changed: func() {}, now: time.Now, log: log,
 		kick: make(chan struct{}, 1)}
+}
+
+// stateCRLs stores the CRLs of s, at version v, to publish, unless a
+// backend's own (crlSource) are published in their place.
+func (be *backend) stateCRLs(s *keymgr.State, v trust.BundleVersion) {
+	if be.crlSource == nil {
+		be.crl.Store(&trust.Bundle{PEM: stateCRLs(s), Version: v})
+	}
 }
 
 // Kick asks for a read now.
