@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshca/meshca/ca/trust"
@@ -34,6 +35,30 @@ type crlSource struct {
 	now      func() time.Time
 	log      *slog.Logger
 	kick     chan struct{}
+	// revoked is the serials the CRLs last taken list (hex), which the
+	// server refuses to renew by certificate as it does the CA state's.
+	revoked atomic.Pointer[map[string]bool]
+}
+
+// revokedSerial reports whether the backend's CRLs last read list serial.
+func (s *crlSource) revokedSerial(serial string) bool {
+	r := s.revoked.Load()
+	return r != nil && (*r)[serial]
+}
+
+// listed is the serials ders list, hex; nil when one does not parse.
+func listed(ders [][]byte) map[string]bool {
+	out := map[string]bool{}
+	for _, der := range ders {
+		l, err := x509.ParseRevocationList(der)
+		if err != nil {
+			return nil
+		}
+		for _, e := range l.RevokedCertificateEntries {
+			out[e.SerialNumber.Text(16)] = true
+		}
+	}
+	return out
 }
 
 // covers refuses CRLs that leave out the CA that signs the leaves
@@ -111,6 +136,10 @@ func (s *crlSource) read(ctx context.Context) {
 	ders, err := s.src.CRLs(ctx)
 	if err == nil && len(ders) == 0 {
 		err = signer.Errorf(s.be.name, signer.KindInternal, "no CRL")
+	}
+	if r := listed(ders); err == nil && r != nil {
+		// Enforced on renewal even when, below, not published.
+		s.revoked.Store(&r)
 	}
 	if err == nil && s.be.signing != nil {
 		err = covers(s.be.name, ders, s.be.signing())

@@ -173,3 +173,36 @@ func TestCRLSourceCovers(t *testing.T) {
 		})
 	}
 }
+
+// TestCRLSourceRevokedRenewal: a serial Vault's CRL lists is revoked for
+// the server (no renewal by that certificate), whatever the CA state
+// says, and stays so while Vault cannot be read; a serial not listed is
+// not.
+func TestCRLSourceRevokedRenewal(t *testing.T) {
+	root := testca.NewRoot(t, "renewal root", testca.Options{})
+	revoked, kept := big.NewInt(0x5eed), big.NewInt(0x600d)
+	der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: big.NewInt(1), ThisUpdate: time.Now(),
+		NextUpdate: time.Now().Add(time.Hour), RevokedCertificateEntries: []x509.RevocationListEntry{{SerialNumber: revoked, RevocationTime: time.Now()}}},
+		root.Cert, root.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := trustprom.NewCRLSource(prometheus.NewRegistry(), "vault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &backend{name: "vault", signing: func() *x509.Certificate { return root.Cert }}
+	src := newCRLSource(be, &answers{crls: [][][]byte{{der}, nil}, errs: []error{nil, signer.Errorf("vault", signer.KindUnavailable, "down")}},
+		time.Hour, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	be.crlSource = src
+	issuer := "0123"
+	if be.Revoked(revoked, issuer) {
+		t.Fatal("revoked before Vault's CRL is read")
+	}
+	for i := range 2 {
+		src.read(t.Context())
+		if !be.Revoked(revoked, issuer) || be.Revoked(kept, issuer) {
+			t.Fatalf("read %d: Revoked(listed) = %v, Revoked(not listed) = %v; want true, false", i, be.Revoked(revoked, issuer), be.Revoked(kept, issuer))
+		}
+	}
+}

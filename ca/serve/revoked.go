@@ -41,12 +41,18 @@ func (be *backend) NodeBlocked(node string) (keymgr.NodeBlock, bool) {
 	return b, ok
 }
 
-// Revoked implements ca.RevokedCerts from the CA state in service.
+// Revoked implements ca.RevokedCerts from the CA state in service and,
+// when an external backend's CRLs are published (Vault), from the serials
+// they list, whatever the issuer: Vault draws its serials at random
+// (159 bits).
 func (be *backend) Revoked(serial *big.Int, issuer string) bool {
-	r := be.revoked.Load()
-	if r == nil || serial == nil {
+	if serial == nil {
 		return false
 	}
 	s := serial.Text(16)
-	return r.anyIssuer[s] || r.byIssuer[issuer+"/"+s]
+	if be.crlSource != nil && be.crlSource.revokedSerial(s) {
+		return true
+	}
+	r := be.revoked.Load()
+	return r != nil && (r.anyIssuer[s] || r.byIssuer[issuer+"/"+s])
 }

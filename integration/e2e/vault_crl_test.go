@@ -9,20 +9,24 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/meshca/meshca/ca/caclient"
 	"github.com/meshca/meshca/ca/trust"
 	"github.com/meshca/meshca/integration/harness"
 	"github.com/meshca/meshca/integration/harness/checked"
 	"github.com/meshca/meshca/integration/harness/crlverify"
 	"github.com/meshca/meshca/internal/pemutil"
+	authpb "github.com/meshca/meshca/proto/istio/v1/auth"
 )
 
 // TestVaultCRLPublished: against the real Vault and apiserver, meshca
 // serve --signer vault --publish-crl publishes Vault's CRL as
 // istio-ca-crl; a leaf Vault signed, revoked with meshca revoke --signer
 // vault --cert, is then refused by the strict verifier, ztunnel's rules
-// and openssl -crl_check_all, while another leaf passes all three;
-// --undo is refused; with Vault away the last CRL stays published and
+// and openssl -crl_check_all, while another leaf passes all three, and
+// no longer renews itself by certificate; --undo is refused; with Vault away the last CRL stays published and
 // the log says so.
 func TestVaultCRLPublished(t *testing.T) {
 	v, token := startVault(t)
@@ -39,6 +43,7 @@ func TestVaultCRLPublished(t *testing.T) {
 
 	pool := x509.NewCertPool()
 	pool.AddCert(x.Root.Cert)
+	svids := map[string]*caclient.SVID{}
 	fetch := func(sa string) []*x509.Certificate {
 		w := cluster.NewWorkload(t, apps, sa, "node-a")
 		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: pool, TokenFile: harness.WriteToken(t, w.Token)})
@@ -50,7 +55,20 @@ func TestVaultCRLPublished(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		svids[sa] = svid
 		return svid.Chain
+	}
+	// renew renews sa's SVID by certificate (--cert-renewal, on by default).
+	renew := func(sa string) error {
+		svid := svids[sa]
+		c, err := checked.NewClient(t, caclient.Config{Addr: m.Addr, ServerName: "istiod.istio-system.svc", Roots: pool,
+			ClusterID: authpb.DefaultClusterID, Certificate: svid.TLSCertificate()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, err = c.Fetch(context.Background(), svid.ID, caclient.Options{})
+		return err
 	}
 	stolen, kept := fetch("stolen"), fetch("web")
 	roots := []*x509.Certificate{x.Root.Cert}
@@ -94,6 +112,14 @@ func TestVaultCRLPublished(t *testing.T) {
 	harness.Report(t, "a leaf revoked in Vault refused by the published istio-ca-crl %v after meshca revoke", time.Since(revokedAt).Round(time.Millisecond))
 	if r := judge(t, ns, roots, kept); r != "" {
 		t.Fatalf("a leaf not revoked is refused: %s", r)
+	}
+	// Nor does the revoked leaf renew itself by certificate; the other does.
+	if err := renew("stolen"); status.Code(err) != codes.Unauthenticated ||
+		status.Convert(err).Message() != "client certificate is revoked: authenticate with a service-account token" {
+		t.Fatalf("renewal by the leaf revoked in Vault: %v, want Unauthenticated, revoked", err)
+	}
+	if err := renew("web"); err != nil {
+		t.Fatalf("renewal by a leaf not revoked: %v", err)
 	}
 
 	out, code = revokeCmd(t, append([]string{"--signer", "vault", "--cert", file, "--undo"}, login...)...)
