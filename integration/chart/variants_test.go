@@ -38,8 +38,17 @@ func TestChartVariants(t *testing.T) {
 				[]string{"--crl", "--crl-validity=12h", "--crl-refresh-at=0.25"}, nil)
 		}},
 		{"istio without revocation on a plugged-in CA", "istio: {enabled: true}\nstate: {type: cacerts}", func(t *testing.T, objs []*unstructured.Unstructured) {
-			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, nil, []string{"--crl"})
+			// No CRL to publish: istio-ca-crl is not written either.
+			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, []string{"--publish-root-cert-configmaps"}, []string{"--crl", "--publish-crl"})
 		}},
+		{"istio with vault publishes Vault's CRLs", "istio: {enabled: true}\n" + vault + "    istiodRole: istiod\n    auth: {method: kubernetes, kubernetes: {role: meshca}}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, []string{"--signer=vault", "--publish-crl"}, []string{"--crl"})
+			}},
+		{"istio with cfssl publishes no CRL", "istio: {enabled: true}\nsigner: {type: cfssl, servingCertificate: {secretName: s}, cfssl: {url: https://c:8888, istiodProfile: istiod}}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, []string{"--signer=cfssl", "--publish-root-cert-configmaps"}, []string{"--crl", "--publish-crl"})
+			}},
 		{"plugged-in cacerts", "replicaCount: 3\nstate: {type: cacerts, cacerts: {secretName: cacerts}}", func(t *testing.T, objs []*unstructured.Unstructured) {
 			d := deployment(t, objs)
 			wantArgs(t, "serve", d.Spec.Template.Spec.Containers[0].Args, []string{"--ca-dir=/etc/cacerts"}, []string{"--state-secret", "--auto-rotate"})
