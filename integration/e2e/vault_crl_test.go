@@ -127,6 +127,16 @@ func TestVaultCRLPublished(t *testing.T) {
 		t.Fatalf("--undo: exit %d, want 1 and the refusal\n%s", code, out)
 	}
 
+	// The nextUpdate gauges follow Vault's CRL (72h by default), and the
+	// reads are counted.
+	now := float64(time.Now().Unix())
+	checkSamples(t, scrapeMetrics(t, m.AdminAddr), []wantSample{
+		{"meshca_trust_crl_next_update_timestamp_seconds", nil, now + 3600, now + 73*3600},
+		{"meshca_trust_crl_this_update_timestamp_seconds", nil, now - 60, now},
+		{"meshca_trust_crl_source_reads_total", map[string]string{"backend": "vault", "result": "ok"}, 2, 1e6},
+		{"meshca_trust_crl_source_reads_total", map[string]string{"backend": "vault", "result": "error"}, 0, 0},
+	})
+
 	// Vault away: the last CRL stays published, and the log says so.
 	last := published()
 	mark := len(m.Logs())
@@ -139,5 +149,12 @@ func TestVaultCRLPublished(t *testing.T) {
 	}
 	if r := judge(t, ns, roots, stolen); r != crlverify.ReasonRevoked {
 		t.Fatalf("with Vault away, the revoked leaf: %q", r)
+	}
+	checkSamples(t, scrapeMetrics(t, m.AdminAddr), []wantSample{
+		{"meshca_trust_crl_source_reads_total", map[string]string{"backend": "vault", "result": "error"}, 1, 1e6},
+		{"meshca_trust_crl_next_update_timestamp_seconds", nil, now + 3600, now + 73*3600},
+	})
+	if err := renew("stolen"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("with Vault away, renewal by the revoked leaf: %v", err)
 	}
 }
