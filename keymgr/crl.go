@@ -110,6 +110,27 @@ func (v View) CRLProblems() []string {
 	return out
 }
 
+// crlMissing is why rec may not sign yet while the state keeps CRLs: a
+// CA of its chain (its signing certificate, an intermediate above it, its
+// root) that needs a CRL has none in the state, and a verifier checking
+// the whole chain against the published file would refuse its first
+// certificates (unknown revocation status). "" when the state keeps no
+// CRL, or every such CA has one (a CA meshca cannot sign a CRL for is
+// not waited for: root status names it).
+func (v View) crlMissing(rec *AuthorityRecord) string {
+	if len(v.State.CRLs) == 0 {
+		return ""
+	}
+	mine := append([]*x509.Certificate{rec.Cert, rec.Root}, rec.Chain...)
+	for _, is := range v.CRLIssuers() {
+		if _, ok := v.CRL(is.ID); ok || is.Problem() != "" || !slices.ContainsFunc(mine, is.Cert.Equal) {
+			continue
+		}
+		return fmt.Sprintf("no CRL of its CA %.16s (%s) is in the CA state yet: once published, a verifier that checks the whole chain would refuse what it signs", is.ID, is.Cert.Subject)
+	}
+	return ""
+}
+
 // crlIssuer is the issuer id of the state, if it needs a CRL.
 func (v View) crlIssuer(id string) (CRLIssuer, bool) {
 	for _, is := range v.CRLIssuers() {

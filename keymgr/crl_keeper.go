@@ -227,6 +227,31 @@ func (k *CRLKeeper) sign(ctx context.Context, v View, is CRLIssuer, now time.Tim
 	return NewCRLRecord(is.ID, der)
 }
 
+// FirstCRL stores in s the first CRL of the CA id, signed with the key
+// s holds for it: for an intermediate just renewed, which signs as soon
+// as the state is followed, so that its CRL is in the same write and is
+// published with it, not at the keeper's next look (a strict verifier
+// refuses a certificate whose issuer has no CRL). Nothing when the CA
+// needs no CRL, has one, or its key is not in s (the keeper's look then
+// issues it, or reports why not).
+func (k *CRLKeeper) FirstCRL(s *State, id string, now time.Time) error {
+	v := s.View()
+	is, ok := v.crlIssuer(id)
+	if _, has := v.CRL(id); !ok || has || is.Key == nil || is.Problem() != "" {
+		return nil
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, v.CRLTemplate(is, now, CRLBackdate, k.validity()), is.Cert, is.Key)
+	if err != nil {
+		return fmt.Errorf("keymgr: the first CRL of %.16s: %w", id, err)
+	}
+	rec, err := NewCRLRecord(id, der)
+	if err != nil {
+		return err
+	}
+	s.PutCRL(rec)
+	return nil
+}
+
 // Run ticks every Interval until ctx ends, then returns nil.
 func (k *CRLKeeper) Run(ctx context.Context) error {
 	last := ""

@@ -170,6 +170,78 @@ func TestCRLKeeperIntermediateRenewal(t *testing.T) {
 	}
 }
 
+// TestRenewalStoredWithItsCRL: with CRLs kept, a renewed intermediate,
+// which signs at once, is stored with its first CRL, before the keeper's
+// next look: else a strict verifier refuses its first leaves (unknown
+// revocation status) until that look, up to DefaultCRLInterval.
+func TestRenewalStoredWithItsCRL(t *testing.T) {
+	r, _, clock, store := renewFixtureOn(t, &codecStore{})
+	k := &keymgr.CRLKeeper{Store: store, Now: clock.Now}
+	r.CRLs = k
+	crlTick(t, k)
+	a0 := load(t, store).Active()
+	var s *keymgr.State
+	for range 8 { // until the renewal, with no look of the keeper
+		clock.advance(6 * time.Hour)
+		tick(t, r)
+		if s = load(t, store); s.Active().ID() != a0.ID() {
+			break
+		}
+	}
+	a1 := s.Active()
+	if a1.ID() == a0.ID() {
+		t.Fatal("no renewal in 48h")
+	}
+	rec, ok := s.View().CRL(a1.ID())
+	if !ok {
+		t.Fatalf("the renewed intermediate %.16s is active with no CRL in the state", a1.ID())
+	}
+	if l, err := x509.ParseRevocationList(rec.DER); err != nil || l.CheckSignatureFrom(a1.Cert) != nil || rec.Number.Int64() != 1 {
+		t.Fatalf("its CRL: %v, number %v", err, rec.Number)
+	}
+	for _, is := range crlTick(t, k) {
+		if is.Issuer == a1.ID() {
+			t.Fatalf("the keeper's next look issued %+v: the renewal's CRL should stand", is)
+		}
+	}
+	checkCRLs(t, load(t, store), clock.Now())
+}
+
+// TestActivateWaitsForCRL: while the state keeps CRLs, a prepared
+// authority is not activated before the keeper has issued the CRLs of
+// its root and intermediate (a guard, until a condition), then is; force
+// overrides it.
+func TestActivateWaitsForCRL(t *testing.T) {
+	clock := &fakeClock{now: lcT0}
+	store := &codecStore{}
+	a, b := lcGenerated(t), lcGenerated(t)
+	k := &keymgr.CRLKeeper{Store: store, Now: clock.Now}
+	update := func(change func(s *keymgr.State) error) {
+		t.Helper()
+		if _, err := keymgr.Update(t.Context(), store, change); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update(func(s *keymgr.State) error { return s.Bootstrap(a, clock.Now(), "") })
+	crlTick(t, k)
+	clock.advance(48 * time.Hour)
+	update(func(s *keymgr.State) error { return s.Prepare(b, clock.Now(), "") })
+	clock.advance(48 * time.Hour)
+	s := load(t, store)
+	err := s.Clone().Activate(b.ID(), clock.Now(), keymgr.Guards{}, false, "")
+	var ge *keymgr.GuardError
+	if !errors.As(err, &ge) || !strings.Contains(err.Error(), "no CRL of its CA") || !strings.Contains(err.Error(), "safe once the serving leader has issued it") {
+		t.Fatalf("activate before the keeper's look: %v, want a guard naming the missing CRL", err)
+	}
+	if err := s.Clone().Activate(b.ID(), clock.Now(), keymgr.Guards{}, true, "test"); err != nil {
+		t.Fatalf("forced: %v", err)
+	}
+	crlTick(t, k)
+	if err := load(t, store).Activate(b.ID(), clock.Now(), keymgr.Guards{}, false, ""); err != nil {
+		t.Fatalf("activate once its CRL is issued: %v", err)
+	}
+}
+
 // TestCRLKeeperRootRotation: a prepared root has its CRL before it
 // signs; once it is active and the old root retired, the old one's is
 // dropped.

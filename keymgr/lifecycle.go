@@ -171,6 +171,10 @@ func (s *State) Activate(id string, now time.Time, g Guards, force bool, reason 
 	if d, why := g.dependentsHold(s, VerbActivate, rec, now); !force && d != nil {
 		return dependentError(VerbActivate, rec, d, why, now)
 	}
+	if why := s.View().crlMissing(rec); !force && why != "" {
+		return &GuardError{Verb: VerbActivate, ID: rec.ID(), Reason: why, Now: now,
+			Until: "the serving leader has issued it (meshca serve --crl looks every 10s) and published it"}
+	}
 	if old := s.Active(); old != nil {
 		old.enter(PhasePrevious, now, supersededReason(rec, reason), force)
 	}

@@ -80,6 +80,9 @@ type Renewer struct {
 	OnError   func(error)
 
 	status renewStatus
+	// CRLs, when set, keeps the state's CRLs: a renewal is stored with
+	// its new intermediate's first CRL (CRLKeeper.FirstCRL).
+	CRLs *CRLKeeper
 }
 
 // Renewal is an intermediate renewed.
@@ -155,6 +158,13 @@ func (r *Renewer) renew(ctx context.Context, s *State, a *AuthorityRecord, now t
 		stored = &c
 		if err := s.Renew(a.ID(), stored, now, reason); err != nil {
 			return err
+		}
+		if r.CRLs != nil {
+			// In the same write: the renewal signs at once, so its CRL
+			// must be there to publish before its first leaf is.
+			if err := r.CRLs.FirstCRL(s, stored.ID(), now); err != nil {
+				return err
+			}
 		}
 		s.PruneRenewed(now, r.Keep)
 		return nil

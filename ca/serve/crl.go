@@ -33,6 +33,7 @@ func (c Backend) crlKeeper(store keymgr.StateStore, ren *keymgr.Renewer, f *keym
 	}
 	k := &keymgr.CRLKeeper{Store: store, Validity: c.CRL.Validity, RefreshAt: c.CRL.RefreshAt, Interval: c.CRL.Interval}
 	if ren != nil {
+		ren.CRLs = k // a renewal is stored with its first CRL
 		k.Upstream, _ = ren.Upstream.(upstream.CRLSigner)
 		k.Source, _ = ren.Upstream.(upstream.CRLSource)
 		k.UpstreamName = ren.Name
