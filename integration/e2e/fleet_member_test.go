@@ -30,6 +30,7 @@ type member struct {
 	tokenFile string
 	caAddr    string
 	lis       net.Listener
+	crl       *crlFile // nil: no CRL is checked
 	state     atomic.Pointer[memberState]
 
 	mu     sync.Mutex // guards client
@@ -172,7 +173,7 @@ func (m *member) listen(wg *sync.WaitGroup) error {
 		return err
 	}
 	m.lis = lis
-	cfg := tlsconfig.MTLSServerConfig(m, m, tlsconfig.AuthorizeMemberOf(m.td))
+	cfg := m.withCRL(tlsconfig.MTLSServerConfig(m, m, tlsconfig.AuthorizeMemberOf(m.td)))
 	wg.Go(func() {
 		for {
 			conn, err := lis.Accept()
@@ -210,7 +211,7 @@ func (m *member) dial(ctx context.Context, addr string) error {
 	// connections a second.
 	_ = conn.(*net.TCPConn).SetLinger(0)
 	_ = conn.SetDeadline(time.Now().Add(fleetIOTimeout))
-	tc := tls.Client(conn, tlsconfig.MTLSClientConfig(m, m, tlsconfig.AuthorizeMemberOf(m.td)))
+	tc := tls.Client(conn, m.withCRL(tlsconfig.MTLSClientConfig(m, m, tlsconfig.AuthorizeMemberOf(m.td))))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		return fmt.Errorf("handshake: %w", err)
 	}

@@ -32,6 +32,11 @@ type upstreamRotation struct {
 	// retire are retire's flags beside the guards' (--destroy-root-key
 	// and the upstream's settings).
 	retire []string
+	// serve are serve's flags beside them (--crl --publish-crl).
+	serve []string
+	// crl: the fleet's workloads check each peer chain against the
+	// published istio-ca-crl, and intermediates may be renewed meanwhile.
+	crl bool
 	// started, when set, is called with the bootstrapped authority
 	// before the fleet starts.
 	started func(t *testing.T, first *keymgr.AuthorityRecord)
@@ -57,24 +62,33 @@ func (u upstreamRotation) run(t *testing.T, prefix string) rotatedRoot {
 	istiod := []string{"--istiod-cert-secret", ns + "/istiod-tls"}
 	var r rotatedRoot
 	r.final = fleetRun{
+		renewals: u.crl,
 		start: func(t *testing.T) fleetCA {
 			s := harness.StartSelfSigned(t, u.bin, cluster.Kubeconfig, append([]string{istiod[0], istiod[1],
 				"--istiod-cert-ttl", istiodTTL.String(), "--publish-root-cert-configmaps", "--trust-namespace-selector",
 				"meshca-upstream-test=" + ns, "--trust-lease-namespace", ns, "--intermediate-renew-at", upstreamRenewAt,
-				"--auto-rotate=false", "--backdate", fleetBackdate.String(), "--default-ttl", "1m", "--max-ttl", "1m"}, u.flags...)...)
+				"--auto-rotate=false", "--backdate", fleetBackdate.String(), "--default-ttl", "1m", "--max-ttl", "1m"}, append(u.flags, u.serve...)...)...)
 			r.stateDir = s.StateDir
 			store := dirstore.Store{Dir: s.StateDir}
 			r.first = loadState(t, store).Active()
 			if u.started != nil {
 				u.started(t, r.first)
 			}
-			return fleetCA{addrs: []string{s.Addr}, store: store, cli: []string{"--state-dir", s.StateDir}}
+			ca := fleetCA{addrs: []string{s.Addr}, store: store, cli: []string{"--state-dir", s.StateDir}}
+			if u.crl {
+				ca.crlNS = ns
+			}
+			return ca
 		},
 		rotate: func(t *testing.T, ca fleetCA, f *fleet) {
 			untilDoneWith(t, u.bin, "prepare --upstream "+u.name, 20*time.Second,
 				append(append([]string{"prepare", "--reason", "e2e " + u.name + " rotation"}, ca.cli...), u.flags...)...)
 			step := append(append([]string{"--margin", fleetMargin.String(), "--kubeconfig", cluster.Kubeconfig}, istiod...), ca.cli...)
 			untilDoneWith(t, u.bin, "activate", 3*f.leafTTL+20*time.Second, append([]string{"activate"}, step...)...)
+			if u.crl {
+				retireEach(t, u.bin, ca.store, r.first.Root, 3*f.leafTTL+40*time.Second, append(step, u.retire...))
+				return
+			}
 			untilDoneWith(t, u.bin, "retire", 3*f.leafTTL+20*time.Second, append(append([]string{"retire"}, step...), u.retire...)...)
 		},
 	}.run(t)
@@ -133,6 +147,35 @@ func untilDoneWith(t *testing.T, bin, step string, timeout time.Duration, args .
 			t.Fatalf("%s: %v\n%s", step, err, out)
 		case time.Now().After(deadline):
 			t.Fatalf("%s still refused after %v\n%s", step, timeout, out)
+		}
+	}
+}
+
+// retireEach retires, one by one by id, every authority under root
+// (intermediates renewed meanwhile are authorities of their own), until
+// none is left or timeout.
+func retireEach(t *testing.T, bin string, store keymgr.StateStore, root *x509.Certificate, timeout time.Duration, step []string) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(250 * time.Millisecond) {
+		left := 0
+		for _, a := range loadState(t, store).Authorities {
+			if !a.Root.Equal(root) || a.Phase == keymgr.PhaseRetired {
+				continue
+			}
+			left++
+			if a.Phase != keymgr.PhasePrevious {
+				continue
+			}
+			out, err := exec.Command(bin, append([]string{"root", "retire", a.ID()[:16]}, step...)...).CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != 1) {
+				t.Fatalf("retire %.16s: %v\n%s", a.ID(), err, out)
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d authorities of the old root still not retired after %v", left, timeout)
 		}
 	}
 }
