@@ -16,9 +16,10 @@ import (
 // Defaults of a CRLKeeper.
 const (
 	// DefaultCRLValidity is how long a CRL is valid (nextUpdate after
-	// thisUpdate's now): a verifier holding an expired CRL fails open
-	// (ztunnel) or closed (openssl), either way a day of outage of the
-	// keeper is what it tolerates.
+	// thisUpdate's now): a verifier holding an expired CRL keeps using
+	// it (ztunnel) or refuses every chain through its CA (Envoy,
+	// openssl), either way a day of outage of the keeper is what it
+	// tolerates.
 	DefaultCRLValidity = 24 * time.Hour
 	// DefaultCRLRefreshAt is the fraction of a CRL's validity after which
 	// it is reissued with no change: half, so that a keeper that fails

@@ -24,7 +24,7 @@ type crlFlags struct {
 
 func (f *crlFlags) register(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.on, "crl", false, "keep a CRL in the CA state for every CA of it that signs (each signing certificate, intermediate and root over one), signed by it and listing what \"meshca revoke\" revoked; the replica elected to rotate issues them (docs/revocation.md)")
-	fl.DurationVar(&f.validity, "crl-validity", keymgr.DefaultCRLValidity, fmt.Sprintf("how long a CRL is valid (its nextUpdate from now; %v to %v): a verifier with an expired one fails open (ztunnel) or closed (openssl)", minCRLValidity, maxCRLValidity))
+	fl.DurationVar(&f.validity, "crl-validity", keymgr.DefaultCRLValidity, fmt.Sprintf("how long a CRL is valid (its nextUpdate from now; %v to %v): a verifier with an expired one keeps using it (ztunnel) or refuses every chain through its CA (Envoy, openssl)", minCRLValidity, maxCRLValidity))
 	fl.Float64Var(&f.refreshAt, "crl-refresh-at", keymgr.DefaultCRLRefreshAt, "fraction of a CRL's validity after which it is reissued unchanged, above 0 and at most 0.75 (MeshcaCRLExpiringSoon fires after)")
 }
 
