@@ -118,7 +118,7 @@ func (f *revokeFlags) plan(w io.Writer, st *keymgr.State, res *revokeResult) err
 	now := f.now()
 	switch {
 	case f.intermediate != "":
-		r, err := planIntermediate(st, f.intermediate, f.force)
+		r, err := planIntermediate(st, f.intermediate, f.force, f.now())
 		if err != nil {
 			return revokeError(err)
 		}

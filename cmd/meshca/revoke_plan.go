@@ -137,9 +137,12 @@ func issuerOfIntermediate(rec *keymgr.AuthorityRecord) *x509.Certificate {
 }
 
 // planIntermediate is the revocation of the signing intermediate of the
-// authority idOrPrefix names: refused for a root, a retired authority, an
-// issuer that cannot sign CRLs and, without force, the active authority.
-func planIntermediate(s *keymgr.State, idOrPrefix string, force bool) (keymgr.Revocation, error) {
+// authority idOrPrefix names: refused for a root, a retired authority
+// whose leaves have all expired or whose root left the bundle, an issuer
+// that cannot sign CRLs and, without force, the active authority. A
+// retired one (by force, after a leak) whose root is still trusted is
+// revoked on that root's CRL: its leaves still chain to the root.
+func planIntermediate(s *keymgr.State, idOrPrefix string, force bool, now time.Time) (keymgr.Revocation, error) {
 	rec, err := s.View().Lookup(idOrPrefix)
 	if err != nil {
 		return keymgr.Revocation{}, &exitError{code: exitUsage, err: err}
@@ -150,8 +153,8 @@ func planIntermediate(s *keymgr.State, idOrPrefix string, force bool) (keymgr.Re
 	switch {
 	case rec.Cert.Equal(rec.Root):
 		return refused(fmt.Errorf("authority %s signs with its root: no CRL revokes a root; rotate it away (meshca root prepare, activate, retire)", shortID(rec)))
-	case rec.Phase == keymgr.PhaseRetired:
-		return refused(fmt.Errorf("authority %s is retired: its key is destroyed and every leaf it signed has expired", shortID(rec)))
+	case rec.Phase == keymgr.PhaseRetired && (!trusted(s, rec.Root) || !now.Before(rec.LatestLeafNotAfter)):
+		return refused(fmt.Errorf("authority %s is retired: every leaf it signed has expired, or its root is no longer trusted", shortID(rec)))
 	case rec.Phase == keymgr.PhaseActive && !force:
 		return refused(fmt.Errorf("authority %s is the active one: once its intermediate is revoked, every certificate it signs is refused; "+
 			"make another authority active first (meshca root prepare, activate), or give --force", shortID(rec)))
@@ -187,6 +190,9 @@ func planSerial(s *keymgr.State, serial *big.Int, found []*issuance, issuer stri
 		r := keymgr.Revocation{Serial: serial, Issuer: c.Issuer, NotAfter: c.NotAfter, Subject: c.Identity}
 		if r.Issuer == "" {
 			r.Issuer = id
+		}
+		if err := retiredIssuer(s, r); err != nil {
+			return nil, err
 		}
 		if r.Issuer != "" {
 			if ca := liveCAs(s)[r.Issuer]; ca != nil {
@@ -226,4 +232,25 @@ func liveOnly(s *keymgr.State, rs []keymgr.Revocation) (live, gone []keymgr.Revo
 		live = append(live, r)
 	}
 	return live, gone
+}
+
+// trusted reports whether root is in s's trust bundle.
+func trusted(s *keymgr.State, root *x509.Certificate) bool {
+	return slices.ContainsFunc(s.Bundle(), root.Equal)
+}
+
+// retiredIssuer refuses a revocation by a retired CA of s: its key is
+// destroyed and its CRL dropped, so nothing can list it; what it signed
+// is refused only if its own certificate is (--intermediate).
+func retiredIssuer(s *keymgr.State, r keymgr.Revocation) error {
+	if r.Issuer == "" || liveCAs(s)[r.Issuer] != nil {
+		return nil
+	}
+	for _, a := range s.Authorities {
+		if a.Phase == keymgr.PhaseRetired && a.Cert != nil && keymgr.Fingerprint(a.Cert) == r.Issuer {
+			return &exitError{code: exitRefused, err: fmt.Errorf("serial %s was issued by authority %.16s, which is retired: its key is destroyed and no CRL of it can list the serial; "+
+				"if its leaves may still be valid, revoke its intermediate instead (meshca revoke --intermediate %.16s --reason keyCompromise)", r.Serial.Text(16), r.Issuer, r.Issuer)}
+		}
+	}
+	return nil
 }
