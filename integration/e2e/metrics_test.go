@@ -163,7 +163,7 @@ func request(t *testing.T, issue func(token string) error, w *harness.Workload) 
 // fails).
 func scrapeCRL(t *testing.T) *exposition {
 	ns := cluster.Namespace(t, "metrics-crl")
-	s := startServer(t, "--publish-crl", "--trust-lease-namespace", ns, "--trust-namespace-selector", "kubernetes.io/metadata.name="+ns)
+	s := startServer(t, "--crl", "--publish-crl", "--trust-lease-namespace", ns, "--trust-namespace-selector", "kubernetes.io/metadata.name="+ns)
 	var e *exposition
 	waitUntil(t, "istio-ca-crl published", 30*time.Second, func() bool {
 		e = scrapeMetrics(t, s.AdminAddr)
