@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"sync"
 	"time"
 
 	"github.com/meshca/meshca/keymgr/certs"
@@ -69,6 +70,24 @@ type CRLKeeper struct {
 	OnIssued func(CRLIssued)
 	OnFailed func(*CRLError)
 	OnError  func(error)
+
+	pokeOnce sync.Once
+	pokes    chan struct{}
+}
+
+// Poke asks Run for a look now rather than at its next Interval: the CA
+// state changed (`meshca revoke` stored a revocation), and its CRLs may
+// be due. It never blocks; pokes while a look is pending make one.
+func (k *CRLKeeper) Poke() {
+	select {
+	case k.pokeChan() <- struct{}{}:
+	default:
+	}
+}
+
+func (k *CRLKeeper) pokeChan() chan struct{} {
+	k.pokeOnce.Do(func() { k.pokes = make(chan struct{}, 1) })
+	return k.pokes
 }
 
 // CRLIssued is a CRL stored.
@@ -253,7 +272,8 @@ func (k *CRLKeeper) FirstCRL(s *State, id string, now time.Time) error {
 	return nil
 }
 
-// Run ticks every Interval until ctx ends, then returns nil.
+// Run ticks every Interval, and at once when poked (Poke), until ctx
+// ends, then returns nil.
 func (k *CRLKeeper) Run(ctx context.Context) error {
 	last := ""
 	tick := func() {
@@ -269,8 +289,22 @@ func (k *CRLKeeper) Run(ctx context.Context) error {
 		}
 	}
 	tick()
-	every(ctx, k.Interval, DefaultCRLInterval, tick)
-	return nil
+	interval := k.Interval
+	if interval <= 0 {
+		interval = DefaultCRLInterval
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	pokes := k.pokeChan()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-pokes:
+		}
+		tick()
+	}
 }
 
 func (k *CRLKeeper) validity() time.Duration { return cmpOr(k.Validity, DefaultCRLValidity) }

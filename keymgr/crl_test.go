@@ -431,3 +431,46 @@ func TestCRLKeeperUpstreamAndProblems(t *testing.T) {
 		t.Fatalf("the upstream was asked %d times, want once", calls)
 	}
 }
+
+// TestCRLKeeperPoke: a keeper whose next look is an hour away issues the
+// CRL of a revocation at once when poked, as serve pokes it on every
+// change of the CA state; without the poke it would wait the hour.
+func TestCRLKeeperPoke(t *testing.T) {
+	_, _, clock, store := renewFixtureOn(t, &codecStore{})
+	issued := make(chan keymgr.CRLIssued, 16)
+	k := &keymgr.CRLKeeper{Store: store, Now: clock.Now, Interval: time.Hour, OnIssued: func(is keymgr.CRLIssued) { issued <- is }}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	wait := func(why string) {
+		t.Helper()
+		select {
+		case is := <-issued:
+			if is.Why != why {
+				t.Fatalf("issued because %q, want %q", is.Why, why)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no CRL issued (%s) within 10s", why)
+		}
+	}
+	wait("it has no CRL yet")
+	for len(issued) > 0 {
+		<-issued
+	}
+	a := load(t, store).Active()
+	now := clock.Now()
+	if _, err := keymgr.Update(t.Context(), store, func(s *keymgr.State) error {
+		_, err := s.Revoke([]keymgr.Revocation{rev(10, a.ID(), now)}, now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	k.Poke()
+	wait("the revocations changed")
+}

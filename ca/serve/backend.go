@@ -308,7 +308,7 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	if ren != nil {
 		elected = append(elected, be.renewing(ctx, c, ren, f, metrics, log))
 	}
-	if run := c.crlKeeper(store, ren, f, metrics, log); run != nil {
+	if run := c.crlKeeper(be, store, ren, f, metrics, log); run != nil {
 		elected = append(elected, run)
 	}
 	if c.AutoRotate {

@@ -25,13 +25,16 @@ type CRL struct {
 
 // crlKeeper is the keeper of the CRLs in store, signing those of roots
 // kept in ren's upstream there, wired into metrics, the log and the
-// follower f (which serves a new CRL at once); nil when c.CRL is.
-func (c Backend) crlKeeper(store keymgr.StateStore, ren *keymgr.Renewer, f *keymgr.Follower, metrics *keymgrprom.Metrics,
+// follower f (which serves a new CRL at once, and pokes the keeper when
+// the state changes: a revocation is on the CRL within a follow interval
+// rather than the keeper's); nil when c.CRL is.
+func (c Backend) crlKeeper(be *backend, store keymgr.StateStore, ren *keymgr.Renewer, f *keymgr.Follower, metrics *keymgrprom.Metrics,
 	log *slog.Logger) func(context.Context) error {
 	if c.CRL == nil {
 		return nil
 	}
 	k := &keymgr.CRLKeeper{Store: store, Validity: c.CRL.Validity, RefreshAt: c.CRL.RefreshAt, Interval: c.CRL.Interval}
+	be.onChange = append(be.onChange, k.Poke)
 	if ren != nil {
 		ren.CRLs = k // a renewal is stored with its first CRL
 		k.Upstream, _ = ren.Upstream.(upstream.CRLSigner)
