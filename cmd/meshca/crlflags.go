@@ -30,8 +30,10 @@ func (f *crlFlags) register(fl *pflag.FlagSet) {
 
 // validate checks the flags without I/O: CRLs are the built-in CA's,
 // in a CA state.
-func (f *crlFlags) validate(signerName string, hasState bool) error {
+func (f *crlFlags) validate(signerName string, hasState, publish bool) error {
 	switch {
+	case !f.on && publish && signerName == signerLocal:
+		return fmt.Errorf("--publish-crl with the built-in CA publishes the CRLs --crl keeps in the CA state, and --crl is off: add --crl (docs/revocation.md)")
 	case !f.on:
 		return nil
 	case signerName != signerLocal:

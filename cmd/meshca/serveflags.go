@@ -113,7 +113,7 @@ func (f *serveFlags) registerTrust(fl *pflag.FlagSet) {
 	fl.StringVar(&f.trustSelector, "trust-namespace-selector", "", "label selector of the namespaces the trust bundle is published to; empty: all")
 	fl.StringSliceVar(&f.trustSkip, "trust-skip-namespaces", nil, "namespaces never published to, besides kube-public and kube-node-lease (kube-system is published to, for a ztunnel there)")
 	fl.StringVar(&f.trustLeaseNS, "trust-lease-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the trust publisher's Lease")
-	fl.BoolVar(&f.publishCRL, "publish-crl", false, "publish the CA state's revocation lists (with --signer vault: Vault's, read every 15s) as the istio-ca-crl ConfigMap (ca-crl.pem) in the namespaces the trust bundle goes to, which ztunnel and istio-agent enforce (leave off while istiod still runs its CA); nothing is written while there is no CRL; refused with cfssl and k8scsr")
+	fl.BoolVar(&f.publishCRL, "publish-crl", false, "publish the CA state's revocation lists (with --signer vault: Vault's, read every 15s) as the istio-ca-crl ConfigMap (ca-crl.pem) in the namespaces the trust bundle goes to, which ztunnel and istio-agent enforce (leave off while istiod still runs its CA); nothing is written while there is no CRL; with the built-in CA it needs --crl; refused with cfssl and k8scsr")
 	f.ctb.register(fl)
 	f.bundle.register(fl)
 }
