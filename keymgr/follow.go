@@ -39,6 +39,13 @@ type Target interface {
 	Use(s *State, now time.Time) error
 }
 
+// A Rechecker is a Target whose choice depends on the time as well as on
+// the state (Manager.HoldNew): RecheckAt is when the state in service
+// must be put in service again; zero when never.
+type Rechecker interface {
+	RecheckAt() time.Time
+}
+
 // Follower keeps a Target on the state in a StateStore: it reloads the
 // state every Interval, validates it, and puts it in service at once. A
 // state that does not load or validate changes nothing: the last good one
@@ -62,8 +69,9 @@ type Follower struct {
 	state   *State // the state in service
 }
 
-// Sync loads the stored state once and, when it changed and is good, puts
-// it in service. It reports whether it did.
+// Sync loads the stored state once and, when it changed and is good, or
+// the Target asks to see it again (Rechecker), puts it in service. It
+// reports whether it did.
 func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -71,7 +79,7 @@ func (f *Follower) Sync(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("keymgr: loading the CA state: %w", err)
 	}
-	if f.loaded && v == f.version {
+	if f.loaded && v == f.version && !f.recheckDue() {
 		return false, nil
 	}
 	if err := s.Validate(); err != nil {
@@ -168,6 +176,17 @@ func every(ctx context.Context, interval, def time.Duration, do func()) {
 			do()
 		}
 	}
+}
+
+// recheckDue reports whether the Target asked to use the state in
+// service again by now.
+func (f *Follower) recheckDue() bool {
+	r, ok := f.Target.(Rechecker)
+	if !ok {
+		return false
+	}
+	at := r.RecheckAt()
+	return !at.IsZero() && !f.now().Before(at)
 }
 
 func (f *Follower) now() time.Time {

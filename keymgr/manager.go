@@ -19,6 +19,9 @@ import (
 type Manager struct {
 	td      spiffeid.TrustDomain
 	current atomic.Pointer[managed]
+	// hold: a new authority signs only this long after it entered the
+	// state (HeldAuthority); zero: at once.
+	hold time.Duration
 }
 
 // managed is an authority and its trust bundle, built once: every reader
@@ -30,6 +33,9 @@ type managed struct {
 	bundle *x509bundle.Bundle
 	// retired are the State's RetiredIssuers when a state is in use.
 	retired []*x509.Certificate
+	// until is when a held authority may sign: the state must be used
+	// again then (zero: nothing is held).
+	until time.Time
 }
 
 // NewManager returns a Manager for td whose current authority is a.
@@ -52,11 +58,18 @@ func (m *Manager) Signing() *x509.Certificate {
 }
 
 // Set makes a the current signing authority.
-func (m *Manager) Set(a *Authority) { m.set(a, nil) }
+func (m *Manager) Set(a *Authority) { m.set(a, nil, time.Time{}) }
 
-// set makes a current, with the retired issuers of the state it came from.
-func (m *Manager) set(a *Authority, retired []*x509.Certificate) {
-	c := &managed{a: a, retired: retired}
+// HoldNew makes a new authority of the states m uses sign only hold
+// after it entered the state, the one it replaced signing meanwhile
+// (HeldAuthority): the time its CRL takes to reach every verifier. Call
+// it before m uses a state.
+func (m *Manager) HoldNew(hold time.Duration) { m.hold = hold }
+
+// set makes a current, with the retired issuers of the state it came
+// from, until which a held authority waits.
+func (m *Manager) set(a *Authority, retired []*x509.Certificate, until time.Time) {
+	c := &managed{a: a, retired: retired, until: until}
 	if a != nil {
 		c.bundle = a.Bundle(m.td)
 	}
@@ -64,14 +77,23 @@ func (m *Manager) set(a *Authority, retired []*x509.Certificate) {
 }
 
 // Use implements Target: it signs with s's active authority, which must
-// hold its key, and trusts s's bundle.
+// hold its key, and trusts s's bundle. While the active authority is held
+// (HoldNew), the one it replaced signs, and RecheckAt says until when.
 func (m *Manager) Use(s *State, now time.Time) error {
-	a, err := StateAuthority(s, now)
+	a, until, err := HeldAuthority(s, now, m.hold)
 	if err != nil {
 		return err
 	}
-	m.set(a, s.View().RetiredIssuers())
+	m.set(a, s.View().RetiredIssuers(), until)
 	return nil
+}
+
+// RecheckAt implements Rechecker: when a held authority may sign.
+func (m *Manager) RecheckAt() time.Time {
+	if c := m.current.Load(); c != nil {
+		return c.until
+	}
+	return time.Time{}
 }
 
 // RetiredIssuer reports whether c signs for a retired authority of the

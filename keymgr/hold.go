@@ -1,0 +1,105 @@
+package keymgr
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultCRLPropagation is how long, by default, an authority waits after
+// it entered the CA state before it signs a leaf, when CRLs are kept: the
+// time its first CRL takes to reach every verifier. istio-ca-crl goes to
+// every namespace within a publisher round (seconds), and the kubelet
+// updates a mounted ConfigMap within its sync period (a minute by
+// default) and its cache's: two minutes covers both.
+const DefaultCRLPropagation = 2 * time.Minute
+
+// HeldAuthority is the signing authority s serves at now when a new
+// signing authority is held back for hold after it entered the state:
+// the time a verifier that refuses a CA of unknown revocation status
+// (ztunnel, Envoy with a CRL) needs to receive the CRL stored with it.
+// Until then the authority it replaced signs, if it still can; until
+// names the end of the hold (zero when nothing is held), when the state
+// must be put in service again.
+//
+// A renewed intermediate is stored with its first CRL and becomes active
+// in the same write (State.Renew): without the hold its first leaves
+// would reach peers before its CRL does. A root activated long after it
+// was prepared is not held. hold of zero is StateAuthority.
+func HeldAuthority(s *State, now time.Time, hold time.Duration) (a *Authority, until time.Time, err error) {
+	active := s.Active()
+	if active == nil || hold <= 0 || len(active.History) == 0 {
+		a, err := StateAuthority(s, now)
+		return a, time.Time{}, err
+	}
+	until = active.History[0].At.Add(hold)
+	if !now.Before(until) {
+		a, err := StateAuthority(s, now)
+		return a, time.Time{}, err
+	}
+	if prev := s.View().replacedBy(active); prev != nil {
+		a := &Authority{Cert: prev.Cert, Key: prev.Key, Chain: prev.Chain, Roots: s.Bundle()}
+		if a.Validate(now) == nil {
+			return a, until, nil
+		}
+	}
+	// Nothing else can sign: the new authority does at once, as it would
+	// without a hold, rather than none.
+	a, err = StateAuthority(s, now)
+	return a, time.Time{}, err
+}
+
+// replacedBy is the authority that left the active phase when active
+// entered it, if it holds its key and is not revoked: the one that may
+// sign while active is held.
+func (v View) replacedBy(active *AuthorityRecord) *AuthorityRecord {
+	for _, p := range v.State.Authorities {
+		if p.Phase != PhasePrevious || p.Key == nil || p.External || !p.Since().Equal(active.Since()) {
+			continue
+		}
+		if v.revokedCA(p) {
+			return nil
+		}
+		return p
+	}
+	return nil
+}
+
+// revokedCA reports whether the signing certificate of rec, a CA of the
+// state other than a root that signs itself, is revoked in it.
+func (v View) revokedCA(rec *AuthorityRecord) bool {
+	if rec.SignsWithRoot() {
+		return false
+	}
+	issuer, err := v.IssuerOf(rec.Cert)
+	if err != nil {
+		return true
+	}
+	for _, r := range v.State.Revocations {
+		if r.Serial.Cmp(rec.Cert.SerialNumber) == 0 && (r.Issuer == "" || r.Issuer == issuer) {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckHold checks hold, a CRL propagation time, against the life of the
+// intermediates a renewer makes: the one replaced must outlive the hold
+// with room to spare, or the new one would sign before its CRL is out.
+func CheckHold(hold, intermediateTTL time.Duration, renewAt float64) error {
+	switch {
+	case hold < 0:
+		return errors.New("the CRL propagation time is negative")
+	case intermediateTTL <= 0:
+		return nil
+	}
+	if renewAt <= 0 || renewAt >= 1 {
+		renewAt = DefaultRenewAt
+	}
+	left := time.Duration(renewAt * float64(intermediateTTL))
+	if hold > left/2 {
+		return fmt.Errorf("the CRL propagation time %v is more than half of what is left of an intermediate when it is renewed (%v): "+
+			"lengthen the intermediate's life or shorten the propagation time", hold, left.Round(time.Second))
+	}
+	return nil
+}
