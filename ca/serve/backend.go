@@ -284,6 +284,9 @@ func newLocal(ctx context.Context, c Backend, td spiffeid.TrustDomain, names []s
 	log.Info("CA state ready", field, c.StateDir+c.StateSecret, "active", active.ID(), "subject", active.Root.Subject.String(),
 		"not_after", active.Cert.NotAfter, "roots", len(a.Roots), "sequence", st.Sequence)
 	mgr := keymgr.NewManager(td, a)
+	if c.CRL != nil {
+		mgr.HoldNew(c.CRL.Propagation)
+	}
 	issued := &keymgr.IssuanceLog{Store: store}
 	be := &backend{name: BackendLocal, signer: local.New(local.Config{Authorities: mgr, Record: issued.Record, Backdate: c.Backdate, Renewal: renewalWhy(ren)}),
 		bundles: mgr, expiry: mgr, signing: mgr.Signing, renewer: ren}
@@ -399,37 +402,6 @@ func discardRoot(ctx context.Context, ren *keymgr.Renewer, log *slog.Logger) fun
 		}
 		return nil
 	}
-}
-
-// follower keeps target on the state in store, and tells the metrics, the
-// bundle's listeners (be.onChange) and then, when set, renewed of every
-// state it puts in service.
-func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metrics *keymgrprom.Metrics, log *slog.Logger,
-	renewed func()) *keymgr.Follower {
-	return &keymgr.Follower{Store: store, Target: target,
-		OnError: func(err error) {
-			metrics.Unusable()
-			log.Error("CA state not used", "error", err)
-		},
-		OnChange: func(s *keymgr.State) {
-			metrics.Observe(s)
-			v := &trust.BundleVersion{Lineage: s.View().Lineage(), Sequence: s.Sequence}
-			if _, plugged := store.(*dirstore.PluggedDir); plugged {
-				// A plugged-in directory's sequence counts the changes
-				// one process has seen: not comparable across replicas.
-				v.Lineage = ""
-			}
-			be.stateCRLs(s, *v)
-			be.version.Store(v)
-			be.revoked.Store(newRevokedSet(s))
-			for _, f := range be.onChange {
-				f()
-			}
-			if renewed != nil {
-				renewed()
-			}
-			log.Info("CA state in service", "active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence)
-		}}
 }
 
 // completeMigration saves a state directory found in the single-root

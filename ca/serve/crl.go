@@ -21,6 +21,10 @@ type CRL struct {
 	Validity  time.Duration
 	RefreshAt float64
 	Interval  time.Duration
+	// Propagation is how long a CRL takes to reach every verifier: a new
+	// signing authority signs only this long after it was stored with its
+	// first CRL (keymgr.Manager.HoldNew); zero: at once.
+	Propagation time.Duration
 }
 
 // crlKeeper is the keeper of the CRLs in store, signing those of roots

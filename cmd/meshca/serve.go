@@ -135,7 +135,7 @@ func (f *serveFlags) validate() (serve.Config, error) {
 	if err := f.up.validate(f.b.signer, f.b.hasState, f.defaultTTL); err != nil {
 		return serve.Config{}, err
 	}
-	if err := f.crl.validate(f.b.signer, f.b.hasState, f.publishCRL); err != nil {
+	if err := f.crl.validate(f.b.signer, f.b.hasState, f.publishCRL, &f.up); err != nil {
 		return serve.Config{}, err
 	}
 	if err := f.checkCA(); err != nil {

@@ -107,7 +107,7 @@ func (u *upstreamFlags) register(fl *pflag.FlagSet) {
 // renewal point.
 func (u *upstreamFlags) registerIntermediate(fl *pflag.FlagSet) {
 	u.registerTTL(fl)
-	fl.Float64Var(&u.renewAt, "intermediate-renew-at", keymgr.DefaultRenewAt, "fraction of the intermediate's lifetime left when it is renewed, above 0.25 and below 1; the new one signs at once")
+	fl.Float64Var(&u.renewAt, "intermediate-renew-at", keymgr.DefaultRenewAt, "fraction of the intermediate's lifetime left when it is renewed, above 0.25 and below 1; the new one signs at once (with --crl, --crl-propagation later)")
 }
 
 // registerTTL registers the intermediate's lifetime.

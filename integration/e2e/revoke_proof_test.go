@@ -151,7 +151,7 @@ func TestRevocationProof(t *testing.T) {
 	// leaf of the first intermediate before it is revoked.
 	p.m = newMesh(t, "--crl", "--publish-crl", "--trust-lease-namespace", lease, "--trust-namespace-selector", sel.String(),
 		"--audit-log-file", p.audit, "--upstream", "self", "--intermediate-ttl", "4m", "--intermediate-renew-at", "0.75",
-		"--default-ttl", "3m", "--max-ttl", "3m")
+		"--default-ttl", "3m", "--max-ttl", "3m", "--crl-propagation", crlPropagation.String())
 	m := p.m
 	webOwn := cluster.NewWorkload(t, m.apps, "web", "node-a")
 	cluster.NewWorkload(t, m.apps, "db", "node-b")

@@ -36,6 +36,7 @@ istio.namespace; meshca denies its own account itself. */}}
 - --crl
 - --crl-validity={{ .Values.revocation.crlValidity }}
 - --crl-refresh-at={{ .Values.revocation.crlRefreshAt }}
+- --crl-propagation={{ .Values.revocation.crlPropagation }}
 {{- end }}
 {{- with include "meshca.signerArgs" (dict "ctx" . "root" false) | trim }}
 {{- . | nindent 0 }}
