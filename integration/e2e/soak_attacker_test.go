@@ -33,8 +33,12 @@ type soakAttack struct {
 	done   chan struct{}
 }
 
-// soakAttacker is the cmd/attack binary and the attacks it runs.
-type soakAttacker struct{ bin, kinds string }
+// soakAttacker is the cmd/attack binary, the attacks it runs and its nice
+// value (soakAttackerNice).
+type soakAttacker struct {
+	bin, kinds string
+	nice       int
+}
 
 // start runs the attacks at once against every replica, from sources
 // consecutive addresses from from.
@@ -45,8 +49,9 @@ func (at soakAttacker) start(t *testing.T, replicas []*harness.Meshca, from stri
 		grpcs, admins = append(grpcs, m.Addr), append(admins, m.AdminAddr)
 	}
 	a := &soakAttack{done: make(chan struct{})}
-	a.cmd = exec.Command(at.bin, "-kinds", at.kinds, "-grpc", strings.Join(grpcs, ","), "-admin", strings.Join(admins, ","),
-		"-from", from, "-sources", fmt.Sprint(sources), "-admin-slots", fmt.Sprint(soakAdminSlots))
+	// nice before exec: every thread of the attacker inherits it.
+	a.cmd = exec.Command("nice", "-n", fmt.Sprint(at.nice), at.bin, "-kinds", at.kinds, "-grpc", strings.Join(grpcs, ","),
+		"-admin", strings.Join(admins, ","), "-from", from, "-sources", fmt.Sprint(sources), "-admin-slots", fmt.Sprint(soakAdminSlots))
 	a.cmd.Stderr = &a.stderr
 	out, err := a.cmd.StdoutPipe()
 	if err != nil {

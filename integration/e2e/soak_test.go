@@ -5,7 +5,11 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,7 +43,23 @@ const (
 	// meshca does: there it fails on any failed request, probe or
 	// aborted phase, and reports the two targets as figures.
 	soakStrictEnv = "MESHCA_SOAK_STRICT"
+	// soakNiceEnv sets the attacker's nice value (soakAttackerNice when
+	// unset; 0 runs it at the replicas' own priority).
+	soakNiceEnv = "MESHCA_SOAK_ATTACKER_NICE"
+	// soakPprofEnv names a directory: each replica then serves its
+	// profiles, and 5 s into each attack replica 0's CPU (30 s) and heap
+	// profiles are written there, to see where an attack's cost goes.
+	soakPprofEnv = "MESHCA_SOAK_PPROF_DIR"
 )
+
+// soakAttackerNice is the attacker's nice value by default: the
+// replicas' own priority, so that on one machine the attacker's own CPU
+// (about half a core) competes with the replicas and the load generator
+// as a hostile Pod's would on their node if it weighed as much as
+// meshca's CPU request. A higher value (soakNiceEnv) shows how much of
+// the p99 is the machine's run queue rather than meshca's own work
+// under the attack (docs/limits.md, Soak).
+const soakAttackerNice = 0
 
 // soakPhase is one stretch of the soak and what was measured in it.
 type soakPhase struct {
@@ -95,6 +115,13 @@ func TestSoak(t *testing.T) {
 			t.Fatalf("%s=%q: want a duration of 10s or more", soakDurationEnv, v)
 		}
 	}
+	nice := soakAttackerNice
+	if v := os.Getenv(soakNiceEnv); v != "" {
+		var err error
+		if nice, err = strconv.Atoi(v); err != nil || nice < 0 || nice > 19 {
+			t.Fatalf("%s=%q: want a nice value from 0 to 19", soakNiceEnv, v)
+		}
+	}
 	kinds := cmp.Or(os.Getenv(soakAttacksEnv), "all")
 	if _, err := hostile.ParseKinds(kinds); err != nil {
 		t.Fatalf("%s: %v", soakAttacksEnv, err)
@@ -117,11 +144,12 @@ func TestSoak(t *testing.T) {
 	}
 	phases := soakPhases(d)
 	for _, p := range phases {
-		runSoakPhase(t, p, soakAttacker{bin: attackBin, kinds: kinds}, replicas, l, obs, meter)
+		runSoakPhase(t, p, soakAttacker{bin: attackBin, kinds: kinds, nice: nice}, replicas, l, obs, meter)
 	}
 	cancel()
 	<-loadDone
 	<-obsDone
+	harness.Report(t, "the attacker ran at nice %d (%s; 0: the replicas' own priority)", nice, soakNiceEnv)
 	reportSoak(t, phases, obs, replicas)
 	checkSoak(t, phases, obs)
 }
@@ -136,6 +164,9 @@ func startSoakReplicas(t *testing.T, system string) ([]*harness.Meshca, *x509.Ce
 		// As the chart runs it: its memory limit sets the Go runtime's
 		// soft limit.
 		fmt.Sprintf("--memory-limit=%d", chartMemoryLimit)}
+	if os.Getenv(soakPprofEnv) != "" {
+		args = append(args, "--enable-pprof")
+	}
 	replicas := make([]*harness.Meshca, 2)
 	var wg sync.WaitGroup
 	for i := range replicas {
@@ -165,6 +196,28 @@ func startSoakReplicas(t *testing.T, system string) ([]*harness.Meshca, *x509.Ce
 	return replicas, certs.Pool(st.Bundle()...)
 }
 
+// soakProfiles writes m's CPU profile over 30 s, from 5 s into the
+// phase, and then its heap profile, to dir.
+func soakProfiles(t *testing.T, m *harness.Meshca, dir, phase string) {
+	time.Sleep(5 * time.Second)
+	for _, kind := range []string{"profile", "heap"} {
+		r, err := http.Get("http://" + m.AdminAddr + "/debug/pprof/" + kind + "?seconds=30")
+		if err != nil {
+			t.Logf("%s: %v", soakPprofEnv, err)
+			return
+		}
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		name := filepath.Join(dir, strings.ReplaceAll(phase, " ", "-")+"."+kind+".pprof")
+		if err == nil {
+			err = os.WriteFile(name, b, 0o644)
+		}
+		if err != nil {
+			t.Logf("%s: %v", soakPprofEnv, err)
+		}
+	}
+}
+
 func tail(s string, n int) string { return s[max(0, len(s)-n):] }
 
 // runSoakPhase runs one phase: the attack, if the phase has one, for
@@ -177,6 +230,9 @@ func runSoakPhase(t *testing.T, p *soakPhase, attacker soakAttacker, replicas []
 	var a *soakAttack
 	if p.sources > 0 {
 		a = attacker.start(t, replicas, p.from, p.sources)
+		if dir := os.Getenv(soakPprofEnv); dir != "" {
+			go soakProfiles(t, replicas[0], dir, p.name)
+		}
 	}
 	for time.Since(start) < p.d {
 		if p.aborted = obs.aborted(); p.aborted != "" {
