@@ -52,8 +52,18 @@ image-hsm:
 	  -repository $(HSM_IMAGE_REPOSITORY) -out $(abspath $(HSM_IMAGE_TAR))
 
 ## test: everything — unit tests, then the integration tests against a real
-## etcd + kube-apiserver and an unmodified Istio client.
-test: proto-check check test-unit fuzz-smoke test-image test-alerts test-integration test-istio
+## etcd + kube-apiserver and an unmodified Istio client. Each step says how
+## long it took (builds included), and the last lines sum them up: where
+## a run, cold or warm, spends its time.
+TEST_STEPS := proto-check check test-unit fuzz-smoke test-image test-alerts test-integration test-istio
+test:
+	@t0=$$(date +%s); times=""; \
+	for step in $(TEST_STEPS); do \
+	  s=$$(date +%s); rc=0; $(MAKE) --no-print-directory $$step || rc=$$?; \
+	  times="$$times $$step=$$(( $$(date +%s) - s ))s"; \
+	  if [ $$rc -ne 0 ]; then echo "== make test: $$step failed (exit $$rc); steps:$$times"; exit $$rc; fi; \
+	done; \
+	echo "== make test: passed in $$(( $$(date +%s) - t0 ))s; steps:$$times"
 
 test-unit: test-hsm
 	$(GO) test $(GOTEST_FLAGS) ./...
@@ -170,7 +180,9 @@ test-integration: tools
 ## under every attack of one hostile process without a token (half-open
 ## streams, long health Watches, silent TCP, half TLS handshakes, idle
 ## admin keep-alives), from one address then from 16, while a
-## ztunnel-shaped load renews certificates from others. It asserts 0
+## ztunnel-shaped load renews certificates from others
+## (MESHCA_SOAK_ATTACKER_NICE lowers the attacker's CPU weight,
+## MESHCA_SOAK_PPROF_DIR collects profiles). It asserts 0
 ## failed requests, p99 within 3x of the same run's baseline and RSS
 ## under 200 MiB, and prints the figures (docs/limits.md, Soak). A
 ## measurement, not a race hunt: no -race.
