@@ -60,7 +60,7 @@ test:
 	@t0=$$(date +%s); times=""; \
 	for step in $(TEST_STEPS); do \
 	  s=$$(date +%s); rc=0; $(MAKE) --no-print-directory $$step || rc=$$?; \
-	  times="$$times $$step=$$(( $$(date +%s) - s ))s"; \
+	  times="$$times $$step=$$(( $$(date +%s) - s ))s"; echo "== make test: $$step took $$(( $$(date +%s) - s ))s"; \
 	  if [ $$rc -ne 0 ]; then echo "== make test: $$step failed (exit $$rc); steps:$$times"; exit $$rc; fi; \
 	done; \
 	echo "== make test: passed in $$(( $$(date +%s) - t0 ))s; steps:$$times"
