@@ -85,7 +85,9 @@ func (v View) revokedCA(rec *AuthorityRecord) bool {
 
 // CheckHold checks hold, a CRL propagation time, against the life of the
 // intermediates a renewer makes: the one replaced must outlive the hold
-// with room to spare, or the new one would sign before its CRL is out.
+// with room to spare, or the new one would sign before its CRL is out;
+// and a hold must end before the next renewal, or the one replaced would
+// sign while its own CRL is still on its way.
 func CheckHold(hold, intermediateTTL time.Duration, renewAt float64) error {
 	switch {
 	case hold < 0:
@@ -97,6 +99,10 @@ func CheckHold(hold, intermediateTTL time.Duration, renewAt float64) error {
 		renewAt = DefaultRenewAt
 	}
 	left := time.Duration(renewAt * float64(intermediateTTL))
+	if every := intermediateTTL - left; hold >= every {
+		return fmt.Errorf("the CRL propagation time %v is not shorter than the time between two renewals (%v): "+
+			"lengthen the intermediate's life, renew it later, or shorten the propagation time", hold, every.Round(time.Second))
+	}
 	if hold > left/2 {
 		return fmt.Errorf("the CRL propagation time %v is more than half of what is left of an intermediate when it is renewed (%v): "+
 			"lengthen the intermediate's life or shorten the propagation time", hold, left.Round(time.Second))

@@ -169,8 +169,9 @@ func TestCheckHold(t *testing.T) {
 	}{
 		{2 * time.Minute, keymgr.DefaultIntermediateTTL, keymgr.DefaultRenewAt, ""},
 		{0, 80 * time.Second, 0.75, ""},
-		{30 * time.Second, 80 * time.Second, 0.75, ""},
-		{31 * time.Second, 80 * time.Second, 0.75, "the CRL propagation time 31s is more than half of what is left of an intermediate when it is renewed (1m0s)"},
+		{19 * time.Second, 80 * time.Second, 0.75, ""},
+		{20 * time.Second, 80 * time.Second, 0.75, "the CRL propagation time 20s is not shorter than the time between two renewals (20s)"},
+		{31 * time.Second, 80 * time.Second, 0.25, "the CRL propagation time 31s is more than half of what is left of an intermediate when it is renewed (20s)"},
 		{time.Hour, 0, 0, ""}, // no upstream
 		{-time.Second, 0, 0, "negative"},
 		{19 * time.Hour, 72 * time.Hour, 0, "is more than half"}, // renewAt out of range: the default's

@@ -41,7 +41,7 @@ func TestCRLFlagsValidate(t *testing.T) {
 		{"the default under the default upstream", ok, signerLocal, true, false, "", up},
 		{"a short intermediate outlives a short propagation", with(func(f *crlFlags) { f.propagation = 5 * time.Second }), signerLocal, true, false, "", short},
 		{"the default propagation outlives a short intermediate", ok, signerLocal, true, false,
-			"--crl-propagation with --intermediate-ttl 1m20s and --intermediate-renew-at 0.75: the CRL propagation time 2m0s is more than half of what is left of an intermediate when it is renewed (1m0s)", short},
+			"--crl-propagation with --intermediate-ttl 1m20s and --intermediate-renew-at 0.75: the CRL propagation time 2m0s is not shorter than the time between two renewals (20s)", short},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
