@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -36,8 +37,11 @@ const (
 )
 
 // loadAttempts bounds how often Load starts over when the files it read
-// do not fit together, as when a writer replaced state.json meanwhile.
-const loadAttempts = 4
+// do not fit together because a writer replaced state.json meanwhile: a
+// reader among saves in quick succession (a slow machine, a burst of
+// rotation steps) may lose several rounds in a row, and each round lost
+// is a save made, so the bound only stops a reader starved forever.
+const loadAttempts = 64
 
 // Store is a keymgr.StateStore on a local state directory (meshca serve
 // --state-dir). The directory holds the keymgr.EncodeState entries as files
@@ -68,9 +72,11 @@ type Store struct {
 // Load returns the state in the directory. It takes no lock: every file
 // is replaced atomically, keys are written before the FileState that
 // names them, and a key file is only removed once FileState no longer
-// names it. So when a file Load needs is gone or does not match, a writer
-// may have moved on while Load read: Load starts over, a few times,
-// before it reports what it found.
+// names it. So when a file Load needs is gone or does not match while
+// FileState is no longer the file Load read (a writer moved on; the same
+// content written back is another file), Load starts over; when
+// FileState is still that file, what Load found is the directory's, and
+// it reports it.
 func (d Store) Load(ctx context.Context) (*keymgr.State, keymgr.Version, error) {
 	var err error
 	for range loadAttempts {
@@ -78,7 +84,8 @@ func (d Store) Load(ctx context.Context) (*keymgr.State, keymgr.Version, error) 
 			return nil, "", cerr
 		}
 		var doc []byte
-		if doc, err = d.readState(); err != nil {
+		var read fs.FileInfo
+		if doc, read, err = d.readState(); err != nil {
 			return nil, "", err
 		}
 		var s *keymgr.State
@@ -86,22 +93,44 @@ func (d Store) Load(ctx context.Context) (*keymgr.State, keymgr.Version, error) 
 		if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, keymgr.ErrNoState) {
 			return s, v, err
 		}
+		if now, serr := os.Stat(d.path(FileState)); read != nil && serr == nil && os.SameFile(read, now) {
+			return nil, "", err
+		}
 	}
 	return nil, "", err
 }
 
-// readState returns FileState's content, or nil when there is none.
-func (d Store) readState() ([]byte, error) {
-	data, err := os.ReadFile(d.path(FileState))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, nil
-	case err != nil:
-		return nil, &keymgr.FileError{Path: d.path(FileState), Err: errors.Unwrap(err)}
-	case data == nil:
-		return []byte{}, nil
+// readState returns FileState's content, or nil when there is none, and
+// the file it read.
+func (d Store) readState() ([]byte, fs.FileInfo, error) {
+	f, err := os.Open(d.path(FileState))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
 	}
-	return data, nil
+	var data []byte
+	var info fs.FileInfo
+	if err == nil {
+		defer f.Close()
+		if info, err = f.Stat(); err == nil {
+			data, err = io.ReadAll(f)
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, nil, &keymgr.FileError{Path: d.path(FileState), Err: unwrapPath(err)}
+	case data == nil:
+		return []byte{}, info, nil
+	}
+	return data, info, nil
+}
+
+// unwrapPath is err without its *fs.PathError, whose path FileError
+// names already.
+func unwrapPath(err error) error {
+	if pe, ok := err.(*fs.PathError); ok {
+		return pe.Err
+	}
+	return err
 }
 
 // loadFrom decodes the state whose document is doc (nil: none, so the
@@ -205,7 +234,7 @@ type saveStep struct {
 // base, and returns the steps that store entries: the commit (the keys,
 // then FileState) and what follows it.
 func (d Store) plan(s *keymgr.State, entries map[string][]byte, base keymgr.Version) (commit, cleanup []saveStep, err error) {
-	doc, err := d.readState()
+	doc, _, err := d.readState()
 	if err != nil {
 		return nil, nil, err
 	}
