@@ -83,45 +83,54 @@ func (d Store) Load(ctx context.Context) (*keymgr.State, keymgr.Version, error) 
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, "", cerr
 		}
-		var doc []byte
-		var read fs.FileInfo
-		if doc, read, err = d.readState(); err != nil {
-			return nil, "", err
-		}
-		var s *keymgr.State
-		var v keymgr.Version
-		if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, keymgr.ErrNoState) {
+		s, v, moved, lerr := d.loadOnce()
+		if err = lerr; !moved {
 			return s, v, err
-		}
-		if now, serr := os.Stat(d.path(FileState)); read != nil && serr == nil && os.SameFile(read, now) {
-			return nil, "", err
 		}
 	}
 	return nil, "", err
 }
 
+// loadOnce reads the state once. moved: what it read did not fit
+// together, and FileState is another file now than the one it read. It
+// keeps that file open until it has looked: an inode still open is not
+// reused by the next one written.
+func (d Store) loadOnce() (s *keymgr.State, v keymgr.Version, moved bool, err error) {
+	doc, read, err := d.readState()
+	if err != nil {
+		return nil, "", false, err
+	}
+	if read != nil {
+		defer read.Close()
+	}
+	if s, v, err = d.loadFrom(doc); err == nil || errors.Is(err, keymgr.ErrNoState) || read == nil {
+		return s, v, false, err
+	}
+	was, serr := read.Stat()
+	now, nerr := os.Stat(d.path(FileState))
+	return nil, "", serr != nil || nerr != nil || !os.SameFile(was, now), err
+}
+
 // readState returns FileState's content, or nil when there is none, and
-// the file it read.
-func (d Store) readState() ([]byte, fs.FileInfo, error) {
+// the file it read, open, which the caller closes.
+func (d Store) readState() ([]byte, *os.File, error) {
 	f, err := os.Open(d.path(FileState))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, nil
 	}
 	var data []byte
-	var info fs.FileInfo
 	if err == nil {
-		defer f.Close()
-		if info, err = f.Stat(); err == nil {
-			data, err = io.ReadAll(f)
+		if data, err = io.ReadAll(f); err != nil {
+			f.Close()
 		}
 	}
 	switch {
 	case err != nil:
 		return nil, nil, &keymgr.FileError{Path: d.path(FileState), Err: unwrapPath(err)}
 	case data == nil:
-		return []byte{}, info, nil
+		return []byte{}, f, nil
 	}
-	return data, info, nil
+	return data, f, nil
 }
 
 // unwrapPath is err without its *fs.PathError, whose path FileError
@@ -234,9 +243,12 @@ type saveStep struct {
 // base, and returns the steps that store entries: the commit (the keys,
 // then FileState) and what follows it.
 func (d Store) plan(s *keymgr.State, entries map[string][]byte, base keymgr.Version) (commit, cleanup []saveStep, err error) {
-	doc, _, err := d.readState()
+	doc, f, err := d.readState()
 	if err != nil {
 		return nil, nil, err
+	}
+	if f != nil {
+		f.Close()
 	}
 	current := keymgr.Version("")
 	if doc != nil {
