@@ -184,8 +184,13 @@ func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C,
 			auths[i] = &budgetedReview[C, R]{Authenticator: au, hold: hold, costly: a.Costly}
 		}
 	}
+	ended := false
 	if hold != nil {
-		defer func() { hold.end(err) }()
+		defer func() {
+			if !ended {
+				hold.end(err)
+			}
+		}()
 		if !free {
 			if err := hold.await(ctx); err != nil {
 				return caller, err
@@ -199,10 +204,17 @@ func Authenticate[C, R any](ctx context.Context, l *Limiter, a Authentication[C,
 				"too many requests from this address are authenticating at once, retry later", BusyRetryAfter, err)
 		}
 		caller, err = try(ctx, auths)
-		release()
 		if hold == nil || !errors.Is(err, errTurnLater) {
+			// The outcome counts before the address's next request
+			// takes this authentication turn: a failure makes it wait.
+			if hold != nil {
+				hold.end(err)
+				ended = true
+			}
+			release()
 			return caller, err
 		}
+		release()
 		// The address failed while the request waited for its
 		// authentication turn: it waits for its review turn without
 		// holding one, then tries again.
