@@ -218,8 +218,12 @@ func TestPublisherLifecycle(t *testing.T) {
 	if got := obs.get(trust.ResultCreated); got != 5 {
 		t.Errorf("created %d times, want 5 (a, b, kube-system, c, c again)", got)
 	}
-	if got := obs.get(trust.ResultUpdated); got != 6 {
-		t.Errorf("updated %d times, want 6 (4 bundle changes, 2 repairs)", got)
+	// 4 bundle changes and 2 repairs; a repair may be written twice when
+	// another event reaches the publisher before its informer has seen
+	// its own write (a busy machine): the end state above is what
+	// counts, and the bound, that nothing keeps writing.
+	if got := obs.get(trust.ResultUpdated); got < 6 || got > 8 {
+		t.Errorf("updated %d times, want 6 (4 bundle changes, 2 repairs), or up to 2 more", got)
 	}
 }
 
