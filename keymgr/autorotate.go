@@ -98,7 +98,7 @@ func (r *AutoRotator) Tick(ctx context.Context) (Step, bool, error) {
 
 // Run ticks every Interval until ctx ends, then returns nil.
 func (r *AutoRotator) Run(ctx context.Context) error {
-	every(ctx, r.Interval, DefaultAutoRotateInterval, func() {
+	every(ctx, r.Interval, DefaultAutoRotateInterval, nil, func() {
 		step, took, err := r.Tick(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil && r.OnError != nil:

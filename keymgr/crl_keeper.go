@@ -289,22 +289,8 @@ func (k *CRLKeeper) Run(ctx context.Context) error {
 		}
 	}
 	tick()
-	interval := k.Interval
-	if interval <= 0 {
-		interval = DefaultCRLInterval
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	pokes := k.pokeChan()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-pokes:
-		}
-		tick()
-	}
+	every(ctx, k.Interval, DefaultCRLInterval, k.pokeChan(), tick)
+	return nil
 }
 
 func (k *CRLKeeper) validity() time.Duration { return cmpOr(k.Validity, DefaultCRLValidity) }

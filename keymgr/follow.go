@@ -145,7 +145,7 @@ func notBehind(s, cur *State, anyLineage bool) error {
 // Interval.
 func (f *Follower) Run(ctx context.Context) error {
 	last := ""
-	every(ctx, f.Interval, DefaultFollowInterval, func() {
+	every(ctx, f.Interval, DefaultFollowInterval, nil, func() {
 		_, err := f.Sync(ctx)
 		switch {
 		case err == nil:
@@ -160,9 +160,9 @@ func (f *Follower) Run(ctx context.Context) error {
 	return nil
 }
 
-// every calls do every interval (def when it is not positive) until ctx
-// ends.
-func every(ctx context.Context, interval, def time.Duration, do func()) {
+// every calls do every interval (def when it is not positive), and at
+// once whenever wake fires (nil: never), until ctx ends.
+func every(ctx context.Context, interval, def time.Duration, wake <-chan struct{}, do func()) {
 	if interval <= 0 {
 		interval = def
 	}
@@ -173,8 +173,9 @@ func every(ctx context.Context, interval, def time.Duration, do func()) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			do()
+		case <-wake:
 		}
+		do()
 	}
 }
 

@@ -324,7 +324,7 @@ func (r *Renewer) retire(ctx context.Context, s *State, now time.Time) error {
 // Run ticks every Interval until ctx ends, then returns nil.
 func (r *Renewer) Run(ctx context.Context) error {
 	r.tick(ctx)
-	every(ctx, r.Interval, DefaultRenewInterval, func() { r.tick(ctx) })
+	every(ctx, r.Interval, DefaultRenewInterval, nil, func() { r.tick(ctx) })
 	return nil
 }
 

@@ -281,7 +281,7 @@ func (s *ServingFiles) missingNames(leaf *x509.Certificate) string {
 // otherwise.
 func (s *ServingFiles) Run(ctx context.Context) error {
 	last := ""
-	every(ctx, s.Interval, DefaultFollowInterval, func() {
+	every(ctx, s.Interval, DefaultFollowInterval, nil, func() {
 		changed, err := s.Reload()
 		switch {
 		case err != nil:
