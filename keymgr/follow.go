@@ -23,9 +23,19 @@ func StateAuthority(s *State, now time.Time) (*Authority, error) {
 	case active.Key == nil:
 		return nil, fmt.Errorf("keymgr: active authority %.16s has no key here (it signs in an external backend)", active.ID())
 	}
-	a := &Authority{Cert: active.Cert, Key: active.Key, Chain: active.Chain, Roots: s.Bundle()}
-	if err := a.Validate(now); err != nil {
+	a, err := recordAuthority(s, active, now)
+	if err != nil {
 		return nil, fmt.Errorf("keymgr: active authority %.16s: %w", active.ID(), err)
+	}
+	return a, nil
+}
+
+// recordAuthority is rec of s as a signing authority trusting s's
+// bundle, valid at now.
+func recordAuthority(s *State, rec *AuthorityRecord, now time.Time) (*Authority, error) {
+	a := &Authority{Cert: rec.Cert, Key: rec.Key, Chain: rec.Chain, Roots: s.Bundle()}
+	if err := a.Validate(now); err != nil {
+		return nil, err
 	}
 	return a, nil
 }

@@ -17,34 +17,26 @@ const DefaultCRLPropagation = 2 * time.Minute
 // HeldAuthority is the signing authority s serves at now when a new
 // signing authority is held back for hold after it entered the state:
 // the time a verifier that refuses a CA of unknown revocation status
-// (ztunnel, Envoy with a CRL) needs to receive the CRL stored with it.
-// Until then the authority it replaced signs, if it still can; until
-// names the end of the hold (zero when nothing is held), when the state
-// must be put in service again.
+// (Envoy with a CRL, openssl; not ztunnel, which allows it) needs to
+// receive the CRL stored with it. Until then the authority it replaced
+// signs, if it still can; until names the end of the hold (zero when
+// nothing is held), when the state must be put in service again.
 //
 // A renewed intermediate is stored with its first CRL and becomes active
 // in the same write (State.Renew): without the hold its first leaves
 // would reach peers before its CRL does. A root activated long after it
 // was prepared is not held. hold of zero is StateAuthority.
 func HeldAuthority(s *State, now time.Time, hold time.Duration) (a *Authority, until time.Time, err error) {
-	active := s.Active()
-	if active == nil || hold <= 0 || len(active.History) == 0 {
-		a, err := StateAuthority(s, now)
-		return a, time.Time{}, err
-	}
-	until = active.History[0].At.Add(hold)
-	if !now.Before(until) {
-		a, err := StateAuthority(s, now)
-		return a, time.Time{}, err
-	}
-	if prev := s.View().replacedBy(active); prev != nil {
-		a := &Authority{Cert: prev.Cert, Key: prev.Key, Chain: prev.Chain, Roots: s.Bundle()}
-		if a.Validate(now) == nil {
-			return a, until, nil
+	if active := s.Active(); active != nil && hold > 0 && len(active.History) > 0 {
+		until = active.History[0].At.Add(hold)
+		if prev := s.View().replacedBy(active); prev != nil && now.Before(until) {
+			if a, err := recordAuthority(s, prev, now); err == nil {
+				return a, until, nil
+			}
 		}
 	}
-	// Nothing else can sign: the new authority does at once, as it would
-	// without a hold, rather than none.
+	// Not held, or nothing else can sign: the active authority signs at
+	// once, as it would without a hold, rather than none.
 	a, err = StateAuthority(s, now)
 	return a, time.Time{}, err
 }
