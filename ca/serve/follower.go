@@ -37,8 +37,9 @@ func (be *backend) follower(store keymgr.StateStore, target keymgr.Target, metri
 			if renewed != nil {
 				renewed()
 			}
-			attrs := []any{"active", s.Active().ID(), "roots", len(s.Bundle()), "sequence", s.Sequence}
-			if c := be.signingNow(); c != nil && keymgr.Fingerprint(c) != s.Active().ID() {
+			active := s.Active()
+			attrs := []any{"active", active.ID(), "roots", len(s.Bundle()), "sequence", s.Sequence}
+			if c := be.signingNow(); c != nil && !c.Equal(active.Cert) {
 				// The active authority is held until its CRL has
 				// travelled (--crl-propagation): the one it replaced signs.
 				attrs = append(attrs, "signing", keymgr.Fingerprint(c))
