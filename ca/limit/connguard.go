@@ -68,6 +68,9 @@ type ConnGuard struct {
 	heavy         *heaviest[netip.Addr]
 	heavyUnauthed *heaviest[netip.Addr]
 	streams       streamCounts
+	// cool is the addresses cooled down or on their way to it
+	// (connguard_cooldown.go).
+	cool coolings
 
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	suppressed atomic.Int64 // refusals not logged since
@@ -106,6 +109,7 @@ const (
 	refusedUnauthIdle     = "unauthenticated_idle"
 	refusedUnauthAge      = "unauthenticated_age"
 	refusedStreamsRefused = "streams_refused"
+	refusedCooling        = "cooling_down"
 	refusalLogInterval    = time.Second
 )
 
@@ -124,7 +128,8 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 				"past --max-unauthenticated-connections-per-peer (unauthenticated_per_peer) or --max-unauthenticated-connections with no address holding two more to close one of (unauthenticated_total), at accept; " +
 				"not yet authenticated, closed to make room for a connection from an address holding at least two fewer past --max-unauthenticated-connections (evicted_unauthenticated); " +
 				"later, past --tls-handshake-timeout (handshake_timeout), --max-connection-idle-unauthenticated (unauthenticated_idle) or --max-connection-age-unauthenticated (unauthenticated_age), " +
-				"or after 32 of their streams were refused (streams_refused).",
+				"or after 32 of their streams were refused (streams_refused); " +
+				"at accept, from an address cooled down for the unauthenticated connections of it meshca kept closing, up to --max-unauthenticated-cooldown (cooling_down).",
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "meshca_connections_open", Help: "gRPC connections open (accepted and not yet closed).",
@@ -138,9 +143,10 @@ func NewConnGuard(c ConnGuardConfig) *ConnGuard {
 		heavyUnauthed: newHeaviest[netip.Addr](),
 	}
 	g.streams.init()
+	g.cool.init(g.lim.MaxUnauthenticatedCooldown)
 	g.streamsRefused, g.unauthStreams = newStreamMetrics()
 	for _, r := range []string{refusedTotal, refusedPerPeer, refusedEvicted, refusedUnauthTotal, refusedUnauthPerPeer, refusedUnauthEvicted,
-		refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused} {
+		refusedHandshake, refusedUnauthIdle, refusedUnauthAge, refusedStreamsRefused, refusedCooling} {
 		g.refused.WithLabelValues(r)
 	}
 	if c.Registerer != nil {
@@ -192,7 +198,11 @@ func (g *ConnGuard) admit(c net.Conn) *guardedConn {
 	if p == nil {
 		p = &connPeer{}
 	}
-	evicted, why := g.makeRoomLocked(peer, p)
+	var evicted *guardedConn
+	why := refusedCooling
+	if !g.coolingLocked(peer, time.Now()) {
+		evicted, why = g.makeRoomLocked(peer, p)
+	}
 	if evicted == nil && why != "" {
 		if p.n == 0 {
 			delete(g.byPeer, peer)

@@ -158,6 +158,7 @@ func (c *guardedConn) expire(from int32, reason string) {
 	}
 	c.stop()
 	c.g.release(c)
+	c.g.strike(c.peer)
 	c.g.refuse(c.g.refused, "connection closed", reason, c.peer)
 	c.Conn.Close()
 }
@@ -169,6 +170,7 @@ func (c *guardedConn) closeFor(reason string) {
 	}
 	c.stop()
 	c.g.release(c)
+	c.g.strike(c.peer)
 	c.g.refuse(c.g.refused, "connection closed", reason, c.peer)
 	c.Conn.Close()
 }
@@ -204,6 +206,7 @@ func (c *guardedConn) authenticated() {
 	c.stop()
 	c.g.mu.Lock()
 	c.g.authedLocked(c)
+	c.g.trustLocked(c.peer, time.Now())
 	c.g.mu.Unlock()
 }
 

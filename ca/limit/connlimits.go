@@ -13,7 +13,8 @@ import (
 // defaults below; NoLimit turns MaxConnections, MaxConnectionsPerPeer,
 // MaxUnauthenticatedConnections(PerPeer), TLSHandshakeTimeout, MaxUnauthenticatedIdle, MaxUnauthenticatedAge,
 // RequestMessageTimeout, MaxUnauthenticatedStreams(PerPeer),
-// MaxHealthWatches(PerPeer), MaxConnectionIdle, MaxConnectionAge or
+// MaxHealthWatches(PerPeer), MaxUnauthenticatedCooldown,
+// MaxConnectionIdle, MaxConnectionAge or
 // MaxConcurrentStreams off. The caps, the handshake deadline, the limits
 // of unauthenticated connections and streams and the request message
 // deadline are ConnGuard's, in front of the gRPC server's listener and
@@ -95,6 +96,10 @@ type ConnLimits struct {
 	// MaxHealthWatches bounds the grpc.health.v1.Health/Watch streams
 	// open at once, and MaxHealthWatchesPerPeer those of one address.
 	MaxHealthWatches, MaxHealthWatchesPerPeer int
+	// MaxUnauthenticatedCooldown is the longest an address whose
+	// unauthenticated connections the guard keeps closing has its new
+	// connections refused at accept (connguard_cooldown.go).
+	MaxUnauthenticatedCooldown time.Duration
 }
 
 // Defaults of ConnLimits.
@@ -164,6 +169,11 @@ const (
 	// (kubelet's included) uses Check; only tools watch.
 	DefaultMaxHealthWatches        = 64
 	DefaultMaxHealthWatchesPerPeer = 4
+	// DefaultMaxUnauthenticatedCooldown: a flood's address reaches it
+	// after five cool-downs in a row (1+2+4+8+16 s), and is then let
+	// back in twice a minute; an address that authenticates is never
+	// cooled.
+	DefaultMaxUnauthenticatedCooldown = 30 * time.Second
 )
 
 // WithDefaults is c with its zero fields set to the defaults above; a
@@ -184,6 +194,7 @@ func (c ConnLimits) WithDefaults(requestTimeout time.Duration) ConnLimits {
 	def(&c.MaxUnauthenticatedIdle, DefaultMaxUnauthenticatedIdle)
 	def(&c.MaxUnauthenticatedAge, DefaultMaxUnauthenticatedAge)
 	def(&c.RequestMessageTimeout, DefaultRequestMessageTimeout)
+	def(&c.MaxUnauthenticatedCooldown, DefaultMaxUnauthenticatedCooldown)
 	defInt := func(n *int, v int) {
 		if *n == 0 {
 			*n = v
