@@ -24,7 +24,7 @@ type limitFlags struct {
 	maxConns, maxConnsPerPeer                     int
 	maxUnauthConns, maxUnauthConnsPerPeer         int
 	handshakeTimeout, maxUnauthIdle, maxUnauthAge time.Duration
-	messageTimeout                                time.Duration
+	messageTimeout, maxUnauthCooldown             time.Duration
 	maxUnauthStreams, maxUnauthStreamsPerPeer     int
 }
 
@@ -53,6 +53,7 @@ func (f *limitFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.maxUnauthIdle, "max-connection-idle-unauthenticated", limit.DefaultMaxUnauthenticatedIdle, "close a connection on which no request has authenticated yet once it has had no request in progress for this long (unauthenticated_idle); one that has gets --max-connection-idle; 0: --max-connection-idle for all")
 	fl.DurationVar(&f.maxUnauthAge, "max-connection-age-unauthenticated", limit.DefaultMaxUnauthenticatedAge, "close a connection on which no request has authenticated yet this long after it was accepted, whatever it has in progress (unauthenticated_age); one that has gets --max-connection-age; 0: off")
 	fl.DurationVar(&f.messageTimeout, "request-message-timeout", limit.DefaultRequestMessageTimeout, "cancel a request whose message has not arrived this long after its headers (meshca_streams_refused_total{reason=\"message_timeout\"}); clients send both at once; 0: off")
+	fl.DurationVar(&f.maxUnauthCooldown, "max-unauthenticated-cooldown", limit.DefaultMaxUnauthenticatedCooldown, "an address whose unauthenticated connections meshca keeps closing (handshake_timeout, unauthenticated_idle, unauthenticated_age, streams_refused: 8 of them each time) has its new connections closed at accept, before TLS (cooling_down), for 1s, then twice as long each time it goes on, up to this; an address a request authenticated from in the last 10 minutes, or holding an authenticated connection, is never cooled, and an authentication ends its cool-down; 0: off")
 	fl.IntVar(&f.maxUnauthStreams, "max-unauthenticated-streams", limit.DefaultMaxUnauthenticatedStreams, "requests in progress that have not authenticated, over all connections, each counting once more for every 4 KiB of its headers and message (~12 KiB each); past it, the oldest of the address holding the most is cancelled to make room (evicted), or, that address being the newcomer's, the newcomer refused (ResourceExhausted, total); 0: no limit")
 	fl.IntVar(&f.maxUnauthStreamsPerPeer, "max-unauthenticated-streams-per-peer", limit.DefaultMaxUnauthenticatedStreamsPerPeer, "requests in progress that have not authenticated from one client address (exact IP), counted as for --max-unauthenticated-streams; more are refused before they run (ResourceExhausted, per_peer); a ztunnel asks for a 250-Pod node at once; 0: no limit")
 }
@@ -82,6 +83,7 @@ func (f *limitFlags) config() (limit.Limits, limit.ConnLimits, error) {
 		TLSHandshakeTimeout: offDuration(f.handshakeTimeout), MaxUnauthenticatedIdle: offDuration(f.maxUnauthIdle),
 		MaxUnauthenticatedAge: offDuration(f.maxUnauthAge), RequestMessageTimeout: offDuration(f.messageTimeout),
 		MaxUnauthenticatedStreams: off(f.maxUnauthStreams), MaxUnauthenticatedStreamsPerPeer: off(f.maxUnauthStreamsPerPeer),
+		MaxUnauthenticatedCooldown: offDuration(f.maxUnauthCooldown),
 	}
 	return limits, conn, nil
 }
@@ -122,6 +124,8 @@ func (f *limitFlags) check() error {
 	case f.maxUnauthConns < 0 || f.maxUnauthConnsPerPeer < 0:
 		return fmt.Errorf("--max-unauthenticated-connections (%d) and --max-unauthenticated-connections-per-peer (%d) must not be negative (0: no limit)",
 			f.maxUnauthConns, f.maxUnauthConnsPerPeer)
+	case f.maxUnauthCooldown < 0:
+		return fmt.Errorf("--max-unauthenticated-cooldown (%v) must not be negative (0: off)", f.maxUnauthCooldown)
 	case f.maxIdle < 0 || f.maxAge < 0 || f.maxAgeGrace < 0:
 		return fmt.Errorf("--max-connection-idle (%v), --max-connection-age (%v) and --max-connection-age-grace (%v) must not be negative (0: never)",
 			f.maxIdle, f.maxAge, f.maxAgeGrace)

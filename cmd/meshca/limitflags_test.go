@@ -29,6 +29,7 @@ func TestLimitFlags(t *testing.T) {
 		MaxConnectionIdle: 30 * time.Minute, MaxConnectionAge: 30 * time.Minute, MaxConcurrentStreams: 256,
 		MaxConnections: 4096, MaxConnectionsPerPeer: 256, MaxUnauthenticatedConnections: 512, MaxUnauthenticatedConnectionsPerPeer: 64, TLSHandshakeTimeout: 5 * time.Second, MaxUnauthenticatedIdle: 30 * time.Second,
 		MaxUnauthenticatedAge: time.Minute, RequestMessageTimeout: 5 * time.Second, MaxUnauthenticatedStreams: 4096, MaxUnauthenticatedStreamsPerPeer: 256,
+		MaxUnauthenticatedCooldown: 30 * time.Second,
 	}
 	tests := []struct {
 		name   string
@@ -78,6 +79,11 @@ func TestLimitFlags(t *testing.T) {
 			conn: func(c *limit.ConnLimits) {
 				c.MaxUnauthenticatedConnections, c.MaxUnauthenticatedConnectionsPerPeer = limit.NoLimit, 16
 			}},
+		{name: "cool-down", args: []string{"--max-unauthenticated-cooldown", "2m"},
+			conn: func(c *limit.ConnLimits) { c.MaxUnauthenticatedCooldown = 2 * time.Minute }},
+		{name: "cool-down off", file: "maxUnauthenticatedCooldown: 0s\n",
+			conn: func(c *limit.ConnLimits) { c.MaxUnauthenticatedCooldown = limit.NoLimit }},
+		{name: "negative cool-down", env: []string{"MESHCA_MAX_UNAUTHENTICATED_COOLDOWN=-1s"}, err: "--max-unauthenticated-cooldown (-1s) must not be negative (0: off)"},
 		{name: "negative unauthenticated connection cap", file: "maxUnauthenticatedConnectionsPerPeer: -4\n", err: "--max-unauthenticated-connections-per-peer (-4) must not be negative"},
 		{name: "negative stream cap", args: []string{"--max-unauthenticated-streams", "-2"}, err: "--max-unauthenticated-streams (-2)"},
 		{name: "negative message timeout", file: "requestMessageTimeout: -1s\n", err: "--request-message-timeout (-1s)"},

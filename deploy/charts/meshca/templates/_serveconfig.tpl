@@ -107,6 +107,7 @@ istio.namespace; meshca denies its own account itself. */}}
 - --max-connections-per-peer={{ int .maxPerPeer }}
 - --max-unauthenticated-connections={{ int .maxUnauthenticated }}
 - --max-unauthenticated-connections-per-peer={{ int .maxUnauthenticatedPerPeer }}
+- --max-unauthenticated-cooldown={{ .maxUnauthenticatedCooldown }}
 - --tls-handshake-timeout={{ .tlsHandshakeTimeout }}
 - --max-connection-idle-unauthenticated={{ .maxIdleUnauthenticated }}
 - --max-connection-age-unauthenticated={{ .maxAgeUnauthenticated }}
