@@ -68,7 +68,7 @@ func (b *arena) connChecks(t *testing.T) []check {
 				t.Errorf("GOAWAY code %d %q, want ENHANCE_YOUR_CALM (11) too_many_pings", code, f.payload[8:])
 			}
 		}},
-	}, slices.Concat(unauthChecks(t), unauthConnChecks(t))...)
+	}, slices.Concat(unauthChecks(t), unauthConnChecks(t), cooldownChecks(t))...)
 }
 
 // unauthChecks (issue 28, items 1 and 2): a peer without credentials
