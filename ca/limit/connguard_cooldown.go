@@ -81,13 +81,9 @@ func (g *ConnGuard) strike(peer netip.Addr) {
 	if p := g.byPeer[peer]; p != nil && p.n > p.unauthed.Len() {
 		return // it holds an authenticated connection
 	}
-	c := cs.m[peer]
+	c := cs.entryLocked(peer, now)
 	if c == nil {
-		if !cs.roomLocked(now) {
-			return
-		}
-		c = &cooling{}
-		cs.m[peer] = c
+		return
 	}
 	if !c.trusted.IsZero() && now.Sub(c.trusted) < cooldownTrust {
 		return
@@ -113,15 +109,22 @@ func (g *ConnGuard) trustLocked(peer netip.Addr, now time.Time) {
 	if cs.max <= 0 {
 		return
 	}
-	c := cs.m[peer]
+	c := cs.entryLocked(peer, now)
 	if c == nil {
-		if !cs.roomLocked(now) {
-			return
-		}
+		return
+	}
+	*c = cooling{trusted: now}
+}
+
+// entryLocked is what is remembered of peer, a new entry if nothing
+// was and there is room for it, else nil.
+func (cs *coolings) entryLocked(peer netip.Addr, now time.Time) *cooling {
+	c := cs.m[peer]
+	if c == nil && cs.roomLocked(now) {
 		c = &cooling{}
 		cs.m[peer] = c
 	}
-	*c = cooling{trusted: now}
+	return c
 }
 
 // roomLocked reports whether one more address can be remembered. It
