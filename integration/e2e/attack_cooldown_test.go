@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net"
 	"testing"
 	"time"
@@ -39,12 +38,7 @@ func cooldownChecks(t *testing.T) []check {
 		}
 		u.awaitMetric(t, "meshca_connections_refused_total", "reason", "handshake_timeout", before+float64(n))
 	}
-	send := func(w *harness.Workload, from string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := u.send(ctx, u.own(t, w, from))
-		return err
-	}
+	send := func(w *harness.Workload, from string) error { return u.sendWithin(u.own(t, w, from)) }
 	return []check{
 		{name: "connections/an address whose unauthenticated connections keep being closed", defence: "conn:unauthenticated_cooldown", run: func(t *testing.T) {
 			const flood, neighbour, known = "127.0.6.70", "127.0.6.71", "127.0.6.72"

@@ -50,15 +50,9 @@ func unauthConnChecks(t *testing.T) []check {
 		}
 		return closeAll
 	}
-	send := func(t *testing.T, p probe) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := u.send(ctx, p)
-		return err
-	}
 	within := func(t *testing.T, p probe, what string) {
 		t.Helper()
-		if err := send(t, p); err != nil {
+		if err := u.sendWithin(p); err != nil {
 			t.Fatalf("%s: %v, want served at once", what, err)
 		}
 	}
@@ -95,7 +89,7 @@ func unauthConnChecks(t *testing.T) []check {
 			// TLS, a client's with a token too; another address is not
 			// held up, and the address is served once its silent
 			// connections are gone.
-			if err := send(t, u.own(t, neighbour, "127.0.6.40")); status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded {
+			if err := u.sendWithin(u.own(t, neighbour, "127.0.6.40")); status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded {
 				t.Errorf("a fifth connection from the address: %v, want none (Unavailable or no answer)", err)
 			}
 			if now := reason("unauthenticated_per_peer"); now < before+3 {
@@ -106,4 +100,13 @@ func unauthConnChecks(t *testing.T) []check {
 			within(t, u.own(t, neighbour, "127.0.6.40"), "a client from the address once its silent connections are gone")
 		}},
 	}
+}
+
+// sendWithin makes p with a 2 s deadline: connection checks expect an
+// answer at once, or none at all.
+func (a *arena) sendWithin(p probe) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := a.send(ctx, p)
+	return err
 }
