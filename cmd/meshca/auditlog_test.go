@@ -169,6 +169,7 @@ func TestAuditFileReopen(t *testing.T) {
 // before it assembles anything: every setting with its source, secrets
 // redacted, the config file and the unknown MESHCA_ variables.
 func TestServeConfigEvent(t *testing.T) {
+	withoutMeshcaEnv(t)
 	dir := t.TempDir()
 	file := writeConfig(t, "defaultTTL: 12h\nvault:\n  appRoleRoleID: 9f1e2d3c-role\n")
 	t.Setenv("MESHCA_MAX_TTL", "720h")
@@ -250,6 +251,19 @@ func TestRedact(t *testing.T) {
 	for _, tt := range tests {
 		if got := redact(tt.flag, tt.value); got != tt.want {
 			t.Errorf("redact(%s, %q) = %q, want %q", tt.flag, tt.value, got, tt.want)
+		}
+	}
+}
+
+// withoutMeshcaEnv unsets, for the test, the MESHCA_ variables of the
+// environment it runs in (a developer's own settings, the test targets'
+// knobs), so that what serve reads from the environment is the test's.
+func withoutMeshcaEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "MESHCA_") {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
 		}
 	}
 }
