@@ -26,6 +26,9 @@ const (
 	// EventRevocation is one meshca revoke run: certificates revoked or
 	// taken back, a node blocked or unblocked.
 	EventRevocation = "revocation"
+	// EventCRL is one CRL signed and stored for a CA (serve --crl), or a
+	// CA whose CRL could not be signed.
+	EventCRL = "crl"
 )
 
 // Decisions of audit events.
@@ -49,7 +52,7 @@ const (
 // for, what was decided and why.
 type AuditEvent struct {
 	Time     time.Time
-	Event    string // EventCertificate, EventRotation or EventConfig
+	Event    string // EventCertificate, EventRotation, EventCRL, ...
 	Decision string // DecisionIssued, DecisionDenied, ...
 	// Message is the record's human summary; empty takes one from Event
 	// and Decision.
@@ -94,6 +97,12 @@ type AuditEvent struct {
 	// that signed, and the authority the renewal replaced (Authority is
 	// the new one's id; NotAfter and Serial are the intermediate's).
 	Upstream, Replaced string
+
+	// CRLs: the CRL's number (decimal) and how many certificates it
+	// lists; Issuer is its CA's id, NotAfter its nextUpdate, Reason why
+	// it was issued.
+	CRLNumber string
+	Entries   int
 
 	// Configuration: meshca's version, every setting, the MESHCA_*
 	// variables that name no setting, the --config file read, if any.
@@ -176,6 +185,10 @@ func (e *AuditEvent) message() string {
 		return "revocation refused"
 	case e.Event == EventRevocation:
 		return "revocation"
+	case e.Event == EventCRL && e.Decision == DecisionRefused:
+		return "CRL not issued"
+	case e.Event == EventCRL:
+		return "CRL issued"
 	}
 	return "audit"
 }
@@ -216,6 +229,9 @@ func (e *AuditEvent) attrs(host string) []slog.Attr {
 	str(logAuthority, e.Authority)
 	str(logUpstream, e.Upstream)
 	str(logReplaced, e.Replaced)
+	if e.Event == EventCRL && e.CRLNumber != "" { // a CRL was made: 0 entries is a fact
+		a = append(a, slog.String(logCRLNumber, e.CRLNumber), slog.Int(logEntries, e.Entries))
+	}
 	if e.Event == EventRotation {
 		a = append(a, slog.Bool(logForced, e.Forced))
 	}

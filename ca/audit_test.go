@@ -213,6 +213,40 @@ func TestAuditLogFormat(t *testing.T) {
 	}
 }
 
+// TestAuditCRLFormat: a CRL event, issued or refused, has its message,
+// level and keys; the number of entries is written even when 0.
+func TestAuditCRLFormat(t *testing.T) {
+	next := time.Date(2026, 12, 8, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		e       ca.AuditEvent
+		msg     string
+		level   string
+		keys    string
+		contain string
+	}{
+		{e: ca.AuditEvent{Event: ca.EventCRL, Decision: ca.DecisionIssued, Source: ca.SourceAuto, Caller: "meshca", Issuer: "5ec9ba02",
+			CRLNumber: "7", Entries: 0, NotAfter: next, Reason: "the revocations changed"},
+			msg: "CRL issued", level: "INFO", keys: "time,level,msg,audit,event,decision,host,caller,reason,not_after,issuer,crl_number,entries,source",
+			contain: `"crl_number":"7","entries":0`},
+		{e: ca.AuditEvent{Event: ca.EventCRL, Decision: ca.DecisionRefused, Source: ca.SourceAuto, Caller: "meshca", Issuer: "5ec9ba02",
+			Detail: "keymgr: CRL of 5ec9ba02: sign: token removed"},
+			msg: "CRL not issued", level: "WARN", keys: "time,level,msg,audit,event,decision,host,caller,detail,issuer,source",
+			contain: `"detail":"keymgr: CRL of 5ec9ba02: sign: token removed"`},
+	} {
+		var out syncBuffer
+		ca.NewAuditLog(&out).Audit(t.Context(), &tc.e)
+		line := strings.TrimSpace(out.String())
+		if keys := strings.Join(jsonKeys(t, line), ","); keys != tc.keys {
+			t.Errorf("%s: keys\n got %s\nwant %s", tc.msg, keys, tc.keys)
+		}
+		for _, want := range []string{`"msg":"` + tc.msg + `"`, `"level":"` + tc.level + `"`, `"event":"crl"`, tc.contain} {
+			if !strings.Contains(line, want) {
+				t.Errorf("%s: %s lacks %s", tc.msg, line, want)
+			}
+		}
+	}
+}
+
 // jsonKeys lists the keys of a JSON object in their order.
 func jsonKeys(t *testing.T, line string) []string {
 	t.Helper()

@@ -28,6 +28,8 @@ const (
 	logAuthority  = "authority"
 	logUpstream   = "upstream"
 	logReplaced   = "replaced"
+	logCRLNumber  = "crl_number"
+	logEntries    = "entries"
 	logForced     = "forced"
 	logSource     = "source"
 	logVersion    = "version"

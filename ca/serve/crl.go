@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/keymgrprom"
 	"github.com/meshca/meshca/keymgr/upstream"
@@ -47,6 +48,9 @@ func (c Backend) crlKeeper(be *backend, store keymgr.StateStore, ren *keymgr.Ren
 	}
 	k.OnIssued = func(is keymgr.CRLIssued) {
 		metrics.CRLIssued(keymgrprom.CRLIssuedOK)
+		c.audit.Audit(context.Background(), &ca.AuditEvent{Event: ca.EventCRL, Decision: ca.DecisionIssued, Source: ca.SourceAuto,
+			Caller: "meshca", Issuer: is.Issuer, CRLNumber: is.Number.String(), Entries: is.Entries, NotAfter: is.NextUpdate,
+			Reason: is.Why})
 		log.Info("CRL issued", "issuer", is.Issuer, "subject", is.Subject, "number", is.Number, "entries", is.Entries,
 			"next_update", is.NextUpdate, "why", is.Why)
 		if _, err := f.Sync(context.Background()); err != nil {
@@ -57,6 +61,8 @@ func (c Backend) crlKeeper(be *backend, store keymgr.StateStore, ren *keymgr.Ren
 	k.OnError = func(err error) {
 		var ce *keymgr.CRLError
 		if errors.As(err, &ce) {
+			c.audit.Audit(context.Background(), &ca.AuditEvent{Event: ca.EventCRL, Decision: ca.DecisionRefused,
+				Source: ca.SourceAuto, Caller: "meshca", Issuer: ce.Issuer, Detail: err.Error()})
 			log.Error("CRL not issued; the last one stays published until its nextUpdate", "error", err)
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshca/meshca/ca"
 	"github.com/meshca/meshca/ca/serve"
 	"github.com/meshca/meshca/keymgr"
 	"github.com/meshca/meshca/keymgr/dirstore"
@@ -15,7 +16,7 @@ import (
 // replica stores a CRL for the intermediate and for the root over it,
 // each signed by its CA, and /metrics shows their nextUpdate.
 func TestAssembleCRL(t *testing.T) {
-	c, _, _ := upstreamConfig(t, time.Hour)
+	c, _, audit := upstreamConfig(t, time.Hour)
 	c.Backend.CRL = &serve.CRL{Validity: time.Hour, Interval: 50 * time.Millisecond}
 	p := start(t, c)
 	store := &dirstore.Store{Dir: c.Backend.StateDir}
@@ -41,6 +42,24 @@ func TestAssembleCRL(t *testing.T) {
 	}
 	if n := strings.Count(string(st.View().CRLBundlePEM()), "-----BEGIN X509 CRL-----"); n != 2 {
 		t.Fatalf("the CRL bundle holds %d CRLs, want 2", n)
+	}
+	// Each CRL stored has its audit event, written once it is stored.
+	for _, rec := range st.CRLs {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			e, ok := audit.find(func(e ca.AuditEvent) bool {
+				return e.Event == ca.EventCRL && e.Issuer == rec.Issuer && e.CRLNumber == rec.Number.String()
+			})
+			if ok && (e.Decision != ca.DecisionIssued || !e.NotAfter.Equal(rec.NextUpdate) || e.Entries != 0 || e.Reason == "" ||
+				e.Source != ca.SourceAuto) {
+				t.Fatalf("audit event of the CRL of %.16s: %+v, want issued, nextUpdate %v, 0 entries, why", rec.Issuer, e, rec.NextUpdate)
+			}
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no audit event for CRL %s of %.16s", rec.Number, rec.Issuer)
+			}
+		}
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		_, metrics := get(t, "http://"+p.Addresses().Admin+"/metrics")

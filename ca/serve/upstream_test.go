@@ -66,6 +66,18 @@ func (a *auditLog) count(event, decision string) int {
 	return n
 }
 
+// find is the first event ok accepts.
+func (a *auditLog) find(ok func(ca.AuditEvent) bool) (ca.AuditEvent, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.events {
+		if ok(e) {
+			return e, true
+		}
+	}
+	return ca.AuditEvent{}, false
+}
+
 // upstreamConfig is config with the self upstream renewing intermediates
 // of ttl every 100 ms of looking, leaves of a second.
 func upstreamConfig(t *testing.T, ttl time.Duration) (serve.Config, *switchable, *auditLog) {
