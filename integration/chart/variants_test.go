@@ -3,6 +3,7 @@ package chart
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,9 +35,28 @@ func TestChartVariants(t *testing.T) {
 			}
 		}},
 		{"revocation", "revocation: {enabled: true, crlValidity: 12h, crlRefreshAt: 0.25}", func(t *testing.T, objs []*unstructured.Unstructured) {
+			// Nothing of Istio's is published: istio-ca-crl is not either.
 			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
-				[]string{"--crl", "--crl-validity=12h", "--crl-refresh-at=0.25"}, nil)
+				[]string{"--crl", "--crl-validity=12h", "--crl-refresh-at=0.25"}, []string{"--publish-crl", "--publish-root-cert-configmaps"})
 		}},
+		{"revocation where meshca publishes the root: one switch", "revocation: {enabled: true}\ntrust: {rootCertConfigMaps: {enabled: true}}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
+					[]string{"--crl", "--publish-root-cert-configmaps", "--publish-crl"}, nil)
+				named := false
+				for _, r := range clusterRole(t, objs).Rules {
+					named = named || slices.Equal(r.ResourceNames, []string{"istio-ca-root-cert", "istio-ca-crl"})
+				}
+				if !named {
+					t.Errorf("ClusterRole %+v: want a rule on the ConfigMaps istio-ca-root-cert and istio-ca-crl", clusterRole(t, objs).Rules)
+				}
+			}},
+		{"root publishing with vault leaves Vault's CRLs unpublished", "trust: {rootCertConfigMaps: {enabled: true}}\n" + vault +
+			"    auth: {method: kubernetes, kubernetes: {role: meshca}}",
+			func(t *testing.T, objs []*unstructured.Unstructured) {
+				wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args,
+					[]string{"--signer=vault", "--publish-root-cert-configmaps"}, []string{"--publish-crl"})
+			}},
 		{"istio without revocation on a plugged-in CA", "istio: {enabled: true}\nstate: {type: cacerts}", func(t *testing.T, objs []*unstructured.Unstructured) {
 			// No CRL to publish: istio-ca-crl is not written either.
 			wantArgs(t, "serve", deployment(t, objs).Spec.Template.Spec.Containers[0].Args, []string{"--publish-root-cert-configmaps"}, []string{"--crl", "--publish-crl"})

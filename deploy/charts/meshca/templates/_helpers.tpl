@@ -195,13 +195,17 @@ for the release's namespace too.
 {{- end -}}
 
 {{/*
-Whether meshca writes istio-ca-crl: as asked, else (null) in Istio mode
-when there are CRLs to publish (meshca.crlSource); asked with none,
-meshca.validate fails.
+Whether meshca writes istio-ca-crl: as asked, else (null) when there are
+CRLs to publish (meshca.crlSource) in Istio mode, or when
+revocation.enabled makes them and meshca already publishes
+istio-ca-root-cert (one switch turns revocation on where meshca is the
+mesh's CA); asked with none, meshca.validate fails.
 */}}
 {{- define "meshca.crlConfigMaps" -}}
 {{- $on := .Values.trust.crlConfigMaps.enabled -}}
-{{- if kindIs "invalid" $on }}{{ $on = and .Values.istio.enabled (include "meshca.crlSource" .) }}{{ end -}}
+{{- if kindIs "invalid" $on -}}
+{{- $on = and (include "meshca.crlSource" .) (or .Values.istio.enabled (and .Values.revocation.enabled .Values.trust.rootCertConfigMaps.enabled)) -}}
+{{- end -}}
 {{- if $on }}true{{ end -}}
 {{- end -}}
 
