@@ -48,13 +48,14 @@ done
 mapfile -t tests < <(cd e2e && "$tmp/e2e.test" -test.list '^Test' | grep '^Test')
 [ "${#tests[@]}" -gt 0 ] || { echo "hack/test-integration.sh: $pkg lists no tests" >&2; exit 1; }
 
-# start NAME CMD...: runs CMD in the background, its output to $tmp/NAME.
-declare -A names started
+# start WHAT CMD...: runs CMD in the background, its output to a file of
+# its own; WHAT names an e2e shard for its ok or FAIL line, and is empty
+# for the other packages, whose go test prints its own.
+declare -A what=() started=() out=()
 start() {
-	local name=$1
-	shift
-	"$@" >"$tmp/$name" 2>&1 &
-	names[$!]=$name started[$!]=$(date +%s)
+	local f=$tmp/out.${#out[@]}
+	"${@:2}" >"$f" 2>&1 &
+	what[$!]=$1 started[$!]=$(date +%s) out[$!]=$f
 }
 
 mapfile -t others < <("$GO" list ./... | grep -vx "$pkg")
@@ -66,34 +67,32 @@ others() {
 	fi
 	return "$rc"
 }
-start others others
+start "" others
 for ((i = 0; i < shards; i++)); do
 	mine=()
 	for ((j = i; j < ${#tests[@]}; j += shards)); do mine+=("${tests[j]}"); done
 	[ "${#mine[@]}" -gt 0 ] || continue
 	re=$(IFS='|'; echo "^(${mine[*]})\$")
-	start "e2e-$((i + 1))-of-$shards-${#mine[@]}" \
+	start "$pkg [shard $((i + 1)) of $shards: ${#mine[@]} tests]" \
 		bash -c 'cd e2e && exec "$0" "$@"' "$tmp/e2e.test" -test.run "$re" -test.timeout "$timeout" "${run[@]}"
 done
 
 rc=0
-while [ "${#names[@]}" -gt 0 ]; do
+while [ "${#out[@]}" -gt 0 ]; do
 	prc=0
-	wait -n -p pid "${!names[@]}" || prc=$?
-	name=${names[$pid]} took=$(($(date +%s) - started[$pid]))
-	unset "names[$pid]"
-	if [ "$name" = others ]; then
-		cat "$tmp/$name"
-	else
-		IFS=- read -r _ i _ n k <<<"$name"
-		what="$pkg [shard $i of $n: $k tests]"
-		[ "$prc" -eq 0 ] && [ "$verbose" = 0 ] || cat "$tmp/$name"
+	wait -n -p pid "${!out[@]}" || prc=$?
+	took=$(($(date +%s) - started[$pid]))
+	if [ -z "${what[$pid]}" ] || [ "$prc" -ne 0 ] || [ "$verbose" = 1 ]; then
+		cat "${out[$pid]}"
+	fi
+	if [ -n "${what[$pid]}" ]; then
 		if [ "$prc" -eq 0 ]; then
-			printf 'ok  \t%s\t%ds\n' "$what" "$took"
+			printf 'ok  \t%s\t%ds\n' "${what[$pid]}" "$took"
 		else
-			printf 'FAIL\t%s\t%ds\n' "$what" "$took"
+			printf 'FAIL\t%s\t%ds\n' "${what[$pid]}" "$took"
 		fi
 	fi
+	unset "out[$pid]"
 	[ "$prc" -eq 0 ] || rc=$prc
 done
 exit "$rc"
